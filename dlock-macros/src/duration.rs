@@ -1,0 +1,64 @@
+//! Duration literals of the attribute: an integer and a unit, units combinable (`"1m30s"`).
+
+/// The units a duration literal may use, with their length in milliseconds.
+const UNITS: [(&str, u64); 4] = [("ms", 1), ("s", 1_000), ("m", 60_000), ("h", 3_600_000)];
+
+/// Parses `text` into milliseconds, or says what is wrong and how to write it.
+pub(crate) fn parse_millis(text: &str) -> Result<u64, String> {
+    const HINT: &str = "write an integer followed by a unit (`ms`, `s`, `m`, `h`), e.g. \"3s\", \"500ms\" or \"1m30s\"";
+    if text.is_empty() {
+        return Err(format!("empty duration; {HINT}"));
+    }
+    let mut rest = text;
+    let mut total: u64 = 0;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return Err(format!("malformed duration \"{text}\": expected a number at \"{rest}\"; {HINT}"));
+        }
+        let (number, after) = rest.split_at(digits);
+        let unit_len = after.bytes().take_while(u8::is_ascii_alphabetic).count();
+        let (unit, after) = after.split_at(unit_len);
+        if unit.is_empty() {
+            return Err(format!("malformed duration \"{text}\": `{number}` has no unit; {HINT}"));
+        }
+        let Some(&(_, scale)) = UNITS.iter().find(|(name, _)| *name == unit) else {
+            return Err(format!("malformed duration \"{text}\": unknown unit `{unit}`; {HINT}"));
+        };
+        let overflow = || format!("duration \"{text}\" is too large; it must fit in u64 milliseconds");
+        let value: u64 = number.parse().map_err(|_| overflow())?;
+        let part = value.checked_mul(scale).ok_or_else(overflow)?;
+        total = total.checked_add(part).ok_or_else(overflow)?;
+        rest = after;
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_millis;
+
+    #[test]
+    fn accepts_single_and_combined_units() {
+        assert_eq!(parse_millis("3s"), Ok(3_000));
+        assert_eq!(parse_millis("500ms"), Ok(500));
+        assert_eq!(parse_millis("1m30s"), Ok(90_000));
+        assert_eq!(parse_millis("1h1m1s1ms"), Ok(3_661_001));
+        assert_eq!(parse_millis("0s"), Ok(0));
+    }
+
+    #[test]
+    fn rejects_malformed_input_with_a_hint() {
+        for bad in ["", "3", "s", "3d", "3 s", "-3s", "3s5", "1.5s"] {
+            let err = parse_millis(bad).unwrap_err();
+            assert!(err.contains("e.g. \"3s\""), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn rejects_overflow() {
+        assert!(parse_millis("18446744073709551616ms").unwrap_err().contains("too large"));
+        assert!(parse_millis("5124095576030432h").unwrap_err().contains("too large"));
+        assert!(parse_millis("18446744073709551615ms1ms").unwrap_err().contains("too large"));
+    }
+}

@@ -1,0 +1,272 @@
+//! The in-process store: the same semantics as the servers (expiry by its own clock, fences,
+//! first-come first-served hand-off on release), for single-process programs, examples and tests.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use super::{AcquireRequest, Acquired, Backend, Renewal};
+use crate::{LockError, Owner};
+
+/// An in-process lock store. Clones share one store.
+///
+/// Waiters on a key queue in arrival order; a release hands the key straight to the head of the
+/// queue and wakes only that waiter, so nobody starves and nobody polls. Fences come from one
+/// counter for the whole store, so they increase per key across releases and expiries.
+///
+/// Besides [`Backend`], it has hooks for tests: [`expire`](Self::expire) and
+/// [`steal`](Self::steal) take a lease away from its holder, and
+/// [`acquire_calls`](Self::acquire_calls) counts the acquisitions asked of it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use dlock::{backend::MemoryBackend, LockOptions, Locker};
+///
+/// let store = MemoryBackend::new();
+/// let locker = Locker::with_backend(store.clone());
+/// let lease = locker.lock("job:1", LockOptions::new()).await.unwrap();
+/// assert!(store.steal("job:1"));
+/// lease.lost().await; // seen at the next renewal
+/// assert!(!lease.is_held());
+/// # }
+/// ```
+#[derive(Clone, Default)]
+pub struct MemoryBackend {
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    keys: Mutex<HashMap<String, KeyState>>,
+    fences: AtomicU64,
+    acquire_calls: AtomicU64,
+}
+
+#[derive(Default)]
+struct KeyState {
+    holder: Option<Holder>,
+    queue: VecDeque<Arc<Waiter>>,
+}
+
+struct Holder {
+    owner: Owner,
+    expires_at: Instant,
+}
+
+struct Waiter {
+    owner: Owner,
+    ttl: Duration,
+    /// Set once, by the release that hands the key over.
+    granted: OnceLock<Acquired>,
+    wake: Notify,
+}
+
+impl KeyState {
+    fn is_free(&self, now: Instant) -> bool {
+        self.holder.as_ref().is_none_or(|h| h.expires_at <= now)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.holder.is_none() && self.queue.is_empty()
+    }
+}
+
+impl MemoryBackend {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes `key`'s lease expire now, as if its holder had stopped renewing long ago. Returns
+    /// whether the key was held.
+    pub fn expire(&self, key: &str) -> bool {
+        let mut keys = self.shared.lock();
+        let now = Instant::now();
+        match keys.get_mut(key).and_then(|state| state.holder.as_mut()) {
+            Some(holder) => {
+                holder.expires_at = now;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Gives `key` to a stranger for an hour, as a split-brain takeover would. Returns whether
+    /// the key was held.
+    pub fn steal(&self, key: &str) -> bool {
+        let mut keys = self.shared.lock();
+        match keys.get_mut(key).and_then(|state| state.holder.as_mut()) {
+            Some(holder) => {
+                *holder = Holder { owner: Owner::random(), expires_at: Instant::now() + Duration::from_secs(3600) };
+                self.shared.fences.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// How many acquisitions were asked of this store.
+    pub fn acquire_calls(&self) -> u64 {
+        self.shared.acquire_calls.load(Ordering::Relaxed)
+    }
+
+    /// Whether `key` is held by someone now.
+    pub fn is_held(&self, key: &str) -> bool {
+        let keys = self.shared.lock();
+        keys.get(key).is_some_and(|state| !state.is_free(Instant::now()))
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, KeyState>> {
+        // Nothing panics while the map is locked, but a poisoned lock must not take every later
+        // lock down with it: the map is consistent between statements.
+        self.keys.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn grant(&self, state: &mut KeyState, owner: Owner, ttl: Duration, now: Instant) -> Acquired {
+        state.holder = Some(Holder { owner, expires_at: now + ttl });
+        Acquired { fence: self.fences.fetch_add(1, Ordering::Relaxed) + 1, valid_from: now }
+    }
+
+    /// Hands a free key to the head of its queue, if any.
+    fn hand_off(&self, state: &mut KeyState, now: Instant) {
+        if !state.is_free(now) {
+            return;
+        }
+        state.holder = None;
+        if let Some(next) = state.queue.pop_front() {
+            let acquired = self.grant(state, next.owner, next.ttl, now);
+            let _ = next.granted.set(acquired);
+            next.wake.notify_one();
+        }
+    }
+
+    fn release(&self, key: &str, owner: Owner) -> bool {
+        let mut keys = self.lock();
+        let Some(state) = keys.get_mut(key) else { return false };
+        if state.holder.as_ref().is_none_or(|h| h.owner != owner) {
+            return false;
+        }
+        state.holder = None;
+        self.hand_off(state, Instant::now());
+        if state.is_empty() {
+            keys.remove(key);
+        }
+        true
+    }
+}
+
+/// Leaves the queue when a waiter gives up or its future is dropped; releases a key that was
+/// handed over after the waiter stopped listening.
+struct QueueGuard<'a> {
+    shared: &'a Shared,
+    key: &'a str,
+    waiter: Arc<Waiter>,
+    done: bool,
+}
+
+impl Drop for QueueGuard<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if self.waiter.granted.get().is_some() {
+            self.shared.release(self.key, self.waiter.owner);
+            return;
+        }
+        let mut keys = self.shared.lock();
+        if let Some(state) = keys.get_mut(self.key) {
+            state.queue.retain(|w| !Arc::ptr_eq(w, &self.waiter));
+            // If it was this waiter's turn, pass the turn on.
+            self.shared.hand_off(state, Instant::now());
+            if state.is_empty() {
+                keys.remove(self.key);
+            }
+        }
+    }
+}
+
+impl Backend for MemoryBackend {
+    async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
+        let shared = &*self.shared;
+        shared.acquire_calls.fetch_add(1, Ordering::Relaxed);
+        let deadline = Instant::now() + request.wait;
+        let waiter = {
+            let mut keys = shared.lock();
+            let now = Instant::now();
+            let state = keys.entry(request.key.to_owned()).or_default();
+            if state.queue.is_empty() && state.is_free(now) {
+                return Ok(Some(shared.grant(state, request.owner, request.ttl, now)));
+            }
+            if request.wait.is_zero() {
+                return Ok(None);
+            }
+            let waiter = Arc::new(Waiter {
+                owner: request.owner,
+                ttl: request.ttl,
+                granted: OnceLock::new(),
+                wake: Notify::new(),
+            });
+            state.queue.push_back(waiter.clone());
+            waiter
+        };
+        let mut guard = QueueGuard { shared, key: request.key, waiter, done: false };
+        loop {
+            let woken = guard.waiter.wake.notified();
+            // The head of the queue also watches the holder's expiry: an expired holder releases
+            // nothing, so nobody else would hand the key on.
+            let holder_expiry = {
+                let mut keys = shared.lock();
+                if let Some(acquired) = guard.waiter.granted.get() {
+                    guard.done = true;
+                    return Ok(Some(*acquired));
+                }
+                let now = Instant::now();
+                let state = keys.get_mut(request.key).expect("a queued waiter keeps its key's entry");
+                let is_head = state.queue.front().is_some_and(|w| Arc::ptr_eq(w, &guard.waiter));
+                if is_head && state.is_free(now) {
+                    state.queue.pop_front();
+                    guard.done = true;
+                    return Ok(Some(shared.grant(state, request.owner, request.ttl, now)));
+                }
+                if now >= deadline {
+                    return Ok(None);
+                }
+                is_head.then(|| state.holder.as_ref().map(|h| h.expires_at)).flatten()
+            };
+            let until = holder_expiry.map_or(deadline, |expiry| expiry.min(deadline));
+            tokio::select! {
+                () = woken => {}
+                () = tokio::time::sleep_until(until.into()) => {}
+            }
+        }
+    }
+
+    async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+        Ok(self.shared.release(key, owner))
+    }
+
+    async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+        let mut keys = self.shared.lock();
+        let now = Instant::now();
+        Ok(leases
+            .iter()
+            .map(|lease| match keys.get_mut(lease.key).and_then(|s| s.holder.as_mut()) {
+                Some(holder) if holder.owner == lease.owner && holder.expires_at > now => {
+                    holder.expires_at = now + lease.ttl;
+                    true
+                }
+                _ => false,
+            })
+            .collect())
+    }
+
+    fn release_now(&self, key: &str, owner: Owner) -> bool {
+        self.shared.release(key, owner);
+        true
+    }
+}

@@ -1,0 +1,123 @@
+//! The small trait a store implements, and the stores.
+//!
+//! A backend knows nothing of macros, re-entrancy or watchdogs: it acquires a key for an owner
+//! with a ttl (waiting for it when asked), releases and renews where the stored owner matches,
+//! and says which fence each acquisition got. Everything else is the runtime's.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use crate::{LockError, Owner};
+
+#[cfg(feature = "memory")]
+mod memory;
+#[cfg(feature = "memory")]
+pub use memory::MemoryBackend;
+
+/// One acquisition asked of a backend.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct AcquireRequest<'a> {
+    /// The rendered key.
+    pub key: &'a str,
+    /// The token the key is to be stored under.
+    pub owner: Owner,
+    /// Lease length, judged by the store's clock.
+    pub ttl: Duration,
+    /// How long to wait for a busy key; zero tries once.
+    pub wait: Duration,
+}
+
+/// A granted acquisition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Acquired {
+    /// A fencing token greater than every earlier one of this key.
+    pub fence: u64,
+    /// A client instant no later than the moment the store started the lease's ttl: the client
+    /// counts the lease's validity from here, which can only err on the safe side.
+    pub valid_from: Instant,
+}
+
+/// One lease to renew.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Renewal<'a> {
+    /// The rendered key.
+    pub key: &'a str,
+    /// The owner the lease was acquired with.
+    pub owner: Owner,
+    /// The lease length to extend to, from now by the store's clock.
+    pub ttl: Duration,
+}
+
+impl<'a> Renewal<'a> {
+    /// A renewal of `key` for `owner` by `ttl`.
+    pub fn new(key: &'a str, owner: Owner, ttl: Duration) -> Self {
+        Renewal { key, owner, ttl }
+    }
+}
+
+impl<'a> AcquireRequest<'a> {
+    /// A request for `key` by `owner`.
+    pub fn new(key: &'a str, owner: Owner, ttl: Duration, wait: Duration) -> Self {
+        AcquireRequest { key, owner, ttl, wait }
+    }
+}
+
+/// A store that can hold leases.
+///
+/// Implementations must make `release` and `renew` take effect only where the stored owner equals
+/// the given one, atomically on the store, and judge expiry by the store's clock.
+pub trait Backend: Send + Sync + 'static {
+    /// Acquires `request.key` for `request.owner`, waiting up to `request.wait` for it to be
+    /// released. Waiting is the backend's: it is woken by the release where the store can say so
+    /// (a notification, a watch), and polls with back-off only where it cannot. `Ok(None)` means
+    /// the key was still busy when the wait ran out. If the returned future is dropped, the
+    /// backend must leave no waiting state behind that blocks others.
+    fn acquire(&self, request: &AcquireRequest<'_>) -> impl Future<Output = Result<Option<Acquired>, LockError>> + Send;
+
+    /// Releases `key` where `owner` holds it; `Ok(false)` where it does not (any more). Wakes the
+    /// key's waiters.
+    fn release(&self, key: &str, owner: Owner) -> impl Future<Output = Result<bool, LockError>> + Send;
+
+    /// Renews every lease of `leases` in as few round trips as the store allows (ideally one),
+    /// answering for each whether its owner still held it.
+    fn renew(&self, leases: &[Renewal<'_>]) -> impl Future<Output = Result<Vec<bool>, LockError>> + Send;
+
+    /// Releases at once without awaiting, where the store lives in this process. Returns `false`
+    /// where a release needs I/O; the runtime then queues an async `release` instead. `Drop`
+    /// calls this, so it must never block.
+    fn release_now(&self, key: &str, owner: Owner) -> bool {
+        let _ = (key, owner);
+        false
+    }
+}
+
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// [`Backend`] made object-safe, so one `Locker` type serves every store.
+pub(crate) trait DynBackend: Send + Sync + 'static {
+    fn acquire<'a>(&'a self, request: &'a AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>, LockError>>;
+    fn release<'a>(&'a self, key: &'a str, owner: Owner) -> BoxFuture<'a, Result<bool, LockError>>;
+    fn renew<'a>(&'a self, leases: &'a [Renewal<'a>]) -> BoxFuture<'a, Result<Vec<bool>, LockError>>;
+    fn release_now(&self, key: &str, owner: Owner) -> bool;
+}
+
+impl<B: Backend> DynBackend for B {
+    fn acquire<'a>(&'a self, request: &'a AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>, LockError>> {
+        Box::pin(Backend::acquire(self, request))
+    }
+
+    fn release<'a>(&'a self, key: &'a str, owner: Owner) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(Backend::release(self, key, owner))
+    }
+
+    fn renew<'a>(&'a self, leases: &'a [Renewal<'a>]) -> BoxFuture<'a, Result<Vec<bool>, LockError>> {
+        Box::pin(Backend::renew(self, leases))
+    }
+
+    fn release_now(&self, key: &str, owner: Owner) -> bool {
+        Backend::release_now(self, key, owner)
+    }
+}

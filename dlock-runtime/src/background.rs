@@ -1,0 +1,33 @@
+//! A small runtime of dlock's own, for the work no caller waits on: the watchdogs and releases
+//! queued by `Drop`.
+//!
+//! A `Locker` kept in a `static` outlives the runtime of whichever `#[tokio::test]` first used it;
+//! a task spawned on that runtime would die with it and silently stop renewing. Tasks spawned
+//! here live as long as the process.
+
+use std::future::Future;
+use std::sync::LazyLock;
+
+static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("dlock-background")
+        .enable_all()
+        .build()
+        .expect("dlock could not start its background thread")
+});
+
+/// Runs `task` on dlock's background runtime.
+pub(crate) fn spawn<F>(task: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    drop(RUNTIME.spawn(task));
+}
+
+/// A handle to the background runtime, for backends whose connections must outlive the caller's
+/// runtime (their driver tasks are spawned there).
+#[allow(dead_code)]
+pub(crate) fn handle() -> &'static tokio::runtime::Handle {
+    RUNTIME.handle()
+}

@@ -1,0 +1,28 @@
+//! Instants stored in atomics: nanoseconds since a process-wide origin.
+
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+static ORIGIN: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// `instant` as nanoseconds since the origin (saturating at both ends).
+pub(crate) fn to_nanos(instant: Instant) -> u64 {
+    u64::try_from(instant.saturating_duration_since(*ORIGIN).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The instant `nanos` after the origin.
+pub(crate) fn from_nanos(nanos: u64) -> Instant {
+    *ORIGIN + Duration::from_nanos(nanos)
+}
+
+/// The safety margin taken off a lease's ttl on the client's side: the client gives up a lease
+/// this long before the server would let it expire, which absorbs clock drift between the two
+/// and the time a reply spends in flight.
+pub(crate) fn safety_margin(ttl: Duration) -> Duration {
+    ttl / 10
+}
+
+/// The renewal period of a lease: three renewals fit in one ttl, so two can fail in a row.
+pub(crate) fn renew_interval(ttl: Duration) -> Duration {
+    ttl / 3
+}

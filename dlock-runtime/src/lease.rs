@@ -1,0 +1,242 @@
+//! One acquisition: its key, owner and fence, and its validity as the client reckons it.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::clock;
+use crate::locker::Locker;
+use crate::{LockError, Owner};
+
+/// The shared state of one held lease: read by its holder, `current_lease()` and the watchdog.
+pub(crate) struct LeaseState {
+    pub(crate) id: u64,
+    pub(crate) key: String,
+    pub(crate) owner: Owner,
+    pub(crate) fence: u64,
+    pub(crate) ttl: Duration,
+    pub(crate) locker_id: usize,
+    /// Until when the lease is ours by the client's reckoning: the last confirmation's send time
+    /// plus ttl less the safety margin. Nanoseconds on the `clock` origin.
+    valid_until: AtomicU64,
+    lost: AtomicBool,
+    released: AtomicBool,
+    lost_wake: Notify,
+}
+
+/// Why a lease stopped being held, for the log.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum LossCause {
+    /// A renewal found another owner (or no owner) on the store.
+    Refused,
+    /// No renewal was confirmed before the validity ran out.
+    Unconfirmed,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+impl LeaseState {
+    pub(crate) fn new(key: String, owner: Owner, fence: u64, ttl: Duration, valid_from: Instant, locker_id: usize) -> Self {
+        LeaseState {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            key,
+            owner,
+            fence,
+            ttl,
+            locker_id,
+            valid_until: AtomicU64::new(clock::to_nanos(Self::validity_from(valid_from, ttl))),
+            lost: AtomicBool::new(false),
+            released: AtomicBool::new(false),
+            lost_wake: Notify::new(),
+        }
+    }
+
+    fn validity_from(confirmed_at: Instant, ttl: Duration) -> Instant {
+        confirmed_at + ttl.saturating_sub(clock::safety_margin(ttl))
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        clock::from_nanos(self.valid_until.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn is_released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        !self.is_lost() && !self.is_released() && Instant::now() < self.valid_until()
+    }
+
+    /// Records a renewal the store confirmed for a request sent at `sent_at`. A lease that was
+    /// already lost stays lost: its holder has been told, and may have stopped.
+    pub(crate) fn confirm(&self, sent_at: Instant) {
+        if sent_at >= self.valid_until() {
+            self.mark_lost(LossCause::Unconfirmed);
+            return;
+        }
+        let until = clock::to_nanos(Self::validity_from(sent_at, self.ttl));
+        self.valid_until.fetch_max(until, Ordering::AcqRel);
+        if self.is_lost() {
+            // Lost between the check above and the store: keep it lost.
+            return;
+        }
+        tracing::trace!(key = %self.key, fence = self.fence, "distributed_lock: renewed");
+    }
+
+    /// Marks the lease lost and wakes whoever waits on [`wait_lost`](Self::wait_lost).
+    pub(crate) fn mark_lost(&self, cause: LossCause) {
+        if self.is_released() || self.lost.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tracing::warn!(key = %self.key, fence = self.fence, ?cause, "distributed_lock: lease lost");
+        self.lost_wake.notify_waiters();
+    }
+
+    pub(crate) fn mark_released(&self) -> bool {
+        !self.released.swap(true, Ordering::AcqRel)
+    }
+
+    /// Resolves when the lease is lost: marked lost by the watchdog, or run past its validity with
+    /// no confirmation, which is judged here on the client's clock so that it is seen even when
+    /// the store cannot be reached.
+    pub(crate) async fn wait_lost(&self) {
+        loop {
+            let woken = self.lost_wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.is_lost() {
+                return;
+            }
+            let until = self.valid_until();
+            if Instant::now() >= until {
+                self.mark_lost(LossCause::Unconfirmed);
+                return;
+            }
+            tokio::select! {
+                () = woken => {}
+                () = tokio::time::sleep_until(until.into()) => {}
+            }
+        }
+    }
+}
+
+/// A held lease, from [`Locker::lock`]. Dropping it releases it (queued, without blocking);
+/// [`release`](Self::release) releases it and waits for the store's answer.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+/// use std::time::Duration;
+/// use dlock::{LockOptions, Locker};
+///
+/// let locker = Locker::memory();
+/// let lease = locker.lock("report:2026-11", LockOptions::new().ttl(Duration::from_secs(5))).await?;
+/// assert!(lease.is_held());
+/// // … write the report, passing lease.fence() along with each write …
+/// lease.release().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "a lease is released as soon as it is dropped"]
+pub struct Lease {
+    pub(crate) state: Arc<LeaseState>,
+    pub(crate) locker: Locker,
+}
+
+impl Lease {
+    /// The key this lease holds.
+    pub fn key(&self) -> &str {
+        &self.state.key
+    }
+
+    /// The fencing token of this acquisition: greater than that of every earlier acquisition of
+    /// the key. Pass it with each write the lock protects, and let the store reject a write whose
+    /// fence is lower than one it has seen.
+    pub fn fence(&self) -> u64 {
+        self.state.fence
+    }
+
+    /// The owner token this lease is stored under.
+    pub fn owner(&self) -> Owner {
+        self.state.owner
+    }
+
+    /// Whether the lease is still held by the client's reckoning: not released, not lost, and
+    /// within its validity.
+    pub fn is_held(&self) -> bool {
+        self.state.is_held()
+    }
+
+    /// Resolves when the lease is lost (a renewal refused or not confirmed in time, or the ttl
+    /// run out without renewal). Never resolves for a lease that stays held.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + '_ {
+        self.state.wait_lost()
+    }
+
+    /// Releases the lease and waits for the store to confirm. Releasing a lease that was lost is
+    /// not an error: the key is no longer ours either way.
+    pub async fn release(self) -> Result<(), LockError> {
+        // Marks the state released first, so the `Drop` that follows queues nothing.
+        self.locker.release(&self.state).await
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.locker.release_in_background(&self.state);
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.state.key)
+            .field("fence", &self.state.fence)
+            .field("held", &self.is_held())
+            .finish()
+    }
+}
+
+/// What an annotated body can see of the lease it runs under, from
+/// [`current_lease()`](crate::current_lease).
+#[derive(Clone)]
+pub struct LeaseInfo {
+    pub(crate) state: Arc<LeaseState>,
+}
+
+impl LeaseInfo {
+    /// The key of the lease.
+    pub fn key(&self) -> &str {
+        &self.state.key
+    }
+
+    /// The fencing token of the acquisition (see [`Lease::fence`]).
+    pub fn fence(&self) -> u64 {
+        self.state.fence
+    }
+
+    /// Whether the lease is still held (see [`Lease::is_held`]).
+    pub fn is_held(&self) -> bool {
+        self.state.is_held()
+    }
+
+    /// Resolves when the lease is lost (see [`Lease::lost`]).
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + '_ {
+        self.state.wait_lost()
+    }
+}
+
+impl std::fmt::Debug for LeaseInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseInfo")
+            .field("key", &self.state.key)
+            .field("fence", &self.state.fence)
+            .field("held", &self.is_held())
+            .finish()
+    }
+}

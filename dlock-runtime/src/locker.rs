@@ -1,0 +1,259 @@
+//! `Locker`: a handle to one store that hands out leases; and the default locker.
+
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use crate::backend::{AcquireRequest, Backend, DynBackend};
+use crate::background;
+use crate::lease::{Lease, LeaseState};
+use crate::watchdog::Watchdog;
+use crate::{LockError, LockOptions, Owner};
+
+/// A handle to one lock store. Cheap to clone (clones share the store's connections and one
+/// watchdog), `Send + Sync`, and usable from any tokio runtime: its background work runs on a
+/// runtime of dlock's own, so a `Locker` in a `static` serves every `#[tokio::test]` of a binary.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+/// use dlock::{LockError, LockOptions, Locker};
+///
+/// let locker = Locker::connect("memory://").await?;
+/// let first = locker.lock("acct:42", LockOptions::new()).await?;
+/// // A second owner is turned away while the first holds the key.
+/// let second = locker.lock("acct:42", LockOptions::new()).await;
+/// assert!(matches!(second, Err(LockError::Busy { .. })));
+/// first.release().await?;
+/// assert!(locker.lock("acct:42", LockOptions::new()).await.is_ok());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Locker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: Arc<dyn DynBackend>,
+    watchdog: Watchdog,
+    description: String,
+}
+
+impl Locker {
+    /// A locker on a fresh in-process store (see [`MemoryBackend`](crate::backend::MemoryBackend)).
+    #[cfg(feature = "memory")]
+    pub fn memory() -> Locker {
+        Locker::with_backend(crate::backend::MemoryBackend::new())
+    }
+
+    /// A locker on any [`Backend`].
+    pub fn with_backend<B: Backend>(backend: B) -> Locker {
+        let name = std::any::type_name::<B>().rsplit("::").next().unwrap_or("backend");
+        Self::from_parts(Arc::new(backend), name.to_owned())
+    }
+
+    fn from_parts(backend: Arc<dyn DynBackend>, description: String) -> Locker {
+        Locker { inner: Arc::new(Inner { watchdog: Watchdog::new(backend.clone()), backend, description }) }
+    }
+
+    /// Connects to the store a URL names: `memory://`, `redis://`, `rediss://`, `mysql://` or
+    /// `zk://host:port[,host:port][/chroot]`, each where its cargo feature is enabled.
+    pub async fn connect(url: &str) -> Result<Locker, LockError> {
+        let scheme = url.split_once("://").map(|(scheme, _)| scheme).unwrap_or("");
+        let invalid = |reason: String| LockError::InvalidUrl { url: mask_password(url), reason };
+        match scheme {
+            #[cfg(feature = "memory")]
+            "memory" => Ok(Locker::memory().described(url)),
+            known if ["memory", "redis", "rediss", "mysql", "zk"].contains(&known) => Err(invalid(format!(
+                "this build of dlock lacks the `{}` feature; enable it in Cargo.toml",
+                feature_of(scheme)
+            ))),
+            _ => Err(invalid("unknown scheme; use memory://, redis://, rediss://, mysql:// or zk://".into())),
+        }
+    }
+
+    fn described(mut self, url: &str) -> Locker {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.description = mask_password(url);
+        }
+        self
+    }
+
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
+    /// Acquires `key`, waiting up to `options.wait` for it, and keeps the lease renewed while it
+    /// is held if `options.renew`. Fails with [`LockError::Busy`] when the key stayed taken.
+    ///
+    /// If this future is dropped while the acquisition is in flight, the key is released if the
+    /// store granted it.
+    pub async fn lock(&self, key: impl Into<String>, options: LockOptions) -> Result<Lease, LockError> {
+        let key = key.into();
+        options.validate()?;
+        let owner = Owner::random();
+        let started = Instant::now();
+        // Exists before the acquisition is awaited, so a dropped future still releases.
+        let acquired = {
+            let mut pending = PendingAcquire { locker: self, key: &key, owner, armed: true };
+            let request = AcquireRequest::new(&key, owner, options.ttl, options.wait);
+            let acquired = self.inner.backend.acquire(&request).await;
+            pending.armed = false;
+            acquired
+        };
+        let acquired = match acquired? {
+            Some(acquired) => acquired,
+            None => {
+                tracing::debug!(%key, waited = ?started.elapsed(), "distributed_lock: busy");
+                return Err(LockError::Busy { key });
+            }
+        };
+        tracing::debug!(%key, fence = acquired.fence, waited = ?started.elapsed(), "distributed_lock: acquired");
+        let state = Arc::new(LeaseState::new(key, owner, acquired.fence, options.ttl, acquired.valid_from, self.id()));
+        if options.renew {
+            self.inner.watchdog.watch(&state);
+        }
+        Ok(Lease { state, locker: self.clone() })
+    }
+
+    /// Releases `state` and waits for the store's answer.
+    pub(crate) async fn release(&self, state: &Arc<LeaseState>) -> Result<(), LockError> {
+        if !state.mark_released() {
+            return Ok(());
+        }
+        self.inner.watchdog.forget(state);
+        let mut pending = PendingRelease { locker: self, state, armed: true };
+        let result = self.inner.backend.release(&state.key, state.owner).await;
+        pending.armed = false;
+        match result {
+            Ok(held) => {
+                tracing::debug!(key = %state.key, fence = state.fence, held, "distributed_lock: released");
+                Ok(())
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Releases `state` without waiting: at once where the store is in-process, else queued on
+    /// the background runtime. For `Drop`, which must not block.
+    pub(crate) fn release_in_background(&self, state: &Arc<LeaseState>) {
+        if !state.mark_released() {
+            return;
+        }
+        self.inner.watchdog.forget(state);
+        self.queue_release(state.key.clone(), state.owner);
+        tracing::debug!(key = %state.key, fence = state.fence, "distributed_lock: released on drop");
+    }
+
+    fn queue_release(&self, key: String, owner: Owner) {
+        if self.inner.backend.release_now(&key, owner) {
+            return;
+        }
+        let backend = self.inner.backend.clone();
+        background::spawn(async move {
+            if let Err(error) = backend.release(&key, owner).await {
+                tracing::warn!(%key, %error, "distributed_lock: queued release failed; the lease will expire");
+            }
+        });
+    }
+}
+
+/// Releases a key whose acquisition was abandoned mid-flight: the store may have granted it.
+struct PendingAcquire<'a> {
+    locker: &'a Locker,
+    key: &'a str,
+    owner: Owner,
+    armed: bool,
+}
+
+impl Drop for PendingAcquire<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.locker.queue_release(self.key.to_owned(), self.owner);
+        }
+    }
+}
+
+/// Finishes a release whose caller stopped waiting for it.
+struct PendingRelease<'a> {
+    locker: &'a Locker,
+    state: &'a LeaseState,
+    armed: bool,
+}
+
+impl Drop for PendingRelease<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.locker.queue_release(self.state.key.clone(), self.state.owner);
+        }
+    }
+}
+
+impl std::fmt::Debug for Locker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Locker").field(&self.inner.description).finish()
+    }
+}
+
+fn feature_of(scheme: &str) -> &'static str {
+    match scheme {
+        "memory" => "memory",
+        "redis" | "rediss" => "redis",
+        "mysql" => "mysql",
+        _ => "zookeeper",
+    }
+}
+
+/// `url` with the password (the part between `:` and `@` of the authority) replaced by `***`,
+/// for errors and logs.
+pub(crate) fn mask_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+static DEFAULT: RwLock<Option<Locker>> = RwLock::new(None);
+static FROM_ENV: tokio::sync::OnceCell<Locker> = tokio::sync::OnceCell::const_new();
+
+/// Sets the locker that `#[distributed_lock]` uses where it names none. A later call replaces
+/// the locker for calls that start after it.
+///
+/// ```
+/// dlock::set_default_locker(dlock::Locker::memory());
+/// ```
+pub fn set_default_locker(locker: Locker) {
+    *DEFAULT.write().unwrap_or_else(|p| p.into_inner()) = Some(locker);
+}
+
+/// The locker set by [`set_default_locker`]; else one built once from `DLOCK_URL`; else
+/// [`LockError::NoLocker`].
+pub(crate) async fn default_locker() -> Result<Locker, LockError> {
+    if let Some(locker) = DEFAULT.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        return Ok(locker.clone());
+    }
+    match std::env::var("DLOCK_URL") {
+        Ok(url) if !url.trim().is_empty() => {
+            // A failed connection is not cached: the next call tries again.
+            FROM_ENV.get_or_try_init(|| Locker::connect(url.trim())).await.cloned()
+        }
+        _ => Err(LockError::NoLocker),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mask_password;
+
+    #[test]
+    fn masks_only_the_password() {
+        assert_eq!(mask_password("redis://:secret@host:6379/0"), "redis://:***@host:6379/0");
+        assert_eq!(mask_password("mysql://root:pw@127.0.0.1/test"), "mysql://root:***@127.0.0.1/test");
+        assert_eq!(mask_password("redis://host:6379"), "redis://host:6379");
+        assert_eq!(mask_password("memory://"), "memory://");
+    }
+}

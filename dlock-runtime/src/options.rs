@@ -1,0 +1,67 @@
+//! Options of one acquisition.
+
+use std::time::Duration;
+
+use crate::LockError;
+
+/// How to acquire and keep one lease: its ttl, how long to wait for a busy key, and whether a
+/// watchdog renews it.
+///
+/// ```
+/// use std::time::Duration;
+/// let options = dlock::LockOptions::new().ttl(Duration::from_secs(3)).wait(Duration::from_millis(500));
+/// assert_eq!(options.ttl, Duration::from_secs(3));
+/// assert!(options.renew);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockOptions {
+    /// Lease length (default 30 s). The store lets the lease expire this long after the last
+    /// acquisition or renewal it confirmed.
+    pub ttl: Duration,
+    /// How long to wait for a busy key (default zero: try once).
+    pub wait: Duration,
+    /// Whether the watchdog renews the lease every ttl/3 while it is held (default `true`).
+    pub renew: bool,
+}
+
+impl LockOptions {
+    /// The defaults: ttl 30 s, no wait, renewal on.
+    pub const fn new() -> Self {
+        LockOptions { ttl: Duration::from_secs(30), wait: Duration::ZERO, renew: true }
+    }
+
+    /// Sets the lease length.
+    pub const fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Sets how long to wait for a busy key.
+    pub const fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Turns the watchdog's renewal on or off.
+    pub const fn renew(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), LockError> {
+        if self.ttl < Duration::from_millis(1) {
+            return Err(LockError::InvalidOptions { reason: format!("ttl {:?} is shorter than 1ms", self.ttl) });
+        }
+        if self.ttl.as_millis() > i64::MAX as u128 {
+            return Err(LockError::InvalidOptions { reason: format!("ttl {:?} is too long", self.ttl) });
+        }
+        Ok(())
+    }
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,163 @@
+//! The watchdog: one renewal driver per `Locker`, renewing every lease it holds in batches.
+//!
+//! Leases come due at different times; a tick renews every lease whose renewal falls within the
+//! next half period, so leases taken at about the same time share a round trip and a `Locker`
+//! with ten thousand leases makes a handful of round trips per period, not ten thousand. The
+//! driver runs on dlock's own background runtime and exits when it has nothing to renew.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::backend::{DynBackend, Renewal};
+use crate::background;
+use crate::clock;
+use crate::lease::{LeaseState, LossCause};
+
+/// How soon a renewal is tried again after the store failed to answer.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_millis(100);
+
+pub(crate) struct Watchdog {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    backend: Arc<dyn DynBackend>,
+    registry: Mutex<Registry>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Registry {
+    leases: HashMap<u64, Entry>,
+    /// When the driver next wakes by itself, or `None` when no driver runs.
+    driver_wakes_at: Option<Instant>,
+}
+
+struct Entry {
+    state: Arc<LeaseState>,
+    renew_at: Instant,
+}
+
+impl Watchdog {
+    pub(crate) fn new(backend: Arc<dyn DynBackend>) -> Self {
+        Watchdog { shared: Arc::new(Shared { backend, registry: Mutex::default(), wake: Notify::new() }) }
+    }
+
+    /// Starts renewing `state` every ttl/3.
+    pub(crate) fn watch(&self, state: &Arc<LeaseState>) {
+        let renew_at = Instant::now() + clock::renew_interval(state.ttl);
+        let mut registry = self.shared.registry();
+        registry.leases.insert(state.id, Entry { state: state.clone(), renew_at });
+        match registry.driver_wakes_at {
+            None => {
+                registry.driver_wakes_at = Some(renew_at);
+                background::spawn(drive(self.shared.clone()));
+            }
+            Some(wakes_at) if renew_at < wakes_at => self.shared.wake.notify_one(),
+            Some(_) => {}
+        }
+    }
+
+    /// Stops renewing `state`.
+    pub(crate) fn forget(&self, state: &LeaseState) {
+        self.shared.registry().leases.remove(&state.id);
+    }
+
+    /// How many leases are being renewed.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.shared.registry().leases.len()
+    }
+}
+
+impl Shared {
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Takes the leases due by `now` (plus half their period, to batch), and says when the next
+    /// of the others falls due. Drops leases that were released or lost.
+    fn due(&self, now: Instant) -> (Vec<Arc<LeaseState>>, Option<Instant>) {
+        let mut registry = self.registry();
+        let mut batch = Vec::new();
+        let mut next: Option<Instant> = None;
+        registry.leases.retain(|_, entry| {
+            let state = &entry.state;
+            if state.is_released() || state.is_lost() {
+                return false;
+            }
+            if now >= state.valid_until() {
+                state.mark_lost(LossCause::Unconfirmed);
+                return false;
+            }
+            let early = clock::renew_interval(state.ttl) / 2;
+            if entry.renew_at <= now + early {
+                batch.push(state.clone());
+                // Until the answer comes, look again after a failure's retry delay.
+                entry.renew_at = now + RETRY_AFTER_FAILURE.min(clock::renew_interval(state.ttl));
+            }
+            next = Some(next.map_or(entry.renew_at, |n| n.min(entry.renew_at)));
+            true
+        });
+        registry.driver_wakes_at = next;
+        (batch, next)
+    }
+
+    fn reschedule(&self, state: &LeaseState, renew_at: Instant) {
+        if let Some(entry) = self.registry().leases.get_mut(&state.id) {
+            entry.renew_at = renew_at;
+        }
+    }
+
+    async fn renew(&self, batch: Vec<Arc<LeaseState>>) {
+        let sent_at = Instant::now();
+        let renewals: Vec<Renewal<'_>> = batch.iter().map(|s| Renewal::new(&s.key, s.owner, s.ttl)).collect();
+        // Waiting longer than the first lease's validity would only tell that lease what its
+        // own timer already knows.
+        let patience = batch
+            .iter()
+            .map(|s| s.valid_until().saturating_duration_since(sent_at))
+            .min()
+            .unwrap_or_default()
+            .max(Duration::from_millis(1));
+        match tokio::time::timeout(patience, self.backend.renew(&renewals)).await {
+            Ok(Ok(held)) => {
+                for (state, held) in batch.iter().zip(held) {
+                    if held {
+                        state.confirm(sent_at);
+                        self.reschedule(state, sent_at + clock::renew_interval(state.ttl));
+                    } else {
+                        state.mark_lost(LossCause::Refused);
+                    }
+                }
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%error, leases = batch.len(), "distributed_lock: renewal failed; retrying");
+            }
+            Err(_) => {
+                tracing::warn!(leases = batch.len(), ?patience, "distributed_lock: renewal timed out; retrying");
+            }
+        }
+    }
+}
+
+async fn drive(shared: Arc<Shared>) {
+    loop {
+        let (batch, next) = shared.due(Instant::now());
+        if !batch.is_empty() {
+            shared.renew(batch).await;
+            continue;
+        }
+        let Some(next) = next else {
+            // Nothing left to renew; `watch` starts a new driver for the next lease.
+            return;
+        };
+        tokio::select! {
+            () = shared.wake.notified() => {}
+            () = tokio::time::sleep_until(next.into()) => {}
+        }
+    }
+}
