@@ -49,14 +49,20 @@ impl Write for Escaper<'_> {
         let mut clean_from = 0;
         for (i, &byte) in s.as_bytes().iter().enumerate() {
             if !is_unescaped(byte) {
-                out.push_str(&s[clean_from..i]);
+                // Unescaped bytes are ASCII, so a non-empty clean run starts and ends on char
+                // boundaries; an empty one may sit inside a multi-byte char and is skipped.
+                if clean_from < i {
+                    out.push_str(&s[clean_from..i]);
+                }
                 out.push('%');
                 out.push(HEX[usize::from(byte >> 4)] as char);
                 out.push(HEX[usize::from(byte & 0xF)] as char);
                 clean_from = i + 1;
             }
         }
-        out.push_str(&s[clean_from..]);
+        if clean_from < s.len() {
+            out.push_str(&s[clean_from..]);
+        }
         Ok(())
     }
 }

@@ -27,7 +27,8 @@ use crate::{LockError, Owner};
 ///
 /// let store = MemoryBackend::new();
 /// let locker = Locker::with_backend(store.clone());
-/// let lease = locker.lock("job:1", LockOptions::new()).await.unwrap();
+/// let options = LockOptions::new().ttl(std::time::Duration::from_millis(300));
+/// let lease = locker.lock("job:1", options).await.unwrap();
 /// assert!(store.steal("job:1"));
 /// lease.lost().await; // seen at the next renewal
 /// assert!(!lease.is_held());

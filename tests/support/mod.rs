@@ -1,0 +1,138 @@
+//! Test support shared by the integration tests: a store abstraction so one set of property
+//! tests runs on every backend, a counting backend wrapper, and small helpers.
+#![allow(dead_code)]
+
+pub mod properties;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use dlock::backend::{AcquireRequest, Acquired, Backend, Renewal};
+use dlock::{LockError, Owner};
+
+/// A store the property tests run against.
+pub trait Store: Send + Sync + 'static {
+    /// The store's backend type.
+    type Backend: Backend + Clone;
+
+    /// A new backend handle on the same store (a separate client, as another process would have).
+    fn backend(&self) -> impl Future<Output = Self::Backend> + Send;
+
+    /// Takes `key`'s lease away from its holder from outside, as an expiry or a takeover would.
+    fn take_away(&self, key: &str) -> impl Future<Output = ()> + Send;
+
+    /// Makes `key`'s lease expire on the store now, as if its holder had died long ago.
+    fn expire(&self, key: &str) -> impl Future<Output = ()> + Send;
+}
+
+/// A key no other test uses, even across processes that share a server.
+pub fn unique_key(name: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    // Only characters that key escaping leaves alone, so a key renders as itself.
+    format!("test-{}-{}-{}-{name}", std::process::id(), Owner::random(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Wraps a backend and counts what is asked of it.
+#[derive(Clone)]
+pub struct Counting<B> {
+    pub inner: B,
+    pub acquires: Arc<AtomicU64>,
+    pub releases: Arc<AtomicU64>,
+}
+
+impl<B> Counting<B> {
+    pub fn new(inner: B) -> Self {
+        Counting { inner, acquires: Arc::default(), releases: Arc::default() }
+    }
+
+    pub fn acquires(&self) -> u64 {
+        self.acquires.load(Ordering::SeqCst)
+    }
+}
+
+impl<B: Backend> Backend for Counting<B> {
+    async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
+        self.acquires.fetch_add(1, Ordering::SeqCst);
+        self.inner.acquire(request).await
+    }
+
+    async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        self.inner.release(key, owner).await
+    }
+
+    async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+        self.inner.renew(leases).await
+    }
+
+    fn release_now(&self, key: &str, owner: Owner) -> bool {
+        let done = self.inner.release_now(key, owner);
+        if done {
+            self.releases.fetch_add(1, Ordering::SeqCst);
+        }
+        done
+    }
+}
+
+/// Counts how many bodies run at once, and the most ever seen.
+#[derive(Default)]
+pub struct Gauge {
+    now: AtomicUsize,
+    max: AtomicUsize,
+    entered: AtomicUsize,
+}
+
+impl Gauge {
+    pub fn enter(&self) {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(now, Ordering::SeqCst);
+        self.entered.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub fn leave(&self) {
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    pub fn max(&self) -> usize {
+        self.max.load(Ordering::SeqCst)
+    }
+
+    pub fn entered(&self) -> usize {
+        self.entered.load(Ordering::SeqCst)
+    }
+}
+
+/// Instantiates every property test of `properties` for one store. `$store` is an expression
+/// (evaluated per test) whose value implements [`Store`].
+#[macro_export]
+macro_rules! lock_properties {
+    ($store:expr) => {
+        $crate::lock_properties!(@tests $store;
+            sixty_four_callers_never_overlap,
+            losers_with_no_wait_skip_the_body,
+            waiters_are_woken_by_the_release,
+            waiters_are_served_in_arrival_order,
+            nested_call_on_the_same_key_reenters_without_acquiring,
+            spawned_and_joined_calls_are_other_owners,
+            panic_releases_at_once,
+            dropped_caller_future_releases_at_once,
+            body_longer_than_ttl_keeps_the_key,
+            lease_taken_away_cancels_the_body,
+            on_lost_continue_lets_the_body_finish,
+            unrenewed_lease_is_lost_when_its_ttl_runs_out,
+            fences_strictly_increase,
+            keys_are_escaped,
+            manual_lease_excludes_and_releases,
+        );
+    };
+    (@tests $store:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let store = $store;
+                support::properties::$name(&store).await;
+            }
+        )*
+    };
+}
