@@ -110,22 +110,40 @@ fn expand(args: TokenStream, function: &LockedFn) -> syn::Result<TokenStream> {
     let name = sig.ident.to_string();
     let return_hint = return_type_hint(&sig.output);
     let stmts = &block.stmts;
+    // A return type that cannot carry a lock failure is reported on the return type.
+    let return_span = match &sig.output {
+        ReturnType::Type(_, ty) => ty.span(),
+        ReturnType::Default => sig.ident.span(),
+    };
+    // Naming the conversion here, spanned on the return type, puts a "cannot return a lock
+    // failure" error on the return type rather than on the attribute.
+    let on_failure = match &sig.output {
+        ReturnType::Type(_, ty) if !contains_impl_trait(ty) => quote_spanned! {return_span=>
+            <#ty as #krate::FromLockError>::from_lock_error
+        },
+        ReturnType::Type(..) => quote!(#krate::FromLockError::from_lock_error),
+        ReturnType::Default => quote_spanned!(return_span=> <() as #krate::FromLockError>::from_lock_error),
+    };
+    let call = quote! {
+        #krate::__private::locked(
+            #krate::__private::LockSpec::new(#name, #ttl_ms, #wait_ms, #renew, #on_lost),
+            __dlock_locker,
+            __dlock_key,
+            #on_failure,
+            async move {
+                #return_hint
+                #(#stmts)*
+            },
+        )
+        .await
+    };
 
     Ok(quote! {
         #(#attrs)*
         #vis #sig {
             let __dlock_key: ::std::string::String = #key;
             let __dlock_locker = #locker;
-            #krate::__private::locked(
-                #krate::__private::LockSpec::new(#name, #ttl_ms, #wait_ms, #renew, #on_lost),
-                __dlock_locker,
-                __dlock_key,
-                async move {
-                    #return_hint
-                    #(#stmts)*
-                },
-            )
-            .await
+            #call
         }
     })
 }

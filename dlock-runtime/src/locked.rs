@@ -4,7 +4,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::error::FromLockError;
 use crate::locker::{default_locker, Locker};
 use crate::{reentry, LockError, LockOptions};
 
@@ -46,10 +45,17 @@ pub fn locker(locker: &Locker) -> Locker {
 }
 
 /// Runs `body` under a lease on `key`. On any failure to get or keep the lease, returns
-/// `R::from_lock_error` instead of (the rest of) the body.
-pub fn locked<R, F>(spec: LockSpec, locker: Option<Locker>, key: String, body: F) -> impl Future<Output = R> + use<R, F>
+/// `on_failure(error)` instead of (the rest of) the body. `on_failure` is
+/// [`FromLockError::from_lock_error`](crate::FromLockError), named by the generated code where the
+/// compiler can point a type error at the function's return type.
+pub fn locked<R, F>(
+    spec: LockSpec,
+    locker: Option<Locker>,
+    key: String,
+    on_failure: fn(LockError) -> R,
+    body: F,
+) -> impl Future<Output = R> + use<R, F>
 where
-    R: FromLockError,
     F: Future<Output = R>,
 {
     async move {
@@ -57,13 +63,13 @@ where
             Some(locker) => locker,
             None => match default_locker().await {
                 Ok(locker) => locker,
-                Err(error) => return R::from_lock_error(error),
+                Err(error) => return on_failure(error),
             },
         };
 
         if let Some(held) = reentry::find(locker.id(), &key) {
             if !held.is_held() {
-                return R::from_lock_error(LockError::Lost { key });
+                return on_failure(LockError::Lost { key });
             }
             tracing::trace!(%key, function = spec.name, "distributed_lock: re-entered");
             return body.await;
@@ -71,7 +77,7 @@ where
 
         let lease = match locker.lock(key, spec.options).await {
             Ok(lease) => lease,
-            Err(error) => return R::from_lock_error(error),
+            Err(error) => return on_failure(error),
         };
         // From here `lease` releases on every exit: its `Drop` queues the release when the body
         // panics or this future is dropped, and `release` below awaits it on a normal return.
@@ -83,7 +89,7 @@ where
                     output = body => output,
                     () = lease.lost() => {
                         // Returns at once; dropping the lease queues its release.
-                        return R::from_lock_error(LockError::Lost { key: lease.key().to_owned() });
+                        return on_failure(LockError::Lost { key: lease.key().to_owned() });
                     }
                 }
             }
