@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -25,6 +25,8 @@ pub(crate) struct LeaseState {
     lost: AtomicBool,
     released: AtomicBool,
     lost_wake: Notify,
+    /// The lease of the body this lease's body runs inside, for re-entrancy (`reentry`).
+    outer: OnceLock<Arc<LeaseState>>,
 }
 
 /// Why a lease stopped being held, for the log.
@@ -51,7 +53,16 @@ impl LeaseState {
             lost: AtomicBool::new(false),
             released: AtomicBool::new(false),
             lost_wake: Notify::new(),
+            outer: OnceLock::new(),
         }
+    }
+
+    pub(crate) fn outer(&self) -> Option<&Arc<LeaseState>> {
+        self.outer.get()
+    }
+
+    pub(crate) fn set_outer(&self, outer: Arc<LeaseState>) {
+        let _ = self.outer.set(outer);
     }
 
     fn validity_from(confirmed_at: Instant, ttl: Duration) -> Instant {

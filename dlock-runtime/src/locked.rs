@@ -2,9 +2,11 @@
 //! body under the lease, watch for its loss, release on every exit path.
 
 use std::future::Future;
+use std::task::Poll;
 use std::time::Duration;
 
 use crate::locker::{default_locker, Locker};
+use crate::lease::{Lease, LeaseState};
 use crate::{reentry, LockError, LockOptions};
 
 /// What happens when the lease is lost while the body runs.
@@ -67,39 +69,52 @@ where
             },
         };
 
-        if let Some(held) = reentry::find(locker.id(), &key) {
-            if !held.is_held() {
-                return on_failure(LockError::Lost { key });
+        let outer = match reentry::enter(locker.id(), &key) {
+            reentry::Entry::Reenter(held) => {
+                if !held.is_held() {
+                    return on_failure(LockError::Lost { key });
+                }
+                tracing::trace!(%key, function = spec.name, "distributed_lock: re-entered");
+                return body.await;
             }
-            tracing::trace!(%key, function = spec.name, "distributed_lock: re-entered");
-            return body.await;
-        }
+            reentry::Entry::Acquire { outer } => outer,
+        };
 
-        let lease = match locker.lock(key, spec.options).await {
-            Ok(lease) => lease,
+        let lease = match locker.acquire(key, spec.options).await {
+            Ok(state) => Lease { state, locker },
             Err(error) => return on_failure(error),
         };
         // From here `lease` releases on every exit: its `Drop` queues the release when the body
-        // panics or this future is dropped, and `release` below awaits it on a normal return.
-        let body = reentry::scope(lease.state.clone(), body);
+        // panics or this future is dropped, and the release below awaits it on a normal return.
+        let body = reentry::scope(lease.state.clone(), outer, body);
         let output = match spec.on_lost {
-            OnLost::Cancel => {
-                tokio::select! {
-                    biased;
-                    output = body => output,
-                    () = lease.lost() => {
-                        // Returns at once; dropping the lease queues its release.
-                        return on_failure(LockError::Lost { key: lease.key().to_owned() });
-                    }
-                }
-            }
+            OnLost::Cancel => match until_lost(body, &lease.state).await {
+                Some(output) => output,
+                // Returns at once; dropping the lease queues its release.
+                None => return on_failure(LockError::Lost { key: lease.state.key.clone() }),
+            },
             OnLost::Continue => body.await,
         };
-        let key = lease.key().to_owned();
-        if let Err(error) = lease.release().await {
+        if let Err(error) = lease.locker.release(&lease.state).await {
             // The body's work is done and must be reported as it ended; the lease will expire.
-            tracing::warn!(%key, %error, function = spec.name, "distributed_lock: release failed");
+            tracing::warn!(key = %lease.state.key, %error, function = spec.name, "distributed_lock: release failed");
         }
         output
     }
+}
+
+/// Polls `body` until it finishes (`Some`) or the lease is lost (`None`, and `body` is dropped).
+/// The body goes first, and the loss watcher with its timer is only set up once the body has to
+/// wait: a body that finishes in its first poll pays nothing for it.
+async fn until_lost<F: Future>(body: F, state: &LeaseState) -> Option<F::Output> {
+    let mut body = std::pin::pin!(body);
+    let mut watcher = None;
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(output) = body.as_mut().poll(cx) {
+            return Poll::Ready(Some(output));
+        }
+        let watcher = watcher.get_or_insert_with(|| Box::pin(state.wait_lost()));
+        watcher.as_mut().poll(cx).map(|()| None)
+    })
+    .await
 }
