@@ -44,7 +44,9 @@ async fn annotated(locker: &Locker, id: u64) -> Result<u64, LockError> {
 }
 
 async fn manual(locker: &Locker, id: u64) -> Result<u64, LockError> {
-    let lease = locker.lock(format!("bench:{id}"), LockOptions::new()).await?;
+    let lease = locker
+        .lock(format!("bench:{id}"), LockOptions::new())
+        .await?;
     let output = black_box(id);
     lease.release().await?;
     Ok(output)
@@ -97,7 +99,10 @@ async fn run(flavour: &str) {
         best_manual = best_manual.min(ns_per(time_manual(&locker, calls).await, calls));
     }
     let nested_calls = 1_000_000;
-    let nested = ns_per(nested_outer(&locker, 1, nested_calls).await.unwrap(), nested_calls);
+    let nested = ns_per(
+        nested_outer(&locker, 1, nested_calls).await.unwrap(),
+        nested_calls,
+    );
     println!("[{flavour}]");
     println!("  manual lease (baseline)   {best_manual:>8.0} ns/call");
     println!(
@@ -115,18 +120,34 @@ async fn memory_per_lease() {
     let mut held = Vec::with_capacity(leases);
     let vec_bytes = (leases * std::mem::size_of::<dlock::Lease>()) as isize;
     for i in 0..leases {
-        held.push(locker.lock(format!("order:{i:08}"), LockOptions::new().ttl(Duration::from_secs(30))).await.unwrap());
+        held.push(
+            locker
+                .lock(
+                    format!("order:{i:08}"),
+                    LockOptions::new().ttl(Duration::from_secs(30)),
+                )
+                .await
+                .unwrap(),
+        );
     }
-    let per_lease = (LIVE_BYTES.load(Ordering::Relaxed) - before - vec_bytes) as f64 / leases as f64
+    let per_lease = (LIVE_BYTES.load(Ordering::Relaxed) - before - vec_bytes) as f64
+        / leases as f64
         + std::mem::size_of::<dlock::Lease>() as f64;
     println!("[memory]\n  per held lease            {per_lease:>8.0} bytes      (target <= 1024; {leases} leases, renewed)");
     drop(held);
 }
 
 fn main() {
-    let current = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let current = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     current.block_on(run("current-thread runtime"));
-    let multi = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     multi.block_on(run("multi-thread runtime"));
     current.block_on(memory_per_lease());
 }

@@ -36,14 +36,23 @@ struct AccountTable {
 impl AccountTable {
     async fn find(&self, open_id: &str) -> Option<Account> {
         tokio::time::sleep(Duration::from_millis(5)).await;
-        self.rows.lock().unwrap().iter().find(|a| a.open_id == open_id).cloned()
+        self.rows
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|a| a.open_id == open_id)
+            .cloned()
     }
 
     async fn insert(&self, open_id: &str, local_id: &str) {
         tokio::time::sleep(Duration::from_millis(5)).await;
         let mut rows = self.rows.lock().unwrap();
         let id = rows.len() as u64 + 1;
-        rows.push(Account { id, open_id: open_id.into(), local_id: local_id.into() });
+        rows.push(Account {
+            id,
+            open_id: open_id.into(),
+            local_id: local_id.into(),
+        });
     }
 
     async fn update(&self, id: u64, local_id: &str) {
@@ -74,7 +83,11 @@ impl From<LockError> for AppError {
 }
 
 /// The service method as it was: check, then insert or update.
-async fn submit_unlocked(table: &AccountTable, open_id: &str, local_id: &str) -> Result<(), AppError> {
+async fn submit_unlocked(
+    table: &AccountTable,
+    open_id: &str,
+    local_id: &str,
+) -> Result<(), AppError> {
     match table.find(open_id).await {
         None => table.insert(open_id, local_id).await,
         Some(account) => table.update(account.id, local_id).await,
@@ -121,7 +134,11 @@ fn report(title: &str, table: &AccountTable, applied: usize, discarded: usize) {
     for (open_id, n) in &counts {
         println!("  {open_id}: {n} row(s)");
     }
-    println!("  => {} open_ids, {rows} rows, {} duplicate rows", counts.len(), rows - counts.len());
+    println!(
+        "  => {} open_ids, {rows} rows, {} duplicate rows",
+        counts.len(),
+        rows - counts.len()
+    );
 }
 
 #[tokio::main]
@@ -134,12 +151,24 @@ async fn main() -> Result<(), LockError> {
     dlock::set_default_locker(locker);
 
     let table = Arc::new(AccountTable::default());
-    let (applied, discarded) =
-        launch_storm(table.clone(), |t, o, l| async move { submit_unlocked(&t, &o, &l).await }).await;
+    let (applied, discarded) = launch_storm(table.clone(), |t, o, l| async move {
+        submit_unlocked(&t, &o, &l).await
+    })
+    .await;
     report("without a lock", &table, applied, discarded);
 
     let table = Arc::new(AccountTable::default());
-    let (applied, discarded) = launch_storm(table.clone(), |t, o, l| async move { submit(&t, &o, &l).await }).await;
-    report("\nwith #[distributed_lock(key = \"acct:<open_id>\", ttl = \"3s\")]", &table, applied, discarded);
+    let (applied, discarded) =
+        launch_storm(
+            table.clone(),
+            |t, o, l| async move { submit(&t, &o, &l).await },
+        )
+        .await;
+    report(
+        "\nwith #[distributed_lock(key = \"acct:<open_id>\", ttl = \"3s\")]",
+        &table,
+        applied,
+        discarded,
+    );
     Ok(())
 }

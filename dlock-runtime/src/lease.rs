@@ -41,7 +41,14 @@ pub(crate) enum LossCause {
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 impl LeaseState {
-    pub(crate) fn new(key: String, owner: Owner, fence: u64, ttl: Duration, valid_from: Instant, locker_id: usize) -> Self {
+    pub(crate) fn new(
+        key: String,
+        owner: Owner,
+        fence: u64,
+        ttl: Duration,
+        valid_from: Instant,
+        locker_id: usize,
+    ) -> Self {
         LeaseState {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             key,

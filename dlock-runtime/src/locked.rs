@@ -5,8 +5,8 @@ use std::future::Future;
 use std::task::Poll;
 use std::time::Duration;
 
-use crate::locker::{default_locker, Locker};
 use crate::lease::{Lease, LeaseState};
+use crate::locker::{default_locker, Locker};
 use crate::{reentry, LockError, LockOptions};
 
 /// What happens when the lease is lost while the body runs.
@@ -28,7 +28,13 @@ pub struct LockSpec {
 
 impl LockSpec {
     /// The spec of function `name`.
-    pub const fn new(name: &'static str, ttl_ms: u64, wait_ms: u64, renew: bool, on_lost: OnLost) -> Self {
+    pub const fn new(
+        name: &'static str,
+        ttl_ms: u64,
+        wait_ms: u64,
+        renew: bool,
+        on_lost: OnLost,
+    ) -> Self {
         LockSpec {
             name,
             options: LockOptions::new()
@@ -50,57 +56,59 @@ pub fn locker(locker: &Locker) -> Locker {
 /// `on_failure(error)` instead of (the rest of) the body. `on_failure` is
 /// [`FromLockError::from_lock_error`](crate::FromLockError), named by the generated code where the
 /// compiler can point a type error at the function's return type.
-pub fn locked<R, F>(
+pub async fn locked<R, F>(
     spec: LockSpec,
     locker: Option<Locker>,
     key: String,
     on_failure: fn(LockError) -> R,
     body: F,
-) -> impl Future<Output = R> + use<R, F>
+) -> R
 where
     F: Future<Output = R>,
 {
-    async move {
-        let locker = match locker {
-            Some(locker) => locker,
-            None => match default_locker().await {
-                Ok(locker) => locker,
-                Err(error) => return on_failure(error),
-            },
-        };
-
-        let outer = match reentry::enter(locker.id(), &key) {
-            reentry::Entry::Reenter(held) => {
-                if !held.is_held() {
-                    return on_failure(LockError::Lost { key });
-                }
-                tracing::trace!(%key, function = spec.name, "distributed_lock: re-entered");
-                return body.await;
-            }
-            reentry::Entry::Acquire { outer } => outer,
-        };
-
-        let lease = match locker.acquire(key, spec.options).await {
-            Ok(state) => Lease { state, locker },
+    let locker = match locker {
+        Some(locker) => locker,
+        None => match default_locker().await {
+            Ok(locker) => locker,
             Err(error) => return on_failure(error),
-        };
-        // From here `lease` releases on every exit: its `Drop` queues the release when the body
-        // panics or this future is dropped, and the release below awaits it on a normal return.
-        let body = reentry::scope(lease.state.clone(), outer, body);
-        let output = match spec.on_lost {
-            OnLost::Cancel => match until_lost(body, &lease.state).await {
-                Some(output) => output,
-                // Returns at once; dropping the lease queues its release.
-                None => return on_failure(LockError::Lost { key: lease.state.key.clone() }),
-            },
-            OnLost::Continue => body.await,
-        };
-        if let Err(error) = lease.locker.release(&lease.state).await {
-            // The body's work is done and must be reported as it ended; the lease will expire.
-            tracing::warn!(key = %lease.state.key, %error, function = spec.name, "distributed_lock: release failed");
+        },
+    };
+
+    let outer = match reentry::enter(locker.id(), &key) {
+        reentry::Entry::Reenter(held) => {
+            if !held.is_held() {
+                return on_failure(LockError::Lost { key });
+            }
+            tracing::trace!(%key, function = spec.name, "distributed_lock: re-entered");
+            return body.await;
         }
-        output
+        reentry::Entry::Acquire { outer } => outer,
+    };
+
+    let lease = match locker.acquire(key, spec.options).await {
+        Ok(state) => Lease { state, locker },
+        Err(error) => return on_failure(error),
+    };
+    // From here `lease` releases on every exit: its `Drop` queues the release when the body
+    // panics or this future is dropped, and the release below awaits it on a normal return.
+    let body = reentry::scope(lease.state.clone(), outer, body);
+    let output = match spec.on_lost {
+        OnLost::Cancel => match until_lost(body, &lease.state).await {
+            Some(output) => output,
+            // Returns at once; dropping the lease queues its release.
+            None => {
+                return on_failure(LockError::Lost {
+                    key: lease.state.key.clone(),
+                })
+            }
+        },
+        OnLost::Continue => body.await,
+    };
+    if let Err(error) = lease.locker.release(&lease.state).await {
+        // The body's work is done and must be reported as it ended; the lease will expire.
+        tracing::warn!(key = %lease.state.key, %error, function = spec.name, "distributed_lock: release failed");
     }
+    output
 }
 
 /// Polls `body` until it finishes (`Some`) or the lease is lost (`None`, and `body` is dropped).

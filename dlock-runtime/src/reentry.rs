@@ -35,7 +35,9 @@ pub(crate) fn enter(locker_id: usize, key: &str) -> Entry {
             }
             lease = state.outer();
         }
-        Entry::Acquire { outer: Some(top.clone()) }
+        Entry::Acquire {
+            outer: Some(top.clone()),
+        }
     })
     .unwrap_or(Entry::Acquire { outer: None })
 }
