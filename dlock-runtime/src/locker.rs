@@ -77,6 +77,11 @@ impl Locker {
         match scheme {
             #[cfg(feature = "memory")]
             "memory" => Ok(Locker::memory().described(url)),
+            #[cfg(feature = "mysql")]
+            "mysql" => Ok(
+                Locker::with_backend(crate::backend::MysqlBackend::connect(url).await?)
+                    .described(url),
+            ),
             known if ["memory", "redis", "rediss", "mysql", "zk"].contains(&known) => {
                 Err(invalid(format!(
                     "this build of dlock lacks the `{}` feature; enable it in Cargo.toml",
