@@ -329,7 +329,11 @@ async fn bad_input_is_a_clear_error() {
     let message = unreachable.unwrap_err().to_string();
     assert!(message.contains("cannot connect to MySQL"), "{message}");
 
-    let wrong = url().replacen("root@", "root:wrong-password@", 1);
+    let url = url();
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (userinfo, host) = rest.split_once('@').unwrap();
+    let user = userinfo.split(':').next().unwrap();
+    let wrong = format!("{scheme}://{user}:wrong-password@{host}");
     let denied = tokio::time::timeout(Duration::from_secs(20), Locker::connect(&wrong))
         .await
         .expect("a wrong password must fail, not hang");
