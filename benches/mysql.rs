@@ -27,7 +27,13 @@ fn url() -> String {
 async fn dlock_pairs(locker: &Locker, round: usize) -> Duration {
     let started = Instant::now();
     for i in 0..PAIRS {
-        let lease = locker.lock(format!("bench:{round}:{i}"), LockOptions::new().renew(false)).await.unwrap();
+        let lease = locker
+            .lock(
+                format!("bench:{round}:{i}"),
+                LockOptions::new().renew(false),
+            )
+            .await
+            .unwrap();
         lease.release().await.unwrap();
     }
     started.elapsed()
@@ -42,27 +48,47 @@ async fn raw_pairs(pool: &MySqlPool, round: usize) -> Duration {
     for i in 0..PAIRS {
         let key = format!("bench:{round}:{i}");
         let owner = Owner::random().to_string();
-        sqlx::query(insert).bind(key.as_bytes()).bind(&owner).bind(30_000_000u64).execute(pool).await.unwrap();
-        sqlx::query(delete).bind(key.as_bytes()).bind(&owner).execute(pool).await.unwrap();
+        sqlx::query(insert)
+            .bind(key.as_bytes())
+            .bind(&owner)
+            .bind(30_000_000u64)
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query(delete)
+            .bind(key.as_bytes())
+            .bind(&owner)
+            .execute(pool)
+            .await
+            .unwrap();
     }
     started.elapsed()
 }
 
 async fn contended(locker: &Locker, pool: &MySqlPool, per_task: usize) -> (f64, i64) {
-    sqlx::query("REPLACE INTO `dlock_bench_counter` (id, value) VALUES (1, 0)").execute(pool).await.unwrap();
+    sqlx::query("REPLACE INTO `dlock_bench_counter` (id, value) VALUES (1, 0)")
+        .execute(pool)
+        .await
+        .unwrap();
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..8 {
         let (locker, pool) = (locker.clone(), pool.clone());
         tasks.push(tokio::spawn(async move {
             for _ in 0..per_task {
-                let lease =
-                    locker.lock("bench:counter", LockOptions::new().wait(Duration::from_secs(60))).await.unwrap();
-                let value: i64 = sqlx::query("SELECT value FROM `dlock_bench_counter` WHERE id = 1")
-                    .fetch_one(&pool)
+                let lease = locker
+                    .lock(
+                        "bench:counter",
+                        LockOptions::new().wait(Duration::from_secs(60)),
+                    )
                     .await
-                    .unwrap()
-                    .get(0);
+                    .unwrap();
+                let value: i64 =
+                    sqlx::query("SELECT value FROM `dlock_bench_counter` WHERE id = 1")
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap()
+                        .get(0);
                 sqlx::query("UPDATE `dlock_bench_counter` SET value = ? WHERE id = 1")
                     .bind(value + 1)
                     .execute(&pool)
@@ -76,19 +102,34 @@ async fn contended(locker: &Locker, pool: &MySqlPool, per_task: usize) -> (f64, 
         task.await.unwrap();
     }
     let elapsed = started.elapsed();
-    let value: i64 =
-        sqlx::query("SELECT value FROM `dlock_bench_counter` WHERE id = 1").fetch_one(pool).await.unwrap().get(0);
+    let value: i64 = sqlx::query("SELECT value FROM `dlock_bench_counter` WHERE id = 1")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+        .get(0);
     let total = 8 * per_task;
     (total as f64 / elapsed.as_secs_f64(), total as i64 - value)
 }
 
 #[tokio::main]
 async fn main() {
-    let backend = MysqlBackend::builder(&url()).unwrap().table("dlock_bench").connect().await.unwrap();
+    let backend = MysqlBackend::builder(&url())
+        .unwrap()
+        .table("dlock_bench")
+        .connect()
+        .await
+        .unwrap();
     let locker = Locker::with_backend(backend);
-    let pool = MySqlPoolOptions::new().max_connections(10).connect(&url()).await.unwrap();
+    let pool = MySqlPoolOptions::new()
+        .max_connections(10)
+        .connect(&url())
+        .await
+        .unwrap();
     let ddl = MysqlBackend::ddl("dlock_bench_raw").unwrap();
-    sqlx::query(AssertSqlSafe(ddl)).execute(&pool).await.unwrap();
+    sqlx::query(AssertSqlSafe(ddl))
+        .execute(&pool)
+        .await
+        .unwrap();
     sqlx::query("CREATE TABLE IF NOT EXISTS `dlock_bench_counter` (id INT PRIMARY KEY, value BIGINT NOT NULL)")
         .execute(&pool)
         .await
@@ -101,7 +142,10 @@ async fn main() {
     }
     let per_sec = |d: Duration| PAIRS as f64 / d.as_secs_f64();
     println!("[mysql uncontended: {PAIRS} acquire+release pairs, best of {ROUNDS}]");
-    println!("  raw INSERT + DELETE (baseline)  {:>8.0} pairs/s", per_sec(best_raw));
+    println!(
+        "  raw INSERT + DELETE (baseline)  {:>8.0} pairs/s",
+        per_sec(best_raw)
+    );
     println!(
         "  dlock lock + release            {:>8.0} pairs/s   {:.2}x raw (target >= 0.9x)",
         per_sec(best_dlock),

@@ -46,17 +46,19 @@ impl Mysql {
 
 impl Drop for Mysql {
     fn drop(&mut self) {
-        let (admin, table) = (self.admin.clone(), self.table.clone());
-        // The test's runtime may be gone; drop the table from a runtime of its own.
+        let table = self.table.clone();
+        // The test's runtime is blocked in this `Drop`, and the admin pool with it: drop the
+        // table over a connection of a runtime of its own.
         let _ = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .unwrap();
             runtime.block_on(async {
-                let _ = sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS `{table}`")))
-                    .execute(&admin)
-                    .await;
+                if let Ok(admin) = MySqlPool::connect(&url()).await {
+                    let drop_table = format!("DROP TABLE IF EXISTS `{table}`");
+                    let _ = sqlx::query(AssertSqlSafe(drop_table)).execute(&admin).await;
+                }
             });
         })
         .join();
