@@ -142,7 +142,9 @@ impl Locker {
             };
             let request = AcquireRequest::new(&key, owner, options.ttl, options.wait);
             let acquired = self.inner.backend.acquire(&request).await;
-            pending.armed = false;
+            // A store error leaves it unknown whether the key was granted (a lost reply): the
+            // guard then releases it, which an owner check makes harmless if it was not.
+            pending.armed = acquired.is_err();
             acquired
         };
         let acquired = match acquired? {
