@@ -15,6 +15,11 @@ mod memory;
 #[cfg(feature = "memory")]
 pub use memory::MemoryBackend;
 
+#[cfg(feature = "redis")]
+pub mod redis;
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisBackend, RedisBackendBuilder};
+
 /// One acquisition asked of a backend.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
