@@ -28,7 +28,11 @@ impl Redis {
     }
 
     async fn raw(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.server.url()).unwrap().get_multiplexed_async_connection().await.unwrap()
+        redis::Client::open(self.server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
     }
 }
 
@@ -79,10 +83,22 @@ async fn no_update_is_lost_across_lockers() {
         let locker = locker_on(&redis.server).await;
         for _ in 0..8 {
             let share = INCREMENTS / TASKS + u64::from((tasks.len() as u64) < INCREMENTS % TASKS);
-            let (locker, key, counter, mut raw) = (locker.clone(), key.clone(), counter.clone(), redis.raw().await);
+            let (locker, key, counter, mut raw) = (
+                locker.clone(),
+                key.clone(),
+                counter.clone(),
+                redis.raw().await,
+            );
             tasks.push(tokio::spawn(async move {
                 for _ in 0..share {
-                    let lease = locker.lock(&*key, LockOptions::new().ttl(Duration::from_secs(10)).wait(Duration::from_secs(120))).await?;
+                    let lease = locker
+                        .lock(
+                            &*key,
+                            LockOptions::new()
+                                .ttl(Duration::from_secs(10))
+                                .wait(Duration::from_secs(120)),
+                        )
+                        .await?;
                     // Read, yield, write back: without the lock, increments would overwrite each other.
                     let value: Option<u64> = raw.get(&counter).await.unwrap();
                     tokio::task::yield_now().await;
@@ -105,16 +121,29 @@ async fn first_call_after_a_server_restart_succeeds() {
     let mut server = RedisServer::start();
     let locker = locker_on(&server).await;
     let key = unique_key("restart");
-    locker.lock(&*key, LockOptions::new()).await.unwrap().release().await.unwrap();
+    locker
+        .lock(&*key, LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     server.restart();
     // No reconnect by hand: the call finds its connection broken and retries on a fresh one.
     let lease = locker.lock(&*key, LockOptions::new()).await;
-    assert!(lease.is_ok(), "first call after the restart failed: {lease:?}");
+    assert!(
+        lease.is_ok(),
+        "first call after the restart failed: {lease:?}"
+    );
     lease.unwrap().release().await.unwrap();
 }
 
 #[distributed_lock(key = "<key>", ttl = "3s", locker = locker)]
-async fn works_for_a_while(locker: &Locker, key: &str, started: &AtomicBool) -> Result<(), LockError> {
+async fn works_for_a_while(
+    locker: &Locker,
+    key: &str,
+    started: &AtomicBool,
+) -> Result<(), LockError> {
     started.store(true, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(30)).await;
     Ok(())
@@ -135,11 +164,17 @@ async fn server_killed_while_held_cancels_the_body_before_the_ttl_ends() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     server.stop();
-    let result = tokio::time::timeout(Duration::from_secs(20), call).await.expect("the body was not cancelled").unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .expect("the body was not cancelled")
+        .unwrap();
     let elapsed = called_at.elapsed();
     assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
     // The server would have let the lease expire 3 s after it granted it, which was after the call.
-    assert!(elapsed < Duration::from_secs(3), "the body ran on for {elapsed:?}, past the ttl");
+    assert!(
+        elapsed < Duration::from_secs(3),
+        "the body ran on for {elapsed:?}, past the ttl"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,37 +183,76 @@ async fn key_deleted_from_outside_is_lost_at_the_next_renewal() {
     let locker = locker_on(&redis.server).await;
     let key = unique_key("deleted");
     let ttl = Duration::from_secs(6);
-    let lease = locker.lock(&*key, LockOptions::new().ttl(ttl)).await.unwrap();
+    let lease = locker
+        .lock(&*key, LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
     let acquired_at = Instant::now();
-    let deleted: u64 = redis.raw().await.del(redis.names.lock_key(&key)).await.unwrap();
+    let deleted: u64 = redis
+        .raw()
+        .await
+        .del(redis.names.lock_key(&key))
+        .await
+        .unwrap();
     assert_eq!(deleted, 1);
-    tokio::time::timeout(Duration::from_secs(20), lease.lost()).await.expect("the loss was never seen");
+    tokio::time::timeout(Duration::from_secs(20), lease.lost())
+        .await
+        .expect("the loss was never seen");
     let seen_after = acquired_at.elapsed();
     // Renewals run every 2 s; on its own the lease would run out of validity only at 5.4 s.
-    assert!(seen_after < Duration::from_millis(4_500), "loss seen after {seen_after:?}: not at a renewal");
+    assert!(
+        seen_after < Duration::from_millis(4_500),
+        "loss seen after {seen_after:?}: not at a renewal"
+    );
     assert!(!lease.is_held());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_through_the_url_and_a_wrong_password_is_a_clear_error() {
     let server = RedisServer::start_with_password("s3cret-pw");
-    let locker = Locker::connect(&server.url()).await.expect("the right password was refused");
+    let locker = Locker::connect(&server.url())
+        .await
+        .expect("the right password was refused");
     let key = unique_key("auth");
-    locker.lock(&*key, LockOptions::new()).await.unwrap().release().await.unwrap();
+    locker
+        .lock(&*key, LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 
     let port = server.port();
     for (url, what) in [
-        (format!("redis://:wrong-pw@127.0.0.1:{port}"), "a wrong password"),
-        (format!("redis://default:wrong-pw@127.0.0.1:{port}"), "a wrong user password"),
+        (
+            format!("redis://:wrong-pw@127.0.0.1:{port}"),
+            "a wrong password",
+        ),
+        (
+            format!("redis://default:wrong-pw@127.0.0.1:{port}"),
+            "a wrong user password",
+        ),
         (format!("redis://127.0.0.1:{port}"), "no password"),
     ] {
         let started = Instant::now();
-        let result = tokio::time::timeout(Duration::from_secs(10), Locker::connect(&url)).await.expect("connecting hung");
+        let result = tokio::time::timeout(Duration::from_secs(10), Locker::connect(&url))
+            .await
+            .expect("connecting hung");
         let error = result.expect_err(what).to_string();
-        assert!(started.elapsed() < Duration::from_secs(5), "{what}: took {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{what}: took {:?}",
+            started.elapsed()
+        );
         let lower = error.to_lowercase();
-        assert!(lower.contains("auth") || lower.contains("wrongpass"), "{what}: unclear error: {error}");
-        assert!(!error.contains("wrong-pw"), "{what}: the password leaked into the error: {error}");
+        assert!(
+            lower.contains("auth") || lower.contains("wrongpass"),
+            "{what}: unclear error: {error}"
+        );
+        assert!(
+            !error.contains("wrong-pw"),
+            "{what}: the password leaked into the error: {error}"
+        );
     }
 }
 
@@ -186,11 +260,20 @@ async fn auth_through_the_url_and_a_wrong_password_is_a_clear_error() {
 async fn dropped_waiter_leaves_the_queue() {
     let redis = Redis::start();
     // A long liveness window: a waiter that failed to leave would block the next one for 30 s.
-    let backend = RedisBackend::builder(redis.server.url()).waiter_liveness(Duration::from_secs(30)).connect().await.unwrap();
+    let backend = RedisBackend::builder(redis.server.url())
+        .waiter_liveness(Duration::from_secs(30))
+        .connect()
+        .await
+        .unwrap();
     let locker = Locker::with_backend(backend.clone());
     let key = unique_key("dropped-waiter");
-    let holder = locker.lock(&*key, LockOptions::new().ttl(Duration::from_secs(60))).await.unwrap();
-    let waiting = LockOptions::new().ttl(Duration::from_secs(60)).wait(Duration::from_secs(60));
+    let holder = locker
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let waiting = LockOptions::new()
+        .ttl(Duration::from_secs(60))
+        .wait(Duration::from_secs(60));
     let dropped = tokio::spawn({
         let (locker, key) = (locker.clone(), key.clone());
         async move { locker.lock(&*key, waiting).await.map(drop) }
@@ -208,20 +291,34 @@ async fn dropped_waiter_leaves_the_queue() {
     wait_for_queue_length(&mut raw, &queue, 1).await;
     let released_at = Instant::now();
     holder.release().await.unwrap();
-    let lease = tokio::time::timeout(Duration::from_secs(20), next).await.expect("the next waiter was blocked").unwrap().unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(20), next)
+        .await
+        .expect("the next waiter was blocked")
+        .unwrap()
+        .unwrap();
     let latency = released_at.elapsed();
-    assert!(latency < Duration::from_secs(3), "the next waiter got the key {latency:?} after the release");
+    assert!(
+        latency < Duration::from_secs(3),
+        "the next waiter got the key {latency:?} after the release"
+    );
     lease.release().await.unwrap();
 }
 
-async fn wait_for_queue_length(raw: &mut redis::aio::MultiplexedConnection, queue: &str, length: u64) {
+async fn wait_for_queue_length(
+    raw: &mut redis::aio::MultiplexedConnection,
+    queue: &str,
+    length: u64,
+) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let now: u64 = raw.llen(queue).await.unwrap();
         if now == length {
             return;
         }
-        assert!(Instant::now() < deadline, "queue {queue} has {now} waiters, expected {length}");
+        assert!(
+            Instant::now() < deadline,
+            "queue {queue} has {now} waiters, expected {length}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -231,14 +328,30 @@ async fn a_waiter_gives_up_when_its_wait_runs_out_and_leaves_the_queue() {
     let redis = Redis::start();
     let locker = locker_on(&redis.server).await;
     let key = unique_key("gives-up");
-    let _holder = locker.lock(&*key, LockOptions::new().ttl(Duration::from_secs(60))).await.unwrap();
+    let _holder = locker
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
     let started = Instant::now();
-    let result = locker.lock(&*key, LockOptions::new().wait(Duration::from_millis(700))).await;
+    let result = locker
+        .lock(&*key, LockOptions::new().wait(Duration::from_millis(700)))
+        .await;
     let waited = started.elapsed();
     assert!(matches!(result, Err(LockError::Busy { .. })), "{result:?}");
-    assert!(waited >= Duration::from_millis(700), "gave up after {waited:?}, before its wait ran out");
-    assert!(waited < Duration::from_secs(5), "gave up only after {waited:?}");
-    let queued: u64 = redis.raw().await.llen(redis.names.queue_key(&key)).await.unwrap();
+    assert!(
+        waited >= Duration::from_millis(700),
+        "gave up after {waited:?}, before its wait ran out"
+    );
+    assert!(
+        waited < Duration::from_secs(5),
+        "gave up only after {waited:?}"
+    );
+    let queued: u64 = redis
+        .raw()
+        .await
+        .llen(redis.names.queue_key(&key))
+        .await
+        .unwrap();
     assert_eq!(queued, 0, "the waiter stayed in the queue");
 }
 
@@ -257,7 +370,9 @@ impl CountingProxy {
         let counted = chunks.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let server = tokio::net::TcpStream::connect(("127.0.0.1", target_port)).await.unwrap();
+                let server = tokio::net::TcpStream::connect(("127.0.0.1", target_port))
+                    .await
+                    .unwrap();
                 let (mut client_read, mut client_write) = client.into_split();
                 let (mut server_read, mut server_write) = server.into_split();
                 let counted = counted.clone();
@@ -285,36 +400,70 @@ async fn renewing_many_leases_is_one_round_trip() {
     const LEASES: usize = 50;
     let server = RedisServer::start();
     let proxy = CountingProxy::start(server.port()).await;
-    let backend = RedisBackend::connect(&format!("redis://127.0.0.1:{}", proxy.port)).await.unwrap();
-    let keys: Vec<String> = (0..LEASES).map(|i| unique_key(&format!("renew-{i}"))).collect();
+    let backend = RedisBackend::connect(&format!("redis://127.0.0.1:{}", proxy.port))
+        .await
+        .unwrap();
+    let keys: Vec<String> = (0..LEASES)
+        .map(|i| unique_key(&format!("renew-{i}")))
+        .collect();
     let owners: Vec<Owner> = keys.iter().map(|_| Owner::random()).collect();
     let ttl = Duration::from_secs(60);
     for (key, owner) in keys.iter().zip(&owners) {
-        let acquired = backend.acquire(&AcquireRequest::new(key, *owner, ttl, Duration::ZERO)).await.unwrap();
+        let acquired = backend
+            .acquire(&AcquireRequest::new(key, *owner, ttl, Duration::ZERO))
+            .await
+            .unwrap();
         assert!(acquired.is_some());
     }
-    let renewals: Vec<Renewal<'_>> = keys.iter().zip(&owners).map(|(key, owner)| Renewal::new(key, *owner, ttl)).collect();
+    let renewals: Vec<Renewal<'_>> = keys
+        .iter()
+        .zip(&owners)
+        .map(|(key, owner)| Renewal::new(key, *owner, ttl))
+        .collect();
     // The first renewal may have to teach the server the script.
-    assert!(backend.renew(&renewals).await.unwrap().into_iter().all(|held| held));
+    assert!(backend
+        .renew(&renewals)
+        .await
+        .unwrap()
+        .into_iter()
+        .all(|held| held));
 
-    let mut raw = redis::Client::open(server.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let mut raw = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
     let calls_before = evalsha_calls(&mut raw).await;
     let chunks_before = proxy.chunks.load(Ordering::SeqCst);
     let held = backend.renew(&renewals).await.unwrap();
     let chunks = proxy.chunks.load(Ordering::SeqCst) - chunks_before;
     assert_eq!(held, vec![true; LEASES]);
-    assert_eq!(evalsha_calls(&mut raw).await - calls_before, LEASES as u64, "every lease was renewed on the server");
-    assert!(chunks <= 2, "{LEASES} renewals took {chunks} sends, not one pipelined round trip");
+    assert_eq!(
+        evalsha_calls(&mut raw).await - calls_before,
+        LEASES as u64,
+        "every lease was renewed on the server"
+    );
+    assert!(
+        chunks <= 2,
+        "{LEASES} renewals took {chunks} sends, not one pipelined round trip"
+    );
 
     // A lease that is no longer its owner's is answered as such, in the same batch.
-    let () = raw.set(backend.lock_key(&keys[7]), "a-stranger").await.unwrap();
+    let () = raw
+        .set(backend.lock_key(&keys[7]), "a-stranger")
+        .await
+        .unwrap();
     let held = backend.renew(&renewals).await.unwrap();
     assert_eq!(held.iter().filter(|held| !**held).count(), 1);
     assert!(!held[7]);
 }
 
 async fn evalsha_calls(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(raw).await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(raw)
+        .await
+        .unwrap();
     info.lines()
         .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
         .and_then(|rest| rest.split(',').next())
@@ -327,7 +476,12 @@ async fn evalsha_calls(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
 fn a_locker_outlives_the_runtime_that_connected_it() {
     let server = RedisServer::start();
     let key = unique_key("runtimes");
-    let runtime = |_| tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let runtime = |_| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
     let first = runtime(1);
     let locker = first.block_on(locker_on(&server));
     first.block_on(async {
@@ -335,7 +489,11 @@ fn a_locker_outlives_the_runtime_that_connected_it() {
         let holder = locker.lock(&*key, LockOptions::new()).await.unwrap();
         let waiter = tokio::spawn({
             let (locker, key) = (locker.clone(), key.clone());
-            async move { locker.lock(&*key, LockOptions::new().wait(Duration::from_secs(10))).await }
+            async move {
+                locker
+                    .lock(&*key, LockOptions::new().wait(Duration::from_secs(10)))
+                    .await
+            }
         });
         tokio::time::sleep(Duration::from_millis(200)).await;
         holder.release().await.unwrap();
@@ -344,10 +502,22 @@ fn a_locker_outlives_the_runtime_that_connected_it() {
     drop(first);
     let second = runtime(2);
     second.block_on(async {
-        let holder = locker.lock(&*key, LockOptions::new().ttl(Duration::from_millis(900))).await.unwrap();
+        let holder = locker
+            .lock(&*key, LockOptions::new().ttl(Duration::from_millis(900)))
+            .await
+            .unwrap();
         let waiter = tokio::spawn({
             let (locker, key) = (locker.clone(), key.clone());
-            async move { locker.lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)).wait(Duration::from_secs(10))).await }
+            async move {
+                locker
+                    .lock(
+                        &*key,
+                        LockOptions::new()
+                            .ttl(Duration::from_secs(60))
+                            .wait(Duration::from_secs(10)),
+                    )
+                    .await
+            }
         });
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         // Renewed by the watchdog across the runtime change, so still held.
@@ -355,7 +525,10 @@ fn a_locker_outlives_the_runtime_that_connected_it() {
         let released_at = Instant::now();
         holder.release().await.unwrap();
         let lease = waiter.await.unwrap().unwrap();
-        assert!(released_at.elapsed() < Duration::from_secs(1), "the waiter was not woken by the release");
+        assert!(
+            released_at.elapsed() < Duration::from_secs(1),
+            "the waiter was not woken by the release"
+        );
         lease.release().await.unwrap();
     });
 }

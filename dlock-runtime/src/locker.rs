@@ -64,29 +64,59 @@ impl Locker {
 
     /// A locker on any [`Backend`].
     pub fn with_backend<B: Backend>(backend: B) -> Locker {
-        let name = std::any::type_name::<B>().rsplit("::").next().unwrap_or("backend");
+        let name = std::any::type_name::<B>()
+            .rsplit("::")
+            .next()
+            .unwrap_or("backend");
         Self::from_parts(Arc::new(backend), name.to_owned())
     }
 
     fn from_parts(backend: Arc<dyn DynBackend>, description: String) -> Locker {
-        Locker { inner: Arc::new(Inner { watchdog: Watchdog::new(backend.clone()), backend, description }) }
+        Locker {
+            inner: Arc::new(Inner {
+                watchdog: Watchdog::new(backend.clone()),
+                backend,
+                description,
+            }),
+        }
     }
 
     /// Connects to the store a URL names: `memory://`, `redis://`, `rediss://`, `mysql://` or
     /// `zk://host:port[,host:port][/chroot]`, each where its cargo feature is enabled.
     pub async fn connect(url: &str) -> Result<Locker, LockError> {
-        let scheme = url.split_once("://").map(|(scheme, _)| scheme).unwrap_or("");
-        let invalid = |reason: String| LockError::InvalidUrl { url: mask_password(url), reason };
+        let scheme = url
+            .split_once("://")
+            .map(|(scheme, _)| scheme)
+            .unwrap_or("");
+        let invalid = |reason: String| LockError::InvalidUrl {
+            url: mask_password(url),
+            reason,
+        };
         match scheme {
             #[cfg(feature = "memory")]
             "memory" => Ok(Locker::memory().described(url)),
             #[cfg(feature = "redis")]
             "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => Locker::redis(url).await,
-            known if ["memory", "redis", "rediss", "redis+cluster", "rediss+cluster", "mysql", "zk"].contains(&known) => Err(invalid(format!(
-                "this build of dlock lacks the `{}` feature; enable it in Cargo.toml",
-                feature_of(scheme)
-            ))),
-            _ => Err(invalid("unknown scheme; use memory://, redis://, rediss://, mysql:// or zk://".into())),
+            known
+                if [
+                    "memory",
+                    "redis",
+                    "rediss",
+                    "redis+cluster",
+                    "rediss+cluster",
+                    "mysql",
+                    "zk",
+                ]
+                .contains(&known) =>
+            {
+                Err(invalid(format!(
+                    "this build of dlock lacks the `{}` feature; enable it in Cargo.toml",
+                    feature_of(scheme)
+                )))
+            }
+            _ => Err(invalid(
+                "unknown scheme; use memory://, redis://, rediss://, mysql:// or zk://".into(),
+            )),
         }
     }
 
@@ -106,14 +136,23 @@ impl Locker {
     ///
     /// If this future is dropped while the acquisition is in flight, the key is released if the
     /// store granted it.
-    pub async fn lock(&self, key: impl Into<String>, options: LockOptions) -> Result<Lease, LockError> {
+    pub async fn lock(
+        &self,
+        key: impl Into<String>,
+        options: LockOptions,
+    ) -> Result<Lease, LockError> {
         let key = key.into();
         options.validate()?;
         let owner = Owner::random();
         let started = Instant::now();
         // Exists before the acquisition is awaited, so a dropped future still releases.
         let acquired = {
-            let mut pending = PendingAcquire { locker: self, key: &key, owner, armed: true };
+            let mut pending = PendingAcquire {
+                locker: self,
+                key: &key,
+                owner,
+                armed: true,
+            };
             let request = AcquireRequest::new(&key, owner, options.ttl, options.wait);
             let acquired = self.inner.backend.acquire(&request).await;
             pending.armed = false;
@@ -127,11 +166,21 @@ impl Locker {
             }
         };
         tracing::debug!(%key, fence = acquired.fence, waited = ?started.elapsed(), "distributed_lock: acquired");
-        let state = Arc::new(LeaseState::new(key, owner, acquired.fence, options.ttl, acquired.valid_from, self.id()));
+        let state = Arc::new(LeaseState::new(
+            key,
+            owner,
+            acquired.fence,
+            options.ttl,
+            acquired.valid_from,
+            self.id(),
+        ));
         if options.renew {
             self.inner.watchdog.watch(&state);
         }
-        Ok(Lease { state, locker: self.clone() })
+        Ok(Lease {
+            state,
+            locker: self.clone(),
+        })
     }
 
     /// Releases `state` and waits for the store's answer.
@@ -140,7 +189,11 @@ impl Locker {
             return Ok(());
         }
         self.inner.watchdog.forget(state);
-        let mut pending = PendingRelease { locker: self, state, armed: true };
+        let mut pending = PendingRelease {
+            locker: self,
+            state,
+            armed: true,
+        };
         let result = self.inner.backend.release(&state.key, state.owner).await;
         pending.armed = false;
         match result {
@@ -202,14 +255,17 @@ struct PendingRelease<'a> {
 impl Drop for PendingRelease<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.locker.queue_release(self.state.key.clone(), self.state.owner);
+            self.locker
+                .queue_release(self.state.key.clone(), self.state.owner);
         }
     }
 }
 
 impl std::fmt::Debug for Locker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Locker").field(&self.inner.description).finish()
+        f.debug_tuple("Locker")
+            .field(&self.inner.description)
+            .finish()
     }
 }
 
@@ -226,7 +282,9 @@ fn feature_of(scheme: &str) -> &'static str {
 /// `url` with the password (the part between `:` and `@` of the authority) replaced by `***`,
 /// for errors and logs.
 pub(crate) fn mask_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
     let authority_end = rest.find('/').unwrap_or(rest.len());
     let (authority, path) = rest.split_at(authority_end);
     match authority.rsplit_once('@') {
@@ -260,7 +318,10 @@ pub(crate) async fn default_locker() -> Result<Locker, LockError> {
     match std::env::var("DLOCK_URL") {
         Ok(url) if !url.trim().is_empty() => {
             // A failed connection is not cached: the next call tries again.
-            FROM_ENV.get_or_try_init(|| Locker::connect(url.trim())).await.cloned()
+            FROM_ENV
+                .get_or_try_init(|| Locker::connect(url.trim()))
+                .await
+                .cloned()
         }
         _ => Err(LockError::NoLocker),
     }
@@ -272,8 +333,14 @@ mod tests {
 
     #[test]
     fn masks_only_the_password() {
-        assert_eq!(mask_password("redis://:secret@host:6379/0"), "redis://:***@host:6379/0");
-        assert_eq!(mask_password("mysql://root:pw@127.0.0.1/test"), "mysql://root:***@127.0.0.1/test");
+        assert_eq!(
+            mask_password("redis://:secret@host:6379/0"),
+            "redis://:***@host:6379/0"
+        );
+        assert_eq!(
+            mask_password("mysql://root:pw@127.0.0.1/test"),
+            "mysql://root:***@127.0.0.1/test"
+        );
         assert_eq!(mask_password("redis://host:6379"), "redis://host:6379");
         assert_eq!(mask_password("memory://"), "memory://");
     }

@@ -35,7 +35,9 @@ pub async fn sixty_four_callers_never_overlap<S: Store>(store: &S) {
     let mut tasks = Vec::new();
     for i in 0..64 {
         let (locker, key, gauge) = (lockers[i % 4].clone(), key.clone(), gauge.clone());
-        tasks.push(tokio::spawn(async move { count_inside(&locker, &key, &gauge).await }));
+        tasks.push(tokio::spawn(async move {
+            count_inside(&locker, &key, &gauge).await
+        }));
     }
     for task in tasks {
         task.await.unwrap().unwrap();
@@ -79,7 +81,12 @@ pub async fn losers_with_no_wait_skip_the_body<S: Store>(store: &S) {
 }
 
 #[distributed_lock(key = "<key>", ttl = "60s", wait = "60s", locker = &locker)]
-async fn enter_and_record(locker: Locker, key: String, log: Arc<Mutex<Vec<(usize, Instant)>>>, id: usize) -> Result<(), LockError> {
+async fn enter_and_record(
+    locker: Locker,
+    key: String,
+    log: Arc<Mutex<Vec<(usize, Instant)>>>,
+    id: usize,
+) -> Result<(), LockError> {
     log.lock().unwrap().push((id, Instant::now()));
     Ok(())
 }
@@ -87,11 +94,22 @@ async fn enter_and_record(locker: Locker, key: String, log: Arc<Mutex<Vec<(usize
 pub async fn waiters_are_woken_by_the_release<S: Store>(store: &S) {
     let key = unique_key("wake");
     let locker = locker(store).await;
-    let holder = locker.lock(&*key, LockOptions::new().ttl(Duration::from_secs(60))).await.unwrap();
+    let holder = locker
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
-    let waiter = tokio::spawn(enter_and_record(locker.clone(), key.clone(), log.clone(), 0));
+    let waiter = tokio::spawn(enter_and_record(
+        locker.clone(),
+        key.clone(),
+        log.clone(),
+        0,
+    ));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(log.lock().unwrap().is_empty(), "the waiter entered while the key was held");
+    assert!(
+        log.lock().unwrap().is_empty(),
+        "the waiter entered while the key was held"
+    );
     let released_at = Instant::now();
     holder.release().await.unwrap();
     waiter.await.unwrap().unwrap();
@@ -99,17 +117,28 @@ pub async fn waiters_are_woken_by_the_release<S: Store>(store: &S) {
     // The ttl and the wait are both 60 s: only a wake-up by the release gets the waiter in
     // within a second.
     let latency = entered_at.duration_since(released_at);
-    assert!(latency < Duration::from_secs(1), "the waiter entered {latency:?} after the release");
+    assert!(
+        latency < Duration::from_secs(1),
+        "the waiter entered {latency:?} after the release"
+    );
 }
 
 pub async fn waiters_are_served_in_arrival_order<S: Store>(store: &S) {
     let key = unique_key("fifo");
     let locker = locker(store).await;
-    let holder = locker.lock(&*key, LockOptions::new().ttl(Duration::from_secs(60))).await.unwrap();
+    let holder = locker
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
     for id in 0..8 {
-        waiters.push(tokio::spawn(enter_and_record(locker.clone(), key.clone(), log.clone(), id)));
+        waiters.push(tokio::spawn(enter_and_record(
+            locker.clone(),
+            key.clone(),
+            log.clone(),
+            id,
+        )));
         // Far longer than an enqueue takes, so the arrival order is the spawn order.
         tokio::time::sleep(Duration::from_millis(60)).await;
     }
@@ -140,11 +169,18 @@ pub async fn nested_call_on_the_same_key_reenters_without_acquiring<S: Store>(st
     let locker = Locker::with_backend(backend.clone());
     let (key, other) = (unique_key("nested"), unique_key("nested-other"));
     let (fence, inner_fence, other_key) = outer(&locker, &key, &other).await.unwrap();
-    assert_eq!(inner_fence, fence, "the nested call runs under the outer lease");
+    assert_eq!(
+        inner_fence, fence,
+        "the nested call runs under the outer lease"
+    );
     // Fences are per key (a store may count each key from 1), so the lease itself says which
     // key it holds.
     assert_eq!(other_key, other, "another key is another lease");
-    assert_eq!(backend.acquires(), 2, "one acquire for the key and one for the other key");
+    assert_eq!(
+        backend.acquires(),
+        2,
+        "one acquire for the key and one for the other key"
+    );
     // Only the outermost exit released: the key is free now.
     assert!(locker.lock(&*key, LockOptions::new()).await.is_ok());
 }
@@ -157,17 +193,28 @@ async fn hold_briefly(locker: Locker, key: String) -> Result<u64, LockError> {
 
 #[distributed_lock(key = "<key>", locker = locker)]
 async fn spawn_same_key(locker: &Locker, key: &str) -> Result<Result<u64, LockError>, LockError> {
-    Ok(tokio::spawn(hold_briefly(locker.clone(), key.to_owned())).await.unwrap())
+    Ok(tokio::spawn(hold_briefly(locker.clone(), key.to_owned()))
+        .await
+        .unwrap())
 }
 
 pub async fn spawned_and_joined_calls_are_other_owners<S: Store>(store: &S) {
     let key = unique_key("owners");
     let locker = locker(store).await;
     let spawned = spawn_same_key(&locker, &key).await.unwrap();
-    assert!(matches!(spawned, Err(LockError::Busy { .. })), "a spawned task re-entered: {spawned:?}");
+    assert!(
+        matches!(spawned, Err(LockError::Busy { .. })),
+        "a spawned task re-entered: {spawned:?}"
+    );
 
-    let (a, b) = tokio::join!(hold_briefly(locker.clone(), key.clone()), hold_briefly(locker.clone(), key.clone()));
-    let busy = [&a, &b].iter().filter(|r| matches!(r, Err(LockError::Busy { .. }))).count();
+    let (a, b) = tokio::join!(
+        hold_briefly(locker.clone(), key.clone()),
+        hold_briefly(locker.clone(), key.clone())
+    );
+    let busy = [&a, &b]
+        .iter()
+        .filter(|r| matches!(r, Err(LockError::Busy { .. })))
+        .count();
     assert_eq!(busy, 1, "two joined calls must be two owners: {a:?} {b:?}");
 }
 
@@ -202,7 +249,9 @@ pub async fn dropped_caller_future_releases_at_once<S: Store>(store: &S) {
     let key = unique_key("drop");
     let locker = locker(store).await;
     let call = sleeps_for_a_minute(locker.clone(), key.clone());
-    assert!(tokio::time::timeout(Duration::from_millis(300), call).await.is_err());
+    assert!(tokio::time::timeout(Duration::from_millis(300), call)
+        .await
+        .is_err());
     acquires_soon(&locker, &key).await;
 }
 
@@ -222,13 +271,24 @@ pub async fn body_longer_than_ttl_keeps_the_key<S: Store>(store: &S) {
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let attempt = rival.lock(&*key, LockOptions::new()).await;
-        assert!(matches!(attempt, Err(LockError::Busy { .. })), "a rival got the key: {attempt:?}");
+        assert!(
+            matches!(attempt, Err(LockError::Busy { .. })),
+            "a rival got the key: {attempt:?}"
+        );
     }
-    assert!(body.await.unwrap().unwrap(), "the lease was not held to the end");
+    assert!(
+        body.await.unwrap().unwrap(),
+        "the lease was not held to the end"
+    );
 }
 
 #[distributed_lock(key = "<key>", ttl = "600ms", locker = locker)]
-async fn work_until_cancelled(locker: &Locker, key: &str, started: &AtomicBool, finished: &AtomicBool) -> Result<(), LockError> {
+async fn work_until_cancelled(
+    locker: &Locker,
+    key: &str,
+    started: &AtomicBool,
+    finished: &AtomicBool,
+) -> Result<(), LockError> {
     started.store(true, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(30)).await;
     finished.store(true, Ordering::SeqCst);
@@ -238,16 +298,26 @@ async fn work_until_cancelled(locker: &Locker, key: &str, started: &AtomicBool, 
 pub async fn lease_taken_away_cancels_the_body<S: Store>(store: &S) {
     let key = unique_key("taken");
     let locker = locker(store).await;
-    let (started, finished) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let (started, finished) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
     let call = tokio::spawn({
-        let (locker, key, started, finished) = (locker.clone(), key.clone(), started.clone(), finished.clone());
+        let (locker, key, started, finished) = (
+            locker.clone(),
+            key.clone(),
+            started.clone(),
+            finished.clone(),
+        );
         async move { work_until_cancelled(&locker, &key, &started, &finished).await }
     });
     while !started.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     store.take_away(&key).await;
-    let result = tokio::time::timeout(Duration::from_secs(10), call).await.expect("the body was not cancelled");
+    let result = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("the body was not cancelled");
     assert!(matches!(result.unwrap(), Err(LockError::Lost { .. })));
     assert!(!finished.load(Ordering::SeqCst));
 }
@@ -261,7 +331,9 @@ async fn run_on_after_loss(locker: &Locker, key: &str) -> Result<(bool, bool), L
 
 pub async fn on_lost_continue_lets_the_body_finish<S: Store>(store: &S) {
     let locker = locker(store).await;
-    let (before, after) = run_on_after_loss(&locker, &unique_key("continue")).await.unwrap();
+    let (before, after) = run_on_after_loss(&locker, &unique_key("continue"))
+        .await
+        .unwrap();
     assert!(before && !after, "held before: {before}, after: {after}");
 }
 
@@ -301,14 +373,23 @@ pub async fn fences_strictly_increase<S: Store>(store: &S) {
     let lease = a.lock(&*key, ttl(5_000)).await.unwrap();
     check(lease.fence(), "before an expiry");
     store.expire(&key).await;
-    let taken_over = b.lock(&*key, ttl(5_000).wait(Duration::from_secs(5))).await.unwrap();
+    let taken_over = b
+        .lock(&*key, ttl(5_000).wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
     check(taken_over.fence(), "after an expiry");
     // The expired holder's late release must not free the new holder's key.
     lease.release().await.unwrap();
-    assert!(matches!(a.lock(&*key, LockOptions::new()).await, Err(LockError::Busy { .. })));
+    assert!(matches!(
+        a.lock(&*key, LockOptions::new()).await,
+        Err(LockError::Busy { .. })
+    ));
     let lease = taken_over;
     drop(lease);
-    let lease = a.lock(&*key, ttl(5_000).wait(Duration::from_secs(5))).await.unwrap();
+    let lease = a
+        .lock(&*key, ttl(5_000).wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
     check(lease.fence(), "after a drop");
 }
 
@@ -320,8 +401,14 @@ async fn rendered_key(locker: &Locker, open_id: &str, run: &str) -> Option<Strin
 pub async fn keys_are_escaped<S: Store>(store: &S) {
     let locker = locker(store).await;
     let run = unique_key("escape");
-    assert_eq!(rendered_key(&locker, "a:b", &run).await.unwrap(), format!("acct:a%3Ab:{run}"));
-    assert_eq!(rendered_key(&locker, "a%3Ab", &run).await.unwrap(), format!("acct:a%253Ab:{run}"));
+    assert_eq!(
+        rendered_key(&locker, "a:b", &run).await.unwrap(),
+        format!("acct:a%3Ab:{run}")
+    );
+    assert_eq!(
+        rendered_key(&locker, "a%3Ab", &run).await.unwrap(),
+        format!("acct:a%253Ab:{run}")
+    );
 }
 
 pub async fn manual_lease_excludes_and_releases<S: Store>(store: &S) {
@@ -330,7 +417,10 @@ pub async fn manual_lease_excludes_and_releases<S: Store>(store: &S) {
     let lease = a.lock(&*key, ttl(60_000)).await.unwrap();
     assert!(lease.is_held());
     assert_eq!(lease.key(), key);
-    assert!(matches!(b.lock(&*key, LockOptions::new()).await, Err(LockError::Busy { .. })));
+    assert!(matches!(
+        b.lock(&*key, LockOptions::new()).await,
+        Err(LockError::Busy { .. })
+    ));
     lease.release().await.unwrap();
     let lease = b.lock(&*key, ttl(60_000)).await.unwrap();
     drop(lease);

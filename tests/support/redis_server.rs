@@ -24,7 +24,11 @@ impl RedisServer {
     }
 
     fn start_with(password: Option<String>) -> RedisServer {
-        let mut server = RedisServer { port: free_port(), password, child: None };
+        let mut server = RedisServer {
+            port: free_port(),
+            password,
+            child: None,
+        };
         server.spawn();
         server
     }
@@ -63,23 +67,41 @@ impl RedisServer {
     fn spawn(&mut self) {
         let port = self.port.to_string();
         let mut command = Command::new("redis-server");
-        command.args(["--port", &port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
+        command.args([
+            "--port",
+            &port,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]);
         command.args(["--dir", &std::env::temp_dir().to_string_lossy()]);
         if let Some(password) = &self.password {
             command.args(["--requirepass", password]);
         }
-        command.stdout(Stdio::null()).stderr(Stdio::null()).stdin(Stdio::null());
+        command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .stdin(Stdio::null());
         let started = Instant::now();
         // The port was free a moment ago, and is free again right after a kill; retry a few
         // times in case the kernel takes a moment.
         loop {
-            let child = command.spawn().expect("cannot run redis-server: is it installed (apt-get install redis-server)?");
+            let child = command
+                .spawn()
+                .expect("cannot run redis-server: is it installed (apt-get install redis-server)?");
             self.child = Some(child);
             if self.wait_until_answering(Duration::from_secs(10)) {
                 return;
             }
             self.stop();
-            assert!(started.elapsed() < Duration::from_secs(30), "redis-server on port {} did not start", self.port);
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "redis-server on port {} did not start",
+                self.port
+            );
         }
     }
 
@@ -98,7 +120,10 @@ impl RedisServer {
                 if stream.write_all(b"PING\r\n").is_ok() {
                     if let Ok(n) = stream.read(&mut reply) {
                         // +PONG, or -NOAUTH where a password is required: it answers either way.
-                        if n > 0 && (reply[0] == b'+' || reply[0] == b'-') && !reply[..n].starts_with(b"-LOADING") {
+                        if n > 0
+                            && (reply[0] == b'+' || reply[0] == b'-')
+                            && !reply[..n].starts_with(b"-LOADING")
+                        {
                             return true;
                         }
                     }

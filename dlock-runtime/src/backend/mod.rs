@@ -66,7 +66,12 @@ impl<'a> Renewal<'a> {
 impl<'a> AcquireRequest<'a> {
     /// A request for `key` by `owner`.
     pub fn new(key: &'a str, owner: Owner, ttl: Duration, wait: Duration) -> Self {
-        AcquireRequest { key, owner, ttl, wait }
+        AcquireRequest {
+            key,
+            owner,
+            ttl,
+            wait,
+        }
     }
 }
 
@@ -80,15 +85,25 @@ pub trait Backend: Send + Sync + 'static {
     /// (a notification, a watch), and polls with back-off only where it cannot. `Ok(None)` means
     /// the key was still busy when the wait ran out. If the returned future is dropped, the
     /// backend must leave no waiting state behind that blocks others.
-    fn acquire(&self, request: &AcquireRequest<'_>) -> impl Future<Output = Result<Option<Acquired>, LockError>> + Send;
+    fn acquire(
+        &self,
+        request: &AcquireRequest<'_>,
+    ) -> impl Future<Output = Result<Option<Acquired>, LockError>> + Send;
 
     /// Releases `key` where `owner` holds it; `Ok(false)` where it does not (any more). Wakes the
     /// key's waiters.
-    fn release(&self, key: &str, owner: Owner) -> impl Future<Output = Result<bool, LockError>> + Send;
+    fn release(
+        &self,
+        key: &str,
+        owner: Owner,
+    ) -> impl Future<Output = Result<bool, LockError>> + Send;
 
     /// Renews every lease of `leases` in as few round trips as the store allows (ideally one),
     /// answering for each whether its owner still held it.
-    fn renew(&self, leases: &[Renewal<'_>]) -> impl Future<Output = Result<Vec<bool>, LockError>> + Send;
+    fn renew(
+        &self,
+        leases: &[Renewal<'_>],
+    ) -> impl Future<Output = Result<Vec<bool>, LockError>> + Send;
 
     /// Releases at once without awaiting, where the store lives in this process. Returns `false`
     /// where a release needs I/O; the runtime then queues an async `release` instead. `Drop`
@@ -103,14 +118,23 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// [`Backend`] made object-safe, so one `Locker` type serves every store.
 pub(crate) trait DynBackend: Send + Sync + 'static {
-    fn acquire<'a>(&'a self, request: &'a AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>, LockError>>;
+    fn acquire<'a>(
+        &'a self,
+        request: &'a AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Option<Acquired>, LockError>>;
     fn release<'a>(&'a self, key: &'a str, owner: Owner) -> BoxFuture<'a, Result<bool, LockError>>;
-    fn renew<'a>(&'a self, leases: &'a [Renewal<'a>]) -> BoxFuture<'a, Result<Vec<bool>, LockError>>;
+    fn renew<'a>(
+        &'a self,
+        leases: &'a [Renewal<'a>],
+    ) -> BoxFuture<'a, Result<Vec<bool>, LockError>>;
     fn release_now(&self, key: &str, owner: Owner) -> bool;
 }
 
 impl<B: Backend> DynBackend for B {
-    fn acquire<'a>(&'a self, request: &'a AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>, LockError>> {
+    fn acquire<'a>(
+        &'a self,
+        request: &'a AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Option<Acquired>, LockError>> {
         Box::pin(Backend::acquire(self, request))
     }
 
@@ -118,7 +142,10 @@ impl<B: Backend> DynBackend for B {
         Box::pin(Backend::release(self, key, owner))
     }
 
-    fn renew<'a>(&'a self, leases: &'a [Renewal<'a>]) -> BoxFuture<'a, Result<Vec<bool>, LockError>> {
+    fn renew<'a>(
+        &'a self,
+        leases: &'a [Renewal<'a>],
+    ) -> BoxFuture<'a, Result<Vec<bool>, LockError>> {
         Box::pin(Backend::renew(self, leases))
     }
 

@@ -29,7 +29,12 @@ impl ConnectionLike for Conn {
         }
     }
 
-    fn req_packed_commands<'a>(&'a mut self, cmd: &'a Pipeline, offset: usize, count: usize) -> RedisFuture<'a, Vec<Value>> {
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(conn) => conn.req_packed_commands(cmd, offset, count),
             #[cfg(feature = "redis-cluster")]
@@ -67,11 +72,19 @@ pub(super) struct Connection {
 
 impl Connection {
     pub(super) fn new(target: Target, timeouts: Timeouts, description: Arc<str>) -> Self {
-        Connection { target, timeouts, current: Mutex::new(None), connecting: tokio::sync::Mutex::new(0), description }
+        Connection {
+            target,
+            timeouts,
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(0),
+            description,
+        }
     }
 
     fn current(&self) -> MutexGuard<'_, Option<(u64, Conn)>> {
-        self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.current
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The current connection, or a new one.
@@ -101,22 +114,33 @@ impl Connection {
                         let config = AsyncConnectionConfig::new()
                             .set_connection_timeout(Some(timeouts.connect))
                             .set_response_timeout(Some(timeouts.response));
-                        client.get_multiplexed_async_connection_with_config(&config).await.map(Conn::Single)
+                        client
+                            .get_multiplexed_async_connection_with_config(&config)
+                            .await
+                            .map(Conn::Single)
                     }
                     #[cfg(feature = "redis-cluster")]
-                    Target::Cluster(client, _) => client.get_async_connection().await.map(Conn::Cluster),
+                    Target::Cluster(client, _) => {
+                        client.get_async_connection().await.map(Conn::Cluster)
+                    }
                 }
             };
             // The overall bound covers DNS, TCP, TLS and AUTH together.
             match tokio::time::timeout(timeouts.connect.saturating_mul(2), connect).await {
                 Ok(result) => result,
-                Err(_) => Err(RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out connecting"))),
+                Err(_) => Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "timed out connecting",
+                ))),
             }
         };
         match background::handle().spawn(connecting).await {
             Ok(Ok(conn)) => Ok(conn),
             Ok(Err(error)) => Err(self.error("cannot connect", error)),
-            Err(join) => Err(LockError::backend(format!("redis at {}: connecting failed: {join}", self.description))),
+            Err(join) => Err(LockError::backend(format!(
+                "redis at {}: connecting failed: {join}",
+                self.description
+            ))),
         }
     }
 
@@ -154,13 +178,28 @@ impl Connection {
     }
 
     pub(super) fn error(&self, what: &str, error: RedisError) -> LockError {
-        LockError::backend(RedisBackendError { context: format!("redis at {}: {what}", self.description), source: error })
+        let refused = error.kind() == redis::ErrorKind::AuthenticationFailed
+            || matches!(error.code(), Some("NOAUTH" | "WRONGPASS"))
+            || error.to_string().contains("NOAUTH");
+        let hint = if refused {
+            " (give the credentials in the URL: redis://:password@host:port or redis://user:password@host:port)"
+        } else {
+            ""
+        };
+        LockError::backend(RedisBackendError {
+            context: format!("redis at {}: {what}", self.description),
+            source: error,
+            hint,
+        })
     }
 }
 
 /// Whether `error` means the connection is unusable and a fresh one may succeed.
 fn is_broken(error: &RedisError) -> bool {
-    error.is_unrecoverable_error() || error.is_io_error() || error.is_connection_dropped() || error.is_timeout()
+    error.is_unrecoverable_error()
+        || error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_timeout()
 }
 
 /// A Redis failure with what dlock was doing, and where.
@@ -168,11 +207,12 @@ fn is_broken(error: &RedisError) -> bool {
 pub(super) struct RedisBackendError {
     pub(super) context: String,
     pub(super) source: RedisError,
+    pub(super) hint: &'static str,
 }
 
 impl std::fmt::Display for RedisBackendError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.context, self.source)
+        write!(f, "{}: {}{}", self.context, self.source, self.hint)
     }
 }
 

@@ -216,23 +216,33 @@ impl RedisBackendBuilder {
     /// The backend, without connecting: the first call connects.
     pub fn build(self) -> Result<RedisBackend, LockError> {
         let masked: Arc<str> = mask_password(&self.url).into();
-        let invalid = |reason: String| LockError::InvalidUrl { url: masked.to_string(), reason };
+        let invalid = |reason: String| LockError::InvalidUrl {
+            url: masked.to_string(),
+            reason,
+        };
         if self.liveness < Duration::from_millis(30) {
             return Err(LockError::InvalidOptions {
                 reason: format!("waiter liveness {:?} is shorter than 30ms", self.liveness),
             });
         }
-        let target = parse_target(&self.url, self.connect_timeout, self.response_timeout).map_err(invalid)?;
+        let target = parse_target(&self.url, self.connect_timeout, self.response_timeout)
+            .map_err(invalid)?;
         let (subscribe_on, cluster) = match &target {
             Target::Single(client) => (vec![client.clone()], false),
             #[cfg(feature = "redis-cluster")]
             Target::Cluster(_, seeds) => (seeds.clone(), true),
         };
-        let timeouts = Timeouts { connect: self.connect_timeout, response: self.response_timeout };
+        let timeouts = Timeouts {
+            connect: self.connect_timeout,
+            response: self.response_timeout,
+        };
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 conn: Connection::new(target, timeouts, masked),
-                subscriber: Subscriber::new(subscribe_on, self.connect_timeout.max(self.response_timeout)),
+                subscriber: Subscriber::new(
+                    subscribe_on,
+                    self.connect_timeout.max(self.response_timeout),
+                ),
                 prefix: self.prefix,
                 liveness: self.liveness,
                 cluster,
@@ -250,7 +260,11 @@ impl RedisBackendBuilder {
 }
 
 /// Reads a URL into what to connect to.
-fn parse_target(url: &str, connect_timeout: Duration, response_timeout: Duration) -> Result<Target, String> {
+fn parse_target(
+    url: &str,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+) -> Result<Target, String> {
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err("expected redis://host:port".into());
     };
@@ -259,7 +273,12 @@ fn parse_target(url: &str, connect_timeout: Duration, response_timeout: Duration
         "rediss" => (true, false),
         "redis+cluster" => (false, true),
         "rediss+cluster" => (true, true),
-        _ => return Err("the scheme must be redis://, rediss://, redis+cluster:// or rediss+cluster://".into()),
+        _ => {
+            return Err(
+                "the scheme must be redis://, rediss://, redis+cluster:// or rediss+cluster://"
+                    .into(),
+            )
+        }
     };
     if tls && !cfg!(feature = "redis-tls") {
         return Err("rediss:// needs TLS: enable dlock's `redis-tls` feature in Cargo.toml".into());
@@ -286,12 +305,17 @@ fn parse_target(url: &str, connect_timeout: Duration, response_timeout: Duration
     }
     #[cfg(feature = "redis-cluster")]
     {
-        let seeds = hosts.iter().map(|host| open(&node_url(host))).collect::<Result<Vec<_>, _>>()?;
-        let client = redis::cluster::ClusterClient::builder(seeds.iter().map(|c| c.get_connection_info().clone()))
-            .connection_timeout(connect_timeout)
-            .response_timeout(response_timeout)
-            .build()
-            .map_err(|e| e.to_string())?;
+        let seeds = hosts
+            .iter()
+            .map(|host| open(&node_url(host)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let client = redis::cluster::ClusterClient::builder(
+            seeds.iter().map(|c| c.get_connection_info().clone()),
+        )
+        .connection_timeout(connect_timeout)
+        .response_timeout(response_timeout)
+        .build()
+        .map_err(|e| e.to_string())?;
         Ok(Target::Cluster(client, seeds))
     }
     #[cfg(not(feature = "redis-cluster"))]
@@ -366,7 +390,11 @@ impl RedisBackend {
     async fn ping(&self) -> Result<(), LockError> {
         self.inner
             .conn
-            .run("PING", |mut conn| async move { conn.req_packed_command(&redis::cmd("PING")).await.and_then(Value::extract_error) })
+            .run("PING", |mut conn| async move {
+                conn.req_packed_command(&redis::cmd("PING"))
+                    .await
+                    .and_then(Value::extract_error)
+            })
             .await
             .map(drop)
     }
@@ -388,7 +416,12 @@ impl RedisBackend {
 
     /// Runs the acquire script once; `queue` says whether to queue up (or stay queued) when the
     /// key is busy, or to leave the queue.
-    async fn try_acquire(&self, keys: &LockKeys, ttl: Duration, queue: bool) -> Result<Attempt, LockError> {
+    async fn try_acquire(
+        &self,
+        keys: &LockKeys,
+        ttl: Duration,
+        queue: bool,
+    ) -> Result<Attempt, LockError> {
         let liveness_ms = self.inner.liveness.as_millis().to_string();
         let args = [
             keys.owner.as_str(),
@@ -398,8 +431,17 @@ impl RedisBackend {
             &ttl.as_millis().max(1).to_string(),
             if queue { "1" } else { "0" },
         ];
-        let script_keys = [keys.lock.as_str(), keys.fence.as_str(), keys.queue.as_str(), keys.me.as_str()];
-        let reply = self.inner.conn.run("acquire", |conn| eval(conn, &ACQUIRE, &script_keys, &args)).await?;
+        let script_keys = [
+            keys.lock.as_str(),
+            keys.fence.as_str(),
+            keys.queue.as_str(),
+            keys.me.as_str(),
+        ];
+        let reply = self
+            .inner
+            .conn
+            .run("acquire", |conn| eval(conn, &ACQUIRE, &script_keys, &args))
+            .await?;
         parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason))
     }
 
@@ -408,9 +450,23 @@ impl RedisBackend {
     async fn release_or_leave(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
         let keys = self.lock_keys(key, owner);
         let liveness_ms = self.inner.liveness.as_millis().to_string();
-        let args = [keys.owner.as_str(), keys.waiter_prefix.as_str(), keys.channel.as_str(), liveness_ms.as_str()];
-        let script_keys = [keys.lock.as_str(), keys.fence.as_str(), keys.queue.as_str(), keys.me.as_str()];
-        let reply = self.inner.conn.run("release", |conn| eval(conn, &RELEASE, &script_keys, &args)).await?;
+        let args = [
+            keys.owner.as_str(),
+            keys.waiter_prefix.as_str(),
+            keys.channel.as_str(),
+            liveness_ms.as_str(),
+        ];
+        let script_keys = [
+            keys.lock.as_str(),
+            keys.fence.as_str(),
+            keys.queue.as_str(),
+            keys.me.as_str(),
+        ];
+        let reply = self
+            .inner
+            .conn
+            .run("release", |conn| eval(conn, &RELEASE, &script_keys, &args))
+            .await?;
         match reply {
             Value::Int(held) => Ok(held == 1),
             other => Err(self.inner.conn.error("release", unexpected(&other))),
@@ -418,11 +474,24 @@ impl RedisBackend {
     }
 
     /// Waits for a busy key in its queue, until it is handed over or `deadline` passes.
-    async fn wait_in_queue(&self, keys: &LockKeys, request: &AcquireRequest<'_>, deadline: Instant) -> Result<Option<Acquired>, LockError> {
-        let mut subscription: Subscription = self.inner.subscriber.register(keys.channel.clone(), keys.owner.clone());
+    async fn wait_in_queue(
+        &self,
+        keys: &LockKeys,
+        request: &AcquireRequest<'_>,
+        deadline: Instant,
+    ) -> Result<Option<Acquired>, LockError> {
+        let mut subscription: Subscription = self
+            .inner
+            .subscriber
+            .register(keys.channel.clone(), keys.owner.clone());
         // Leaves the queue (or releases a key handed over meanwhile) if this future is dropped
         // or fails.
-        let mut guard = LeaveGuard { backend: self.clone(), key: request.key.to_owned(), owner: request.owner, armed: true };
+        let mut guard = LeaveGuard {
+            backend: self.clone(),
+            key: request.key.to_owned(),
+            owner: request.owner,
+            armed: true,
+        };
         let mut backoff = Backoff::new(FIRST_POLL, self.inner.liveness / 3, request.owner);
         loop {
             // Subscribed before the script queues this waiter, so the hand-off's message cannot
@@ -436,7 +505,10 @@ impl RedisBackend {
             match attempt {
                 Attempt::Granted(fence) => {
                     guard.armed = false;
-                    return Ok(Some(Acquired { fence, valid_from: sent_at }));
+                    return Ok(Some(Acquired {
+                        fence,
+                        valid_from: sent_at,
+                    }));
                 }
                 // The last attempt left the queue in the same script.
                 Attempt::Busy { .. } if last => {
@@ -484,7 +556,9 @@ enum Attempt {
 }
 
 fn parse_attempt(reply: Value) -> Result<Attempt, redis::RedisError> {
-    let Value::Array(items) = &reply else { return Err(unexpected(&reply)) };
+    let Value::Array(items) = &reply else {
+        return Err(unexpected(&reply));
+    };
     let int = |value: &Value| -> Option<i64> {
         match value {
             Value::Int(n) => Some(*n),
@@ -500,7 +574,9 @@ fn parse_attempt(reply: Value) -> Result<Attempt, redis::RedisError> {
                 .and_then(|text| text.parse::<u64>().ok())
                 .map(Attempt::Granted)
                 .ok_or_else(|| unexpected(&reply)),
-            Value::Int(n) => u64::try_from(*n).map(Attempt::Granted).map_err(|_| unexpected(&reply)),
+            Value::Int(n) => u64::try_from(*n)
+                .map(Attempt::Granted)
+                .map_err(|_| unexpected(&reply)),
             _ => Err(unexpected(&reply)),
         },
         [granted, pttl, first] if int(granted) == Some(0) => {
@@ -515,7 +591,11 @@ fn parse_attempt(reply: Value) -> Result<Attempt, redis::RedisError> {
 }
 
 fn unexpected(value: &Value) -> redis::RedisError {
-    redis::RedisError::from((ErrorKind::UnexpectedReturnType, "unexpected reply from a dlock script", format!("{value:?}")))
+    redis::RedisError::from((
+        ErrorKind::UnexpectedReturnType,
+        "unexpected reply from a dlock script",
+        format!("{value:?}"),
+    ))
 }
 
 /// Leaves the queue when a waiter's future is dropped or fails: from the background runtime,
@@ -532,7 +612,11 @@ impl Drop for LeaveGuard {
         if !self.armed {
             return;
         }
-        let (backend, key, owner) = (self.backend.clone(), std::mem::take(&mut self.key), self.owner);
+        let (backend, key, owner) = (
+            self.backend.clone(),
+            std::mem::take(&mut self.key),
+            self.owner,
+        );
         background::spawn(async move {
             if let Err(error) = backend.release_or_leave(&key, owner).await {
                 tracing::debug!(%key, %error, "distributed_lock: leaving the redis queue failed; the waiter key will expire");
@@ -551,7 +635,11 @@ struct Backoff {
 impl Backoff {
     fn new(first: Duration, cap: Duration, owner: Owner) -> Self {
         // The owner token is random: a fine seed for jitter.
-        Backoff { next: first.min(cap), cap, seed: owner.as_u128() as u64 | 1 }
+        Backoff {
+            next: first.min(cap),
+            cap,
+            seed: owner.as_u128() as u64 | 1,
+        }
     }
 
     fn next(&mut self) -> Duration {
@@ -575,23 +663,40 @@ struct Lua {
 
 impl Lua {
     const fn new(code: &'static str) -> Self {
-        Lua { code, hash: OnceLock::new() }
+        Lua {
+            code,
+            hash: OnceLock::new(),
+        }
     }
 
     fn hash(&self) -> &str {
-        self.hash.get_or_init(|| redis::Script::new(self.code).get_hash().to_owned())
+        self.hash
+            .get_or_init(|| redis::Script::new(self.code).get_hash().to_owned())
     }
 
     /// `EVALSHA` (or, with `by_hash` false, `EVAL`) of this script.
     fn cmd(&self, by_hash: bool, keys: &[&str], args: &[&str]) -> Cmd {
-        let mut cmd = if by_hash { redis::cmd("EVALSHA") } else { redis::cmd("EVAL") };
-        cmd.arg(if by_hash { self.hash() } else { self.code }).arg(keys.len()).arg(keys).arg(args);
+        let mut cmd = if by_hash {
+            redis::cmd("EVALSHA")
+        } else {
+            redis::cmd("EVAL")
+        };
+        cmd.arg(if by_hash { self.hash() } else { self.code })
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
         cmd
     }
 }
 
-static ACQUIRE: Lua = Lua::new(concat!(include_str!("common.lua"), include_str!("acquire.lua")));
-static RELEASE: Lua = Lua::new(concat!(include_str!("common.lua"), include_str!("release.lua")));
+static ACQUIRE: Lua = Lua::new(concat!(
+    include_str!("common.lua"),
+    include_str!("acquire.lua")
+));
+static RELEASE: Lua = Lua::new(concat!(
+    include_str!("common.lua"),
+    include_str!("release.lua")
+));
 static RENEW: Lua = Lua::new(include_str!("renew.lua"));
 
 fn is_noscript(error: &redis::RedisError) -> bool {
@@ -601,15 +706,25 @@ fn is_noscript(error: &redis::RedisError) -> bool {
 /// Runs `lua`: `EVALSHA`, then `EVAL` where the server does not know the script (which also
 /// caches it there).
 async fn eval(mut conn: Conn, lua: &Lua, keys: &[&str], args: &[&str]) -> RedisResult<Value> {
-    match conn.req_packed_command(&lua.cmd(true, keys, args)).await.and_then(Value::extract_error) {
-        Err(error) if is_noscript(&error) => conn.req_packed_command(&lua.cmd(false, keys, args)).await.and_then(Value::extract_error),
+    match conn
+        .req_packed_command(&lua.cmd(true, keys, args))
+        .await
+        .and_then(Value::extract_error)
+    {
+        Err(error) if is_noscript(&error) => conn
+            .req_packed_command(&lua.cmd(false, keys, args))
+            .await
+            .and_then(Value::extract_error),
         result => result,
     }
 }
 
 /// Renews `leases` in one pipeline on `conn`: one round trip (two where the server had to be
 /// taught the script).
-async fn renew_pipelined(mut conn: Conn, leases: &[(&str, String, String)]) -> RedisResult<Vec<bool>> {
+async fn renew_pipelined(
+    mut conn: Conn,
+    leases: &[(&str, String, String)],
+) -> RedisResult<Vec<bool>> {
     let pipeline = |by_hash: bool| {
         let mut pipe = redis::pipe();
         for (lock, owner, ttl) in leases {
@@ -617,10 +732,15 @@ async fn renew_pipelined(mut conn: Conn, leases: &[(&str, String, String)]) -> R
         }
         pipe
     };
-    let mut replies = conn.req_packed_commands(&pipeline(true), 0, leases.len()).await?;
-    let noscript = |value: &Value| matches!(value.clone().extract_error(), Err(error) if is_noscript(&error));
+    let mut replies = conn
+        .req_packed_commands(&pipeline(true), 0, leases.len())
+        .await?;
+    let noscript =
+        |value: &Value| matches!(value.clone().extract_error(), Err(error) if is_noscript(&error));
     if replies.iter().any(noscript) {
-        replies = conn.req_packed_commands(&pipeline(false), 0, leases.len()).await?;
+        replies = conn
+            .req_packed_commands(&pipeline(false), 0, leases.len())
+            .await?;
     }
     replies
         .into_iter()
@@ -639,7 +759,10 @@ impl Backend for RedisBackend {
         // First without queueing: an uncontended acquire is one round trip, and `wait = 0`
         // never leaves anything behind.
         match self.try_acquire(&keys, request.ttl, false).await? {
-            Attempt::Granted(fence) => Ok(Some(Acquired { fence, valid_from: sent_at })),
+            Attempt::Granted(fence) => Ok(Some(Acquired {
+                fence,
+                valid_from: sent_at,
+            })),
             Attempt::Busy { .. } if request.wait.is_zero() => Ok(None),
             Attempt::Busy { .. } => self.wait_in_queue(&keys, request, deadline).await,
         }
@@ -655,11 +778,24 @@ impl Backend for RedisBackend {
         }
         let args: Vec<(String, String, String)> = leases
             .iter()
-            .map(|lease| (self.lock_key(lease.key), lease.owner.to_string(), lease.ttl.as_millis().max(1).to_string()))
+            .map(|lease| {
+                (
+                    self.lock_key(lease.key),
+                    lease.owner.to_string(),
+                    lease.ttl.as_millis().max(1).to_string(),
+                )
+            })
             .collect();
         if !self.inner.cluster {
-            let batch: Vec<(&str, String, String)> = args.iter().map(|(k, o, t)| (k.as_str(), o.clone(), t.clone())).collect();
-            return self.inner.conn.run("renew", |conn| renew_pipelined(conn, &batch)).await;
+            let batch: Vec<(&str, String, String)> = args
+                .iter()
+                .map(|(k, o, t)| (k.as_str(), o.clone(), t.clone()))
+                .collect();
+            return self
+                .inner
+                .conn
+                .run("renew", |conn| renew_pipelined(conn, &batch))
+                .await;
         }
         #[cfg(feature = "redis-cluster")]
         {
@@ -674,15 +810,28 @@ impl Backend for RedisBackend {
 impl RedisBackend {
     /// Renews on a cluster: one pipeline per hash slot (a cluster pipeline cannot span slots),
     /// all sent at once.
-    async fn renew_by_slot(&self, args: &[(String, String, String)]) -> Result<Vec<bool>, LockError> {
-        let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = std::collections::BTreeMap::new();
+    async fn renew_by_slot(
+        &self,
+        args: &[(String, String, String)],
+    ) -> Result<Vec<bool>, LockError> {
+        let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> =
+            std::collections::BTreeMap::new();
         for (index, (lock, _, _)) in args.iter().enumerate() {
-            by_slot.entry(cluster_slot(lock.as_bytes())).or_default().push(index);
+            by_slot
+                .entry(cluster_slot(lock.as_bytes()))
+                .or_default()
+                .push(index);
         }
         let calls = by_slot.into_values().map(|indices| async move {
-            let batch: Vec<(&str, String, String)> =
-                indices.iter().map(|&i| (args[i].0.as_str(), args[i].1.clone(), args[i].2.clone())).collect();
-            let held = self.inner.conn.run("renew", |conn| renew_pipelined(conn, &batch)).await?;
+            let batch: Vec<(&str, String, String)> = indices
+                .iter()
+                .map(|&i| (args[i].0.as_str(), args[i].1.clone(), args[i].2.clone()))
+                .collect();
+            let held = self
+                .inner
+                .conn
+                .run("renew", |conn| renew_pipelined(conn, &batch))
+                .await?;
             Ok::<_, LockError>(indices.into_iter().zip(held).collect::<Vec<_>>())
         });
         let mut answers = vec![false; args.len()];
@@ -701,14 +850,23 @@ fn cluster_slot(key: &[u8]) -> u16 {
     let tagged = key
         .iter()
         .position(|&b| b == b'{')
-        .and_then(|open| key[open + 1..].iter().position(|&b| b == b'}').map(|len| &key[open + 1..open + 1 + len]))
+        .and_then(|open| {
+            key[open + 1..]
+                .iter()
+                .position(|&b| b == b'}')
+                .map(|len| &key[open + 1..open + 1 + len])
+        })
         .filter(|tag| !tag.is_empty())
         .unwrap_or(key);
     let mut crc: u16 = 0;
     for &byte in tagged {
         crc ^= u16::from(byte) << 8;
         for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
         }
     }
     crc % 16384
@@ -716,7 +874,9 @@ fn cluster_slot(key: &[u8]) -> u16 {
 
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisBackend").field("prefix", &self.inner.prefix).finish_non_exhaustive()
+        f.debug_struct("RedisBackend")
+            .field("prefix", &self.inner.prefix)
+            .finish_non_exhaustive()
     }
 }
 
@@ -728,32 +888,62 @@ mod tests {
     fn keys_of_one_lock_share_the_hash_tag() {
         let backend = RedisBackend::builder("redis://127.0.0.1").build().unwrap();
         let keys = backend.lock_keys("acct:42", Owner::random());
-        for name in [&keys.lock, &keys.fence, &keys.queue, &keys.me, &keys.channel] {
+        for name in [
+            &keys.lock,
+            &keys.fence,
+            &keys.queue,
+            &keys.me,
+            &keys.channel,
+        ] {
             assert!(name.starts_with("dlock:{acct:42}"), "{name}");
         }
     }
 
     #[test]
     fn urls_are_checked_without_io() {
-        assert!(RedisBackend::builder("redis://:pw@localhost:6380/2").build().is_ok());
-        assert!(matches!(RedisBackend::builder("http://localhost").build(), Err(LockError::InvalidUrl { .. })));
-        let error = RedisBackend::builder("redis://:secret@a:1,b:2").build().map(drop);
+        assert!(RedisBackend::builder("redis://:pw@localhost:6380/2")
+            .build()
+            .is_ok());
+        assert!(matches!(
+            RedisBackend::builder("http://localhost").build(),
+            Err(LockError::InvalidUrl { .. })
+        ));
+        let error = RedisBackend::builder("redis://:secret@a:1,b:2")
+            .build()
+            .map(drop);
         if cfg!(feature = "redis-cluster") {
             assert!(error.is_ok());
         } else {
             let error = error.unwrap_err().to_string();
-            assert!(error.contains("redis-cluster") && !error.contains("secret"), "{error}");
+            assert!(
+                error.contains("redis-cluster") && !error.contains("secret"),
+                "{error}"
+            );
         }
         #[cfg(not(feature = "redis-tls"))]
-        assert!(RedisBackend::builder("rediss://localhost").build().unwrap_err().to_string().contains("redis-tls"));
+        assert!(RedisBackend::builder("rediss://localhost")
+            .build()
+            .unwrap_err()
+            .to_string()
+            .contains("redis-tls"));
     }
 
     #[test]
     fn backoff_grows_with_jitter_up_to_the_cap() {
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1), Owner::random());
+        let mut backoff = Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_secs(1),
+            Owner::random(),
+        );
         let delays: Vec<Duration> = (0..8).map(|_| backoff.next()).collect();
-        assert!(delays[0] >= Duration::from_millis(75) && delays[0] <= Duration::from_millis(125), "{delays:?}");
-        assert!(delays.iter().all(|d| *d <= Duration::from_secs(1)), "{delays:?}");
+        assert!(
+            delays[0] >= Duration::from_millis(75) && delays[0] <= Duration::from_millis(125),
+            "{delays:?}"
+        );
+        assert!(
+            delays.iter().all(|d| *d <= Duration::from_secs(1)),
+            "{delays:?}"
+        );
         assert!(delays[7] >= Duration::from_millis(750), "{delays:?}");
     }
 
@@ -762,7 +952,13 @@ mod tests {
     fn slots_follow_the_hash_tag() {
         // Reference values from CLUSTER KEYSLOT.
         assert_eq!(cluster_slot(b"foo"), 12182);
-        assert_eq!(cluster_slot(b"{user1000}.following"), cluster_slot(b"user1000"));
-        assert_eq!(cluster_slot(b"dlock:{acct:42}:fence"), cluster_slot(b"acct:42"));
+        assert_eq!(
+            cluster_slot(b"{user1000}.following"),
+            cluster_slot(b"user1000")
+        );
+        assert_eq!(
+            cluster_slot(b"dlock:{acct:42}:fence"),
+            cluster_slot(b"acct:42")
+        );
     }
 }

@@ -48,7 +48,9 @@ struct State {
 
 impl Shared {
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -62,15 +64,33 @@ impl Drop for Shared {
 
 impl Subscriber {
     pub(super) fn new(clients: Vec<redis::Client>, timeout: Duration) -> Self {
-        Subscriber { shared: Arc::new(Shared { clients, timeout, state: Mutex::default(), ops: tokio::sync::Mutex::new(()) }) }
+        Subscriber {
+            shared: Arc::new(Shared {
+                clients,
+                timeout,
+                state: Mutex::default(),
+                ops: tokio::sync::Mutex::new(()),
+            }),
+        }
     }
 
     /// Registers a waiter for `owner` on `channel`. Call [`Subscription::ensure`] before the
     /// waiter enqueues, so the message that hands it the lock cannot come before the SUBSCRIBE.
     pub(super) fn register(&self, channel: String, owner: String) -> Subscription {
         let wake = Arc::new(Notify::new());
-        self.shared.state().channels.entry(channel.clone()).or_default().insert(owner.clone(), wake.clone());
-        Subscription { shared: self.shared.clone(), channel, owner, wake, subscribed: None }
+        self.shared
+            .state()
+            .channels
+            .entry(channel.clone())
+            .or_default()
+            .insert(owner.clone(), wake.clone());
+        Subscription {
+            shared: self.shared.clone(),
+            channel,
+            owner,
+            wake,
+            subscribed: None,
+        }
     }
 }
 
@@ -90,7 +110,10 @@ impl Subscription {
     /// (no I/O) when it already is.
     pub(super) async fn ensure(&mut self) -> Result<(), RedisError> {
         let is_current = |state: &State, subscribed: Option<u64>| {
-            state.sink.as_ref().is_some_and(|(generation, _)| Some(*generation) == subscribed)
+            state
+                .sink
+                .as_ref()
+                .is_some_and(|(generation, _)| Some(*generation) == subscribed)
         };
         if is_current(&self.shared.state(), self.subscribed) {
             return Ok(());
@@ -101,7 +124,8 @@ impl Subscription {
             Some(current) => current,
             None => connect(&self.shared).await?,
         };
-        let subscribed = tokio::time::timeout(self.shared.timeout, sink.subscribe(&self.channel)).await;
+        let subscribed =
+            tokio::time::timeout(self.shared.timeout, sink.subscribe(&self.channel)).await;
         match subscribed {
             Ok(Ok(())) => {
                 self.subscribed = Some(generation);
@@ -113,7 +137,10 @@ impl Subscription {
             }
             Err(_) => {
                 drop_connection(&self.shared, generation);
-                Err(RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, "SUBSCRIBE timed out")))
+                Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "SUBSCRIBE timed out",
+                )))
             }
         }
     }
@@ -147,7 +174,9 @@ impl Drop for Subscription {
         let shared = Arc::downgrade(&self.shared);
         let channel = std::mem::take(&mut self.channel);
         background::spawn(async move {
-            let Some(shared) = shared.upgrade() else { return };
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
             let _ops = shared.ops.lock().await;
             let sink = {
                 let state = shared.state();
@@ -179,7 +208,10 @@ async fn connect(shared: &Arc<Shared>) -> Result<(u64, PubSubSink), RedisError> 
         let connecting = background::handle().spawn(async move {
             match tokio::time::timeout(timeout, client.get_async_pubsub()).await {
                 Ok(result) => result,
-                Err(_) => Err(RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out connecting"))),
+                Err(_) => Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "timed out connecting",
+                ))),
             }
         });
         let pubsub = match connecting.await {
@@ -204,7 +236,11 @@ async fn connect(shared: &Arc<Shared>) -> Result<(u64, PubSubSink), RedisError> 
                 let Some(shared) = weak.upgrade() else { return };
                 let state = shared.state();
                 let owner = String::from_utf8_lossy(message.get_payload_bytes());
-                if let Some(wake) = state.channels.get(message.get_channel_name()).and_then(|w| w.get(owner.as_ref())) {
+                if let Some(wake) = state
+                    .channels
+                    .get(message.get_channel_name())
+                    .and_then(|w| w.get(owner.as_ref()))
+                {
                     wake.notify_one();
                 }
             }
@@ -218,7 +254,8 @@ async fn connect(shared: &Arc<Shared>) -> Result<(u64, PubSubSink), RedisError> 
         state.sink = Some((generation, sink.clone()));
         return Ok((generation, sink));
     }
-    Err(last_error.unwrap_or_else(|| RedisError::from(std::io::Error::other("no server to subscribe on"))))
+    Err(last_error
+        .unwrap_or_else(|| RedisError::from(std::io::Error::other("no server to subscribe on"))))
 }
 
 /// Forgets connection `generation` if it is still the current one, and wakes every waiter: a
