@@ -41,7 +41,10 @@ impl Parse for RawArg {
         // `crate` is a keyword; `parse_any` takes it as a name.
         let name = Ident::parse_any(input)?;
         let _: Token![=] = input.parse().map_err(|e| {
-            syn::Error::new(e.span(), format!("expected `{name} = …`; arguments are written `name = value`"))
+            syn::Error::new(
+                e.span(),
+                format!("expected `{name} = …`; arguments are written `name = value`"),
+            )
         })?;
         let value = input.parse()?;
         Ok(RawArg { name, value })
@@ -81,7 +84,10 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
     for RawArg { name, value } in raw {
         let name_str = name.to_string();
         if seen.contains(&name_str) {
-            errors.push(syn::Error::new(name.span(), format!("`{name}` is given twice; remove one")));
+            errors.push(syn::Error::new(
+                name.span(),
+                format!("`{name}` is given twice; remove one"),
+            ));
             continue;
         }
         seen.push(name_str.clone());
@@ -161,7 +167,9 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
 
 fn string_literal(value: &Expr, example: &str) -> syn::Result<LitStr> {
     match value {
-        Expr::Lit(ExprLit { lit: Lit::Str(lit), .. }) => Ok(lit.clone()),
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        }) => Ok(lit.clone()),
         other => Err(syn::Error::new(
             other.span(),
             format!("expected a string literal, e.g. {example}"),
@@ -171,7 +179,8 @@ fn string_literal(value: &Expr, example: &str) -> syn::Result<LitStr> {
 
 fn duration_literal(value: &Expr, name: &str, zero_allowed: bool) -> syn::Result<u64> {
     let lit = string_literal(value, &format!("{name} = \"3s\""))?;
-    let ms = duration::parse_millis(&lit.value()).map_err(|msg| syn::Error::new(lit.span(), msg))?;
+    let ms =
+        duration::parse_millis(&lit.value()).map_err(|msg| syn::Error::new(lit.span(), msg))?;
     if ms == 0 && !zero_allowed {
         return Err(syn::Error::new(
             lit.span(),
@@ -190,7 +199,11 @@ mod tests {
     fn err(tokens: proc_macro2::TokenStream) -> String {
         match parse(tokens) {
             Ok(_) => panic!("expected an error"),
-            Err(e) => e.into_iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"),
+            Err(e) => e
+                .into_iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n"),
         }
     }
 
@@ -198,28 +211,48 @@ mod tests {
     fn fills_defaults() {
         let args = parse(quote!(key = "a:<b>")).unwrap();
         assert_eq!(args.key.value(), "a:<b>");
-        assert_eq!((args.ttl_ms, args.wait_ms, args.renew, args.on_lost), (30_000, 0, true, OnLost::Cancel));
+        assert_eq!(
+            (args.ttl_ms, args.wait_ms, args.renew, args.on_lost),
+            (30_000, 0, true, OnLost::Cancel)
+        );
         assert!(args.locker.is_none());
     }
 
     #[test]
     fn reads_every_argument() {
         let args = parse(quote!(
-            key = "k", ttl = "1m30s", wait = "250ms", renew = false, on_lost = "continue",
-            locker = &LOCKS, crate = "::other::dlock"
+            key = "k",
+            ttl = "1m30s",
+            wait = "250ms",
+            renew = false,
+            on_lost = "continue",
+            locker = &LOCKS,
+            crate = "::other::dlock"
         ))
         .unwrap();
-        assert_eq!((args.ttl_ms, args.wait_ms, args.renew, args.on_lost), (90_000, 250, false, OnLost::Continue));
+        assert_eq!(
+            (args.ttl_ms, args.wait_ms, args.renew, args.on_lost),
+            (90_000, 250, false, OnLost::Continue)
+        );
         assert!(args.locker.is_some());
         let krate = args.krate;
-        assert_eq!(quote!(#krate).to_string().replace(' ', ""), "::other::dlock");
+        assert_eq!(
+            quote!(#krate).to_string().replace(' ', ""),
+            "::other::dlock"
+        );
     }
 
     #[test]
     fn reports_all_mistakes_together() {
         let message = err(quote!(key = "k", colour = "red", ttl = "0s", ttl = "3s"));
-        assert!(message.contains("unknown argument `colour`; valid arguments are: key, ttl"), "{message}");
-        assert!(message.contains("`ttl` must be longer than zero"), "{message}");
+        assert!(
+            message.contains("unknown argument `colour`; valid arguments are: key, ttl"),
+            "{message}"
+        );
+        assert!(
+            message.contains("`ttl` must be longer than zero"),
+            "{message}"
+        );
         assert!(message.contains("`ttl` is given twice"), "{message}");
     }
 

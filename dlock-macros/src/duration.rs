@@ -14,18 +14,25 @@ pub(crate) fn parse_millis(text: &str) -> Result<u64, String> {
     while !rest.is_empty() {
         let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
         if digits == 0 {
-            return Err(format!("malformed duration \"{text}\": expected a number at \"{rest}\"; {HINT}"));
+            return Err(format!(
+                "malformed duration \"{text}\": expected a number at \"{rest}\"; {HINT}"
+            ));
         }
         let (number, after) = rest.split_at(digits);
         let unit_len = after.bytes().take_while(u8::is_ascii_alphabetic).count();
         let (unit, after) = after.split_at(unit_len);
         if unit.is_empty() {
-            return Err(format!("malformed duration \"{text}\": `{number}` has no unit; {HINT}"));
+            return Err(format!(
+                "malformed duration \"{text}\": `{number}` has no unit; {HINT}"
+            ));
         }
         let Some(&(_, scale)) = UNITS.iter().find(|(name, _)| *name == unit) else {
-            return Err(format!("malformed duration \"{text}\": unknown unit `{unit}`; {HINT}"));
+            return Err(format!(
+                "malformed duration \"{text}\": unknown unit `{unit}`; {HINT}"
+            ));
         };
-        let overflow = || format!("duration \"{text}\" is too large; it must fit in u64 milliseconds");
+        let overflow =
+            || format!("duration \"{text}\" is too large; it must fit in u64 milliseconds");
         let value: u64 = number.parse().map_err(|_| overflow())?;
         let part = value.checked_mul(scale).ok_or_else(overflow)?;
         total = total.checked_add(part).ok_or_else(overflow)?;
@@ -57,8 +64,14 @@ mod tests {
 
     #[test]
     fn rejects_overflow() {
-        assert!(parse_millis("18446744073709551616ms").unwrap_err().contains("too large"));
-        assert!(parse_millis("5124095576030432h").unwrap_err().contains("too large"));
-        assert!(parse_millis("18446744073709551615ms1ms").unwrap_err().contains("too large"));
+        assert!(parse_millis("18446744073709551616ms")
+            .unwrap_err()
+            .contains("too large"));
+        assert!(parse_millis("5124095576030432h")
+            .unwrap_err()
+            .contains("too large"));
+        assert!(parse_millis("18446744073709551615ms1ms")
+            .unwrap_err()
+            .contains("too large"));
     }
 }

@@ -32,7 +32,12 @@ impl Parse for LockedFn {
 
 impl ToTokens for LockedFn {
     fn to_tokens(&self, tokens: &mut TokenStream) {
-        let LockedFn { attrs, vis, sig, block } = self;
+        let LockedFn {
+            attrs,
+            vis,
+            sig,
+            block,
+        } = self;
         tokens.extend(quote!(#(#attrs)* #vis #sig #block));
     }
 }
@@ -92,7 +97,12 @@ fn expand(args: TokenStream, function: &LockedFn) -> syn::Result<TokenStream> {
     errors.finish()?;
     let key = key.expect("errors are returned above");
 
-    let LockedFn { attrs, vis, sig, block } = function;
+    let LockedFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = function;
     let krate = &args.krate;
     let ttl_ms = args.ttl_ms;
     let wait_ms = args.wait_ms;
@@ -110,22 +120,42 @@ fn expand(args: TokenStream, function: &LockedFn) -> syn::Result<TokenStream> {
     let name = sig.ident.to_string();
     let return_hint = return_type_hint(&sig.output);
     let stmts = &block.stmts;
+    // A return type that cannot carry a lock failure is reported on the return type.
+    let return_span = match &sig.output {
+        ReturnType::Type(_, ty) => ty.span(),
+        ReturnType::Default => sig.ident.span(),
+    };
+    // Naming the conversion here, spanned on the return type, puts a "cannot return a lock
+    // failure" error on the return type rather than on the attribute.
+    let on_failure = match &sig.output {
+        ReturnType::Type(_, ty) if !contains_impl_trait(ty) => quote_spanned! {return_span=>
+            <#ty as #krate::FromLockError>::from_lock_error
+        },
+        ReturnType::Type(..) => quote!(#krate::FromLockError::from_lock_error),
+        ReturnType::Default => {
+            quote_spanned!(return_span=> <() as #krate::FromLockError>::from_lock_error)
+        }
+    };
+    let call = quote! {
+        #krate::__private::locked(
+            #krate::__private::LockSpec::new(#name, #ttl_ms, #wait_ms, #renew, #on_lost),
+            __dlock_locker,
+            __dlock_key,
+            #on_failure,
+            async move {
+                #return_hint
+                #(#stmts)*
+            },
+        )
+        .await
+    };
 
     Ok(quote! {
         #(#attrs)*
         #vis #sig {
             let __dlock_key: ::std::string::String = #key;
             let __dlock_locker = #locker;
-            #krate::__private::locked(
-                #krate::__private::LockSpec::new(#name, #ttl_ms, #wait_ms, #renew, #on_lost),
-                __dlock_locker,
-                __dlock_key,
-                async move {
-                    #return_hint
-                    #(#stmts)*
-                },
-            )
-            .await
+            #call
         }
     })
 }
@@ -151,7 +181,9 @@ fn return_type_hint(output: &ReturnType) -> TokenStream {
 }
 
 fn contains_impl_trait(ty: &Type) -> bool {
-    ty.to_token_stream().into_iter().any(|t| matches!(&t, proc_macro2::TokenTree::Ident(i) if i == "impl"))
+    ty.to_token_stream()
+        .into_iter()
+        .any(|t| matches!(&t, proc_macro2::TokenTree::Ident(i) if i == "impl"))
 }
 
 fn collect_params(sig: &Signature) -> Vec<Param> {
@@ -160,7 +192,11 @@ fn collect_params(sig: &Signature) -> Vec<Param> {
         match input {
             FnArg::Receiver(receiver) => params.push(Param::Named {
                 name: "self".into(),
-                type_span: if receiver.colon_token.is_some() { receiver.ty.span() } else { receiver.span() },
+                type_span: if receiver.colon_token.is_some() {
+                    receiver.ty.span()
+                } else {
+                    receiver.span()
+                },
             }),
             FnArg::Typed(typed) => match &*typed.pat {
                 Pat::Ident(ident) if ident.subpat.is_none() => params.push(Param::Named {
@@ -168,7 +204,10 @@ fn collect_params(sig: &Signature) -> Vec<Param> {
                     type_span: typed.ty.span(),
                 }),
                 pattern => pattern_bindings(pattern, &mut |ident| {
-                    params.push(Param::InPattern { name: ident.to_string(), pattern_span: typed.pat.span() })
+                    params.push(Param::InPattern {
+                        name: ident.to_string(),
+                        pattern_span: typed.pat.span(),
+                    })
                 }),
             },
         }
@@ -187,7 +226,10 @@ fn pattern_bindings(pattern: &Pat, found: &mut dyn FnMut(&Ident)) {
         }
         Pat::Tuple(p) => p.elems.iter().for_each(|e| pattern_bindings(e, found)),
         Pat::TupleStruct(p) => p.elems.iter().for_each(|e| pattern_bindings(e, found)),
-        Pat::Struct(p) => p.fields.iter().for_each(|f| pattern_bindings(&f.pat, found)),
+        Pat::Struct(p) => p
+            .fields
+            .iter()
+            .for_each(|f| pattern_bindings(&f.pat, found)),
         Pat::Slice(p) => p.elems.iter().for_each(|e| pattern_bindings(e, found)),
         Pat::Reference(p) => pattern_bindings(&p.pat, found),
         Pat::Paren(p) => pattern_bindings(&p.pat, found),
@@ -221,7 +263,11 @@ fn render_key(args: &Args, sig: &Signature) -> syn::Result<TokenStream> {
                     Ident::new(root, type_span).into_token_stream()
                 };
                 let fields = path.iter().map(|field| match field.parse::<u32>() {
-                    Ok(index) => syn::Index { index, span: type_span }.into_token_stream(),
+                    Ok(index) => syn::Index {
+                        index,
+                        span: type_span,
+                    }
+                    .into_token_stream(),
                     Err(_) => Ident::new(field, type_span).into_token_stream(),
                 });
                 pushes.push(quote_spanned! {type_span=>
@@ -249,7 +295,10 @@ fn find_param(params: &[Param], root: &str, key_span: Span, sig: &Signature) -> 
                          write `param: Type` and use `<param.field>` in the key"
                     ),
                 );
-                error.combine(syn::Error::new(key_span, format!("placeholder `<{root}>` used here")));
+                error.combine(syn::Error::new(
+                    key_span,
+                    format!("placeholder `<{root}>` used here"),
+                ));
                 return Err(error);
             }
             _ => {}
@@ -267,7 +316,10 @@ fn find_param(params: &[Param], root: &str, key_span: Span, sig: &Signature) -> 
     } else {
         format!("parameters of `{}`: {}", sig.ident, names.join(", "))
     };
-    Err(syn::Error::new(key_span, format!("placeholder `<{root}>` names no parameter; {available}")))
+    Err(syn::Error::new(
+        key_span,
+        format!("placeholder `<{root}>` names no parameter; {available}"),
+    ))
 }
 
 #[cfg(test)]
@@ -282,36 +334,82 @@ mod tests {
 
     #[test]
     fn hands_the_body_to_one_runtime_call() {
-        let out = expand(quote!(key = "acct:<open_id>", ttl = "3s"), quote! {
-            async fn submit(open_id: &str) -> Result<(), E> { work(open_id).await?; Ok(()) }
-        });
+        let out = expand(
+            quote!(key = "acct:<open_id>", ttl = "3s"),
+            quote! {
+                async fn submit(open_id: &str) -> Result<(), E> { work(open_id).await?; Ok(()) }
+            },
+        );
         assert!(out.contains(":: dlock :: __private :: locked"), "{out}");
-        assert!(out.contains("LockSpec :: new (\"submit\" , 3000u64 , 0u64 , true"), "{out}");
+        assert!(
+            out.contains("LockSpec :: new (\"submit\" , 3000u64 , 0u64 , true"),
+            "{out}"
+        );
         assert!(out.contains("push_literal (\"acct:\")"), "{out}");
-        assert!(out.contains("push_display (& mut __dlock_builder , & open_id)"), "{out}");
-        assert!(out.contains("async fn submit (open_id : & str) -> Result < () , E >"), "{out}");
+        assert!(
+            out.contains("push_display (& mut __dlock_builder , & open_id)"),
+            "{out}"
+        );
+        assert!(
+            out.contains("async fn submit (open_id : & str) -> Result < () , E >"),
+            "{out}"
+        );
     }
 
     #[test]
     fn unknown_placeholder_lists_the_parameters() {
-        let out = expand(quote!(key = "a:<user>"), quote!(async fn f(id: u64, name: &str) {}));
-        assert!(out.contains("placeholder `<user>` names no parameter; parameters of `f`: `id`, `name`"), "{out}");
+        let out = expand(
+            quote!(key = "a:<user>"),
+            quote!(
+                async fn f(id: u64, name: &str) {}
+            ),
+        );
+        assert!(
+            out.contains(
+                "placeholder `<user>` names no parameter; parameters of `f`: `id`, `name`"
+            ),
+            "{out}"
+        );
         // The function is emitted again, so call sites keep compiling.
-        assert!(out.contains("async fn f (id : u64 , name : & str) { }"), "{out}");
+        assert!(
+            out.contains("async fn f (id : u64 , name : & str) { }"),
+            "{out}"
+        );
     }
 
     #[test]
     fn rejects_non_async_fn_and_pattern_params() {
-        let out = expand(quote!(key = "k"), quote!(fn f() {}));
+        let out = expand(
+            quote!(key = "k"),
+            quote!(
+                fn f() {}
+            ),
+        );
         assert!(out.contains("works on `async fn` only"), "{out}");
-        let out = expand(quote!(key = "k:<a>"), quote!(async fn f((a, b): (u8, u8)) {}));
+        let out = expand(
+            quote!(key = "k:<a>"),
+            quote!(
+                async fn f((a, b): (u8, u8)) {}
+            ),
+        );
         assert!(out.contains("`a` is bound by a pattern"), "{out}");
     }
 
     #[test]
     fn uses_the_crate_override_and_the_locker() {
-        let out = expand(quote!(key = "k", crate = "::app::dlock", locker = &LOCKS), quote!(async fn f() {}));
-        assert!(out.contains(":: app :: dlock :: __private :: locker (& LOCKS)"), "{out}");
-        assert!(!out.contains(":: dlock :: __private :: locked") || out.contains(":: app :: dlock :: __private :: locked"));
+        let out = expand(
+            quote!(key = "k", crate = "::app::dlock", locker = &LOCKS),
+            quote!(
+                async fn f() {}
+            ),
+        );
+        assert!(
+            out.contains(":: app :: dlock :: __private :: locker (& LOCKS)"),
+            "{out}"
+        );
+        assert!(
+            !out.contains(":: dlock :: __private :: locked")
+                || out.contains(":: app :: dlock :: __private :: locked")
+        );
     }
 }

@@ -75,14 +75,18 @@ fn parse_placeholder(body: &str) -> Result<Segment, String> {
         cs.next().is_some_and(|c| c == '_' || c.is_alphabetic())
             && cs.all(|c| c == '_' || c.is_alphanumeric())
     };
-    let is_field = |s: &str| is_ident(s) || (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()));
+    let is_field =
+        |s: &str| is_ident(s) || (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()));
     let path: Vec<String> = parts.map(str::to_owned).collect();
     if !is_ident(root) || !path.iter().all(|p| is_field(p)) {
         return Err(format!(
             "`<{body}>` is not a placeholder; write a parameter name, optionally with fields: `<param>` or `<param.field>`"
         ));
     }
-    Ok(Segment::Placeholder { root: root.to_owned(), path })
+    Ok(Segment::Placeholder {
+        root: root.to_owned(),
+        path,
+    })
 }
 
 /// Two placeholders must be parted by a character that escaping never produces, or two argument
@@ -115,18 +119,32 @@ mod tests {
         Segment::Literal(s.into())
     }
     fn ph(root: &str, path: &[&str]) -> Segment {
-        Segment::Placeholder { root: root.into(), path: path.iter().map(|s| s.to_string()).collect() }
+        Segment::Placeholder {
+            root: root.into(),
+            path: path.iter().map(|s| s.to_string()).collect(),
+        }
     }
 
     #[test]
     fn parses_literals_and_placeholders() {
-        assert_eq!(parse("acct:<open_id>").unwrap(), vec![lit("acct:"), ph("open_id", &[])]);
+        assert_eq!(
+            parse("acct:<open_id>").unwrap(),
+            vec![lit("acct:"), ph("open_id", &[])]
+        );
         assert_eq!(
             parse("<self.user.id>:x:<n.0>!").unwrap(),
-            vec![ph("self", &["user", "id"]), lit(":x:"), ph("n", &["0"]), lit("!")]
+            vec![
+                ph("self", &["user", "id"]),
+                lit(":x:"),
+                ph("n", &["0"]),
+                lit("!")
+            ]
         );
         assert_eq!(parse("static").unwrap(), vec![lit("static")]);
-        assert_eq!(parse("ключ:<id>").unwrap(), vec![lit("ключ:"), ph("id", &[])]);
+        assert_eq!(
+            parse("ключ:<id>").unwrap(),
+            vec![lit("ключ:"), ph("id", &[])]
+        );
     }
 
     #[test]

@@ -18,7 +18,9 @@ pub struct KeyBuilder {
 impl KeyBuilder {
     /// A builder with room for `capacity` bytes.
     pub fn with_capacity(capacity: usize) -> Self {
-        KeyBuilder { key: String::with_capacity(capacity) }
+        KeyBuilder {
+            key: String::with_capacity(capacity),
+        }
     }
 
     /// Appends template text as written.

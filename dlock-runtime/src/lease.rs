@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -25,6 +25,8 @@ pub(crate) struct LeaseState {
     lost: AtomicBool,
     released: AtomicBool,
     lost_wake: Notify,
+    /// The lease of the body this lease's body runs inside, for re-entrancy (`reentry`).
+    outer: OnceLock<Arc<LeaseState>>,
 }
 
 /// Why a lease stopped being held, for the log.
@@ -39,7 +41,14 @@ pub(crate) enum LossCause {
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 impl LeaseState {
-    pub(crate) fn new(key: String, owner: Owner, fence: u64, ttl: Duration, valid_from: Instant, locker_id: usize) -> Self {
+    pub(crate) fn new(
+        key: String,
+        owner: Owner,
+        fence: u64,
+        ttl: Duration,
+        valid_from: Instant,
+        locker_id: usize,
+    ) -> Self {
         LeaseState {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             key,
@@ -51,7 +60,16 @@ impl LeaseState {
             lost: AtomicBool::new(false),
             released: AtomicBool::new(false),
             lost_wake: Notify::new(),
+            outer: OnceLock::new(),
         }
+    }
+
+    pub(crate) fn outer(&self) -> Option<&Arc<LeaseState>> {
+        self.outer.get()
+    }
+
+    pub(crate) fn set_outer(&self, outer: Arc<LeaseState>) {
+        let _ = self.outer.set(outer);
     }
 
     fn validity_from(confirmed_at: Instant, ttl: Duration) -> Instant {

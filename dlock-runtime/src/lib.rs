@@ -11,8 +11,8 @@
 //! - [`LockError`] / [`FromLockError`] (`error`) — failures, and how a locked fn returns them.
 #![warn(missing_docs)]
 
-mod background;
 pub mod backend;
+mod background;
 mod clock;
 mod error;
 mod key;

@@ -2,9 +2,10 @@
 //! body under the lease, watch for its loss, release on every exit path.
 
 use std::future::Future;
+use std::task::Poll;
 use std::time::Duration;
 
-use crate::error::FromLockError;
+use crate::lease::{Lease, LeaseState};
 use crate::locker::{default_locker, Locker};
 use crate::{reentry, LockError, LockOptions};
 
@@ -27,7 +28,13 @@ pub struct LockSpec {
 
 impl LockSpec {
     /// The spec of function `name`.
-    pub const fn new(name: &'static str, ttl_ms: u64, wait_ms: u64, renew: bool, on_lost: OnLost) -> Self {
+    pub const fn new(
+        name: &'static str,
+        ttl_ms: u64,
+        wait_ms: u64,
+        renew: bool,
+        on_lost: OnLost,
+    ) -> Self {
         LockSpec {
             name,
             options: LockOptions::new()
@@ -46,54 +53,76 @@ pub fn locker(locker: &Locker) -> Locker {
 }
 
 /// Runs `body` under a lease on `key`. On any failure to get or keep the lease, returns
-/// `R::from_lock_error` instead of (the rest of) the body.
-pub fn locked<R, F>(spec: LockSpec, locker: Option<Locker>, key: String, body: F) -> impl Future<Output = R> + use<R, F>
+/// `on_failure(error)` instead of (the rest of) the body. `on_failure` is
+/// [`FromLockError::from_lock_error`](crate::FromLockError), named by the generated code where the
+/// compiler can point a type error at the function's return type.
+pub async fn locked<R, F>(
+    spec: LockSpec,
+    locker: Option<Locker>,
+    key: String,
+    on_failure: fn(LockError) -> R,
+    body: F,
+) -> R
 where
-    R: FromLockError,
     F: Future<Output = R>,
 {
-    async move {
-        let locker = match locker {
-            Some(locker) => locker,
-            None => match default_locker().await {
-                Ok(locker) => locker,
-                Err(error) => return R::from_lock_error(error),
-            },
-        };
+    let locker = match locker {
+        Some(locker) => locker,
+        None => match default_locker().await {
+            Ok(locker) => locker,
+            Err(error) => return on_failure(error),
+        },
+    };
 
-        if let Some(held) = reentry::find(locker.id(), &key) {
+    let outer = match reentry::enter(locker.id(), &key) {
+        reentry::Entry::Reenter(held) => {
             if !held.is_held() {
-                return R::from_lock_error(LockError::Lost { key });
+                return on_failure(LockError::Lost { key });
             }
             tracing::trace!(%key, function = spec.name, "distributed_lock: re-entered");
             return body.await;
         }
+        reentry::Entry::Acquire { outer } => outer,
+    };
 
-        let lease = match locker.lock(key, spec.options).await {
-            Ok(lease) => lease,
-            Err(error) => return R::from_lock_error(error),
-        };
-        // From here `lease` releases on every exit: its `Drop` queues the release when the body
-        // panics or this future is dropped, and `release` below awaits it on a normal return.
-        let body = reentry::scope(lease.state.clone(), body);
-        let output = match spec.on_lost {
-            OnLost::Cancel => {
-                tokio::select! {
-                    biased;
-                    output = body => output,
-                    () = lease.lost() => {
-                        // Returns at once; dropping the lease queues its release.
-                        return R::from_lock_error(LockError::Lost { key: lease.key().to_owned() });
-                    }
-                }
+    let lease = match locker.acquire(key, spec.options).await {
+        Ok(state) => Lease { state, locker },
+        Err(error) => return on_failure(error),
+    };
+    // From here `lease` releases on every exit: its `Drop` queues the release when the body
+    // panics or this future is dropped, and the release below awaits it on a normal return.
+    let body = reentry::scope(lease.state.clone(), outer, body);
+    let output = match spec.on_lost {
+        OnLost::Cancel => match until_lost(body, &lease.state).await {
+            Some(output) => output,
+            // Returns at once; dropping the lease queues its release.
+            None => {
+                return on_failure(LockError::Lost {
+                    key: lease.state.key.clone(),
+                })
             }
-            OnLost::Continue => body.await,
-        };
-        let key = lease.key().to_owned();
-        if let Err(error) = lease.release().await {
-            // The body's work is done and must be reported as it ended; the lease will expire.
-            tracing::warn!(%key, %error, function = spec.name, "distributed_lock: release failed");
-        }
-        output
+        },
+        OnLost::Continue => body.await,
+    };
+    if let Err(error) = lease.locker.release(&lease.state).await {
+        // The body's work is done and must be reported as it ended; the lease will expire.
+        tracing::warn!(key = %lease.state.key, %error, function = spec.name, "distributed_lock: release failed");
     }
+    output
+}
+
+/// Polls `body` until it finishes (`Some`) or the lease is lost (`None`, and `body` is dropped).
+/// The body goes first, and the loss watcher with its timer is only set up once the body has to
+/// wait: a body that finishes in its first poll pays nothing for it.
+async fn until_lost<F: Future>(body: F, state: &LeaseState) -> Option<F::Output> {
+    let mut body = std::pin::pin!(body);
+    let mut watcher = None;
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(output) = body.as_mut().poll(cx) {
+            return Poll::Ready(Some(output));
+        }
+        let watcher = watcher.get_or_insert_with(|| Box::pin(state.wait_lost()));
+        watcher.as_mut().poll(cx).map(|()| None)
+    })
+    .await
 }

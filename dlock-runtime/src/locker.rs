@@ -141,7 +141,20 @@ impl Locker {
         key: impl Into<String>,
         options: LockOptions,
     ) -> Result<Lease, LockError> {
-        let key = key.into();
+        let state = self.acquire(key.into(), options).await?;
+        Ok(Lease {
+            state,
+            locker: self.clone(),
+        })
+    }
+
+    /// [`lock`](Self::lock) without the `Lease` around the state, for callers that own a
+    /// `Locker` to put in it.
+    pub(crate) async fn acquire(
+        &self,
+        key: String,
+        options: LockOptions,
+    ) -> Result<Arc<LeaseState>, LockError> {
         options.validate()?;
         let owner = Owner::random();
         let started = Instant::now();
@@ -177,10 +190,7 @@ impl Locker {
         if options.renew {
             self.inner.watchdog.watch(&state);
         }
-        Ok(Lease {
-            state,
-            locker: self.clone(),
-        })
+        Ok(state)
     }
 
     /// Releases `state` and waits for the store's answer.

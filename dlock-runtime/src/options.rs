@@ -28,7 +28,11 @@ pub struct LockOptions {
 impl LockOptions {
     /// The defaults: ttl 30 s, no wait, renewal on.
     pub const fn new() -> Self {
-        LockOptions { ttl: Duration::from_secs(30), wait: Duration::ZERO, renew: true }
+        LockOptions {
+            ttl: Duration::from_secs(30),
+            wait: Duration::ZERO,
+            renew: true,
+        }
     }
 
     /// Sets the lease length.
@@ -51,10 +55,14 @@ impl LockOptions {
 
     pub(crate) fn validate(&self) -> Result<(), LockError> {
         if self.ttl < Duration::from_millis(1) {
-            return Err(LockError::InvalidOptions { reason: format!("ttl {:?} is shorter than 1ms", self.ttl) });
+            return Err(LockError::InvalidOptions {
+                reason: format!("ttl {:?} is shorter than 1ms", self.ttl),
+            });
         }
         if self.ttl.as_millis() > i64::MAX as u128 {
-            return Err(LockError::InvalidOptions { reason: format!("ttl {:?} is too long", self.ttl) });
+            return Err(LockError::InvalidOptions {
+                reason: format!("ttl {:?} is too long", self.ttl),
+            });
         }
         Ok(())
     }

@@ -10,36 +10,48 @@ use std::sync::Arc;
 
 use crate::lease::{LeaseInfo, LeaseState};
 
-/// One held lease, linked to the leases held by the bodies around it.
-pub(crate) struct Frame {
-    state: Arc<LeaseState>,
-    outer: Option<Arc<Frame>>,
-}
-
 tokio::task_local! {
-    static HELD: Arc<Frame>;
+    /// The lease of the innermost body; each lease links to the one around it
+    /// (`LeaseState::outer`), so entering a body allocates nothing beyond the lease itself.
+    static HELD: Arc<LeaseState>;
 }
 
-/// The lease held on `key` by `locker_id` in an enclosing body of this task, if any.
-pub(crate) fn find(locker_id: usize, key: &str) -> Option<Arc<LeaseState>> {
+/// Where a call on `key` by `locker_id` stands.
+pub(crate) enum Entry {
+    /// An enclosing body of this task holds the key: re-enter its lease.
+    Reenter(Arc<LeaseState>),
+    /// The call must acquire; `outer` is the innermost enclosing lease, if any.
+    Acquire { outer: Option<Arc<LeaseState>> },
+}
+
+/// Looks `key` up among the leases of the enclosing bodies, with one task-local access, as this
+/// is on every call's path.
+pub(crate) fn enter(locker_id: usize, key: &str) -> Entry {
     HELD.try_with(|top| {
-        let mut frame = Some(top);
-        while let Some(f) = frame {
-            if f.state.locker_id == locker_id && f.state.key == key {
-                return Some(f.state.clone());
+        let mut lease = Some(top);
+        while let Some(state) = lease {
+            if state.locker_id == locker_id && state.key == key {
+                return Entry::Reenter(state.clone());
             }
-            frame = f.outer.as_ref();
+            lease = state.outer();
         }
-        None
+        Entry::Acquire {
+            outer: Some(top.clone()),
+        }
     })
-    .ok()
-    .flatten()
+    .unwrap_or(Entry::Acquire { outer: None })
 }
 
-/// Runs `body` with `state` on top of the held stack.
-pub(crate) fn scope<F: Future>(state: Arc<LeaseState>, body: F) -> impl Future<Output = F::Output> {
-    let outer = HELD.try_with(Arc::clone).ok();
-    HELD.scope(Arc::new(Frame { state, outer }), body)
+/// Runs `body` with `state` on top of the held stack, above `outer`.
+pub(crate) fn scope<F: Future>(
+    state: Arc<LeaseState>,
+    outer: Option<Arc<LeaseState>>,
+    body: F,
+) -> impl Future<Output = F::Output> {
+    if let Some(outer) = outer {
+        state.set_outer(outer);
+    }
+    HELD.scope(state, body)
 }
 
 /// The lease of the innermost `#[distributed_lock]` body this code runs in, or `None` outside
@@ -67,5 +79,5 @@ pub(crate) fn scope<F: Future>(state: Arc<LeaseState>, body: F) -> impl Future<O
 /// # }
 /// ```
 pub fn current_lease() -> Option<LeaseInfo> {
-    HELD.try_with(|top| LeaseInfo { state: top.state.clone() }).ok()
+    HELD.try_with(|top| LeaseInfo { state: top.clone() }).ok()
 }

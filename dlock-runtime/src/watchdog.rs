@@ -43,14 +43,26 @@ struct Entry {
 
 impl Watchdog {
     pub(crate) fn new(backend: Arc<dyn DynBackend>) -> Self {
-        Watchdog { shared: Arc::new(Shared { backend, registry: Mutex::default(), wake: Notify::new() }) }
+        Watchdog {
+            shared: Arc::new(Shared {
+                backend,
+                registry: Mutex::default(),
+                wake: Notify::new(),
+            }),
+        }
     }
 
     /// Starts renewing `state` every ttl/3.
     pub(crate) fn watch(&self, state: &Arc<LeaseState>) {
         let renew_at = Instant::now() + clock::renew_interval(state.ttl);
         let mut registry = self.shared.registry();
-        registry.leases.insert(state.id, Entry { state: state.clone(), renew_at });
+        registry.leases.insert(
+            state.id,
+            Entry {
+                state: state.clone(),
+                renew_at,
+            },
+        );
         match registry.driver_wakes_at {
             None => {
                 registry.driver_wakes_at = Some(renew_at);
@@ -65,17 +77,13 @@ impl Watchdog {
     pub(crate) fn forget(&self, state: &LeaseState) {
         self.shared.registry().leases.remove(&state.id);
     }
-
-    /// How many leases are being renewed.
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.shared.registry().leases.len()
-    }
 }
 
 impl Shared {
     fn registry(&self) -> MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.registry
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Takes the leases due by `now` (plus half their period, to batch), and says when the next
@@ -114,7 +122,10 @@ impl Shared {
 
     async fn renew(&self, batch: Vec<Arc<LeaseState>>) {
         let sent_at = Instant::now();
-        let renewals: Vec<Renewal<'_>> = batch.iter().map(|s| Renewal::new(&s.key, s.owner, s.ttl)).collect();
+        let renewals: Vec<Renewal<'_>> = batch
+            .iter()
+            .map(|s| Renewal::new(&s.key, s.owner, s.ttl))
+            .collect();
         // Waiting longer than the first lease's validity would only tell that lease what its
         // own timer already knows.
         let patience = batch
@@ -138,7 +149,11 @@ impl Shared {
                 tracing::warn!(%error, leases = batch.len(), "distributed_lock: renewal failed; retrying");
             }
             Err(_) => {
-                tracing::warn!(leases = batch.len(), ?patience, "distributed_lock: renewal timed out; retrying");
+                tracing::warn!(
+                    leases = batch.len(),
+                    ?patience,
+                    "distributed_lock: renewal timed out; retrying"
+                );
             }
         }
     }

@@ -31,7 +31,12 @@ pub trait Store: Send + Sync + 'static {
 pub fn unique_key(name: &str) -> String {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     // Only characters that key escaping leaves alone, so a key renders as itself.
-    format!("test-{}-{}-{}-{name}", std::process::id(), Owner::random(), NEXT.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "test-{}-{}-{}-{name}",
+        std::process::id(),
+        Owner::random(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Wraps a backend and counts what is asked of it.
@@ -40,11 +45,19 @@ pub struct Counting<B> {
     pub inner: B,
     pub acquires: Arc<AtomicU64>,
     pub releases: Arc<AtomicU64>,
+    pub renew_calls: Arc<AtomicU64>,
+    pub renewed: Arc<AtomicU64>,
 }
 
 impl<B> Counting<B> {
     pub fn new(inner: B) -> Self {
-        Counting { inner, acquires: Arc::default(), releases: Arc::default() }
+        Counting {
+            inner,
+            acquires: Arc::default(),
+            releases: Arc::default(),
+            renew_calls: Arc::default(),
+            renewed: Arc::default(),
+        }
     }
 
     pub fn acquires(&self) -> u64 {
@@ -64,6 +77,9 @@ impl<B: Backend> Backend for Counting<B> {
     }
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+        self.renew_calls.fetch_add(1, Ordering::SeqCst);
+        self.renewed
+            .fetch_add(leases.len() as u64, Ordering::SeqCst);
         self.inner.renew(leases).await
     }
 
@@ -125,6 +141,7 @@ macro_rules! lock_properties {
             fences_strictly_increase,
             keys_are_escaped,
             manual_lease_excludes_and_releases,
+            renewals_are_batched,
         );
     };
     (@tests $store:expr; $($name:ident),* $(,)?) => {

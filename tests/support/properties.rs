@@ -426,3 +426,33 @@ pub async fn manual_lease_excludes_and_releases<S: Store>(store: &S) {
     drop(lease);
     acquires_soon(&a, &key).await;
 }
+
+pub async fn renewals_are_batched<S: Store>(store: &S) {
+    let backend = Counting::new(store.backend().await);
+    let locker = Locker::with_backend(backend.clone());
+    let mut leases = Vec::new();
+    for i in 0..200 {
+        leases.push(
+            locker
+                .lock(unique_key(&format!("batch{i}")), ttl(900))
+                .await
+                .unwrap(),
+        );
+    }
+    // Three renewal periods (ttl/3 = 300 ms each).
+    tokio::time::sleep(Duration::from_millis(950)).await;
+    let (calls, renewed) = (
+        backend.renew_calls.load(Ordering::SeqCst),
+        backend.renewed.load(Ordering::SeqCst),
+    );
+    assert!(
+        leases.iter().all(|lease| lease.is_held()),
+        "a lease was lost"
+    );
+    assert!(
+        renewed >= 400,
+        "only {renewed} renewals for 200 leases over three periods"
+    );
+    // One call per lease per period would be 600; batching makes it a handful.
+    assert!(calls <= 12, "{calls} renewal calls for {renewed} renewals");
+}

@@ -101,7 +101,10 @@ impl MemoryBackend {
         let mut keys = self.shared.lock();
         match keys.get_mut(key).and_then(|state| state.holder.as_mut()) {
             Some(holder) => {
-                *holder = Holder { owner: Owner::random(), expires_at: Instant::now() + Duration::from_secs(3600) };
+                *holder = Holder {
+                    owner: Owner::random(),
+                    expires_at: Instant::now() + Duration::from_secs(3600),
+                };
                 self.shared.fences.fetch_add(1, Ordering::Relaxed);
                 true
             }
@@ -117,7 +120,8 @@ impl MemoryBackend {
     /// Whether `key` is held by someone now.
     pub fn is_held(&self, key: &str) -> bool {
         let keys = self.shared.lock();
-        keys.get(key).is_some_and(|state| !state.is_free(Instant::now()))
+        keys.get(key)
+            .is_some_and(|state| !state.is_free(Instant::now()))
     }
 }
 
@@ -125,12 +129,20 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, KeyState>> {
         // Nothing panics while the map is locked, but a poisoned lock must not take every later
         // lock down with it: the map is consistent between statements.
-        self.keys.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn grant(&self, state: &mut KeyState, owner: Owner, ttl: Duration, now: Instant) -> Acquired {
-        state.holder = Some(Holder { owner, expires_at: now + ttl });
-        Acquired { fence: self.fences.fetch_add(1, Ordering::Relaxed) + 1, valid_from: now }
+        state.holder = Some(Holder {
+            owner,
+            expires_at: now + ttl,
+        });
+        Acquired {
+            fence: self.fences.fetch_add(1, Ordering::Relaxed) + 1,
+            valid_from: now,
+        }
     }
 
     /// Hands a free key to the head of its queue, if any.
@@ -148,7 +160,9 @@ impl Shared {
 
     fn release(&self, key: &str, owner: Owner) -> bool {
         let mut keys = self.lock();
-        let Some(state) = keys.get_mut(key) else { return false };
+        let Some(state) = keys.get_mut(key) else {
+            return false;
+        };
         if state.holder.as_ref().is_none_or(|h| h.owner != owner) {
             return false;
         }
@@ -215,7 +229,12 @@ impl Backend for MemoryBackend {
             state.queue.push_back(waiter.clone());
             waiter
         };
-        let mut guard = QueueGuard { shared, key: request.key, waiter, done: false };
+        let mut guard = QueueGuard {
+            shared,
+            key: request.key,
+            waiter,
+            done: false,
+        };
         loop {
             let woken = guard.waiter.wake.notified();
             // The head of the queue also watches the holder's expiry: an expired holder releases
@@ -227,8 +246,13 @@ impl Backend for MemoryBackend {
                     return Ok(Some(*acquired));
                 }
                 let now = Instant::now();
-                let state = keys.get_mut(request.key).expect("a queued waiter keeps its key's entry");
-                let is_head = state.queue.front().is_some_and(|w| Arc::ptr_eq(w, &guard.waiter));
+                let state = keys
+                    .get_mut(request.key)
+                    .expect("a queued waiter keeps its key's entry");
+                let is_head = state
+                    .queue
+                    .front()
+                    .is_some_and(|w| Arc::ptr_eq(w, &guard.waiter));
                 if is_head && state.is_free(now) {
                     state.queue.pop_front();
                     guard.done = true;
@@ -237,7 +261,9 @@ impl Backend for MemoryBackend {
                 if now >= deadline {
                     return Ok(None);
                 }
-                is_head.then(|| state.holder.as_ref().map(|h| h.expires_at)).flatten()
+                is_head
+                    .then(|| state.holder.as_ref().map(|h| h.expires_at))
+                    .flatten()
             };
             let until = holder_expiry.map_or(deadline, |expiry| expiry.min(deadline));
             tokio::select! {
@@ -256,13 +282,15 @@ impl Backend for MemoryBackend {
         let now = Instant::now();
         Ok(leases
             .iter()
-            .map(|lease| match keys.get_mut(lease.key).and_then(|s| s.holder.as_mut()) {
-                Some(holder) if holder.owner == lease.owner && holder.expires_at > now => {
-                    holder.expires_at = now + lease.ttl;
-                    true
-                }
-                _ => false,
-            })
+            .map(
+                |lease| match keys.get_mut(lease.key).and_then(|s| s.holder.as_mut()) {
+                    Some(holder) if holder.owner == lease.owner && holder.expires_at > now => {
+                        holder.expires_at = now + lease.ttl;
+                        true
+                    }
+                    _ => false,
+                },
+            )
             .collect())
     }
 

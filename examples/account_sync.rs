@@ -1,0 +1,174 @@
+//! Seed 000: duplicate `open_id` rows in `t_account`.
+//!
+//! Every launch of the app center calls `submit(open_id, local_id)`, which checks for the
+//! account's row and then inserts or updates it. Clients retry on time-outs, so the same call
+//! arrives several times at once; with no unique index on `open_id`, two concurrent checks both
+//! see "no row" and both insert. The fix of the seed: serialise `submit` per `open_id` with a
+//! short lease (`SET key value NX EX 3`), and discard the request that loses the race.
+//!
+//! Runs with no set-up on the in-memory store; set `DLOCK_URL` (e.g. `redis://127.0.0.1:6379`)
+//! to lock on a real one:
+//!
+//! ```text
+//! cargo run --example account_sync
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dlock::{distributed_lock, LockError, Locker};
+
+/// A row of `t_account`: no unique index on `open_id`, as in the seed.
+#[derive(Debug, Clone)]
+struct Account {
+    id: u64,
+    open_id: String,
+    local_id: String,
+}
+
+/// The table, with the latency of a real round trip between the check and the write.
+#[derive(Default)]
+struct AccountTable {
+    rows: Mutex<Vec<Account>>,
+}
+
+impl AccountTable {
+    async fn find(&self, open_id: &str) -> Option<Account> {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        self.rows
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|a| a.open_id == open_id)
+            .cloned()
+    }
+
+    async fn insert(&self, open_id: &str, local_id: &str) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let mut rows = self.rows.lock().unwrap();
+        let id = rows.len() as u64 + 1;
+        rows.push(Account {
+            id,
+            open_id: open_id.into(),
+            local_id: local_id.into(),
+        });
+    }
+
+    async fn update(&self, id: u64, local_id: &str) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        if let Some(row) = self.rows.lock().unwrap().iter_mut().find(|a| a.id == id) {
+            row.local_id = local_id.into();
+        }
+    }
+
+    fn rows_per_open_id(&self) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for row in self.rows.lock().unwrap().iter() {
+            *counts.entry(row.open_id.clone()).or_default() += 1;
+        }
+        counts
+    }
+}
+
+#[derive(Debug)]
+enum AppError {
+    Lock(LockError),
+}
+
+impl From<LockError> for AppError {
+    fn from(error: LockError) -> Self {
+        AppError::Lock(error)
+    }
+}
+
+/// The service method as it was: check, then insert or update.
+async fn submit_unlocked(
+    table: &AccountTable,
+    open_id: &str,
+    local_id: &str,
+) -> Result<(), AppError> {
+    match table.find(open_id).await {
+        None => table.insert(open_id, local_id).await,
+        Some(account) => table.update(account.id, local_id).await,
+    }
+    Ok(())
+}
+
+/// The same method under the seed's lock: one caller per `open_id` at a time; a concurrent
+/// duplicate finds the key busy and is discarded (`wait` defaults to zero).
+#[distributed_lock(key = "acct:<open_id>", ttl = "3s")]
+async fn submit(table: &AccountTable, open_id: &str, local_id: &str) -> Result<(), AppError> {
+    submit_unlocked(table, open_id, local_id).await
+}
+
+/// Five users launch the app; each launch arrives eight times at once (client retries).
+async fn launch_storm<F, Fut>(table: Arc<AccountTable>, call: F) -> (usize, usize)
+where
+    F: Fn(Arc<AccountTable>, String, String) -> Fut,
+    Fut: std::future::Future<Output = Result<(), AppError>> + Send + 'static,
+{
+    let mut calls = Vec::new();
+    for user in 0..5 {
+        for retry in 0..8 {
+            let open_id = format!("oX7f-user-{user}");
+            let local_id = format!("device-{user}-{retry}");
+            calls.push(tokio::spawn(call(table.clone(), open_id, local_id)));
+        }
+    }
+    let (mut applied, mut discarded) = (0, 0);
+    for call in calls {
+        match call.await.expect("submit panicked") {
+            Ok(()) => applied += 1,
+            Err(AppError::Lock(LockError::Busy { .. })) => discarded += 1,
+            Err(other) => panic!("submit failed: {other:?}"),
+        }
+    }
+    (applied, discarded)
+}
+
+fn report(title: &str, table: &AccountTable, applied: usize, discarded: usize) {
+    let counts = table.rows_per_open_id();
+    let rows: usize = counts.values().sum();
+    println!("{title}: {applied} calls applied, {discarded} discarded as concurrent duplicates");
+    for (open_id, n) in &counts {
+        println!("  {open_id}: {n} row(s)");
+    }
+    println!(
+        "  => {} open_ids, {rows} rows, {} duplicate rows",
+        counts.len(),
+        rows - counts.len()
+    );
+}
+
+#[tokio::main]
+async fn main() -> Result<(), LockError> {
+    let locker = match std::env::var("DLOCK_URL") {
+        Ok(url) if !url.is_empty() => Locker::connect(&url).await?,
+        _ => Locker::memory(),
+    };
+    println!("locker: {locker:?}\n");
+    dlock::set_default_locker(locker);
+
+    let table = Arc::new(AccountTable::default());
+    let (applied, discarded) = launch_storm(table.clone(), |t, o, l| async move {
+        submit_unlocked(&t, &o, &l).await
+    })
+    .await;
+    report("without a lock", &table, applied, discarded);
+
+    let table = Arc::new(AccountTable::default());
+    let (applied, discarded) =
+        launch_storm(
+            table.clone(),
+            |t, o, l| async move { submit(&t, &o, &l).await },
+        )
+        .await;
+    report(
+        "\nwith #[distributed_lock(key = \"acct:<open_id>\", ttl = \"3s\")]",
+        &table,
+        applied,
+        discarded,
+    );
+    Ok(())
+}

@@ -1,0 +1,10 @@
+//! Compile-time behaviour of `#[distributed_lock]`: what it accepts, and the error for each
+//! mistake SPEC lists. The `.stderr` files are pinned to the toolchain CI uses; re-bless with
+//! `TRYBUILD=overwrite cargo test --test ui` after a deliberate change.
+
+#[test]
+fn ui() {
+    let cases = trybuild::TestCases::new();
+    cases.pass("tests/ui/pass/*.rs");
+    cases.compile_fail("tests/ui/fail/*.rs");
+}

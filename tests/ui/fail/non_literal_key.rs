@@ -1,0 +1,8 @@
+use dlock::distributed_lock;
+
+const KEY: &str = "acct";
+
+#[distributed_lock(key = KEY)]
+async fn submit() {}
+
+fn main() {}
