@@ -176,8 +176,9 @@ pub struct RedisBackendBuilder {
     liveness: Duration,
 }
 
-/// What to connect to.
+/// What to connect to. One per backend, cloned only to connect: its size does not matter.
 #[derive(Clone)]
+#[allow(clippy::large_enum_variant)]
 enum Target {
     Single(redis::Client),
     /// The cluster, and a client per seed node for pub/sub.

@@ -262,7 +262,7 @@ async fn connect(shared: &Arc<Shared>) -> Result<(u64, PubSubSink), RedisError> 
 /// message may have been lost with it.
 fn drop_connection(shared: &Shared, generation: u64) {
     let mut state = shared.state();
-    if !state.sink.as_ref().is_some_and(|(g, _)| *g == generation) {
+    if state.sink.as_ref().is_none_or(|(g, _)| *g != generation) {
         return;
     }
     tracing::debug!("distributed_lock: redis pub/sub connection lost; waiters look again");
