@@ -146,3 +146,140 @@ pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("cannot bind 127.0.0.1:0");
     listener.local_addr().unwrap().port()
 }
+
+/// A private Redis Cluster of three primaries (no replicas), each node on free ports, killed on
+/// drop.
+pub struct RedisCluster {
+    nodes: Vec<Child>,
+    ports: Vec<u16>,
+    dir: std::path::PathBuf,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("dlock-cluster-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut cluster = RedisCluster {
+            nodes: Vec::new(),
+            ports: Vec::new(),
+            dir,
+        };
+        for _ in 0..3 {
+            let (port, bus) = (free_port(), free_port());
+            let child = Command::new("redis-server")
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--cluster-port",
+                    &bus.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                ])
+                .args([
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    &format!("nodes-{port}.conf"),
+                ])
+                .args([
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    &cluster.dir.to_string_lossy(),
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("cannot run redis-server: is it installed (apt-get install redis-server)?");
+            cluster.nodes.push(child);
+            cluster.ports.push(port);
+        }
+        for &port in &cluster.ports {
+            assert!(
+                answers(port, b"PING\r\n", b"+PONG", Duration::from_secs(10)),
+                "cluster node {port} did not start"
+            );
+        }
+        let addresses: Vec<String> = cluster
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let status = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("cannot run redis-cli");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        for &port in &cluster.ports {
+            assert!(
+                answers(
+                    port,
+                    b"CLUSTER INFO\r\n",
+                    b"cluster_state:ok",
+                    Duration::from_secs(20)
+                ),
+                "cluster node {port} never saw the cluster ok"
+            );
+        }
+        cluster
+    }
+
+    /// `redis+cluster://` with every node as a seed.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    pub fn node_urls(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for child in &mut self.nodes {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Whether the server on `port` answers `request` with a reply containing `expected` within
+/// `patience`.
+fn answers(port: u16, request: &[u8], expected: &[u8], patience: Duration) -> bool {
+    let deadline = Instant::now() + patience;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    while Instant::now() < deadline {
+        if let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+            let mut reply = [0u8; 4096];
+            if stream.write_all(request).is_ok() {
+                if let Ok(n) = stream.read(&mut reply) {
+                    if reply[..n].windows(expected.len()).any(|w| w == expected) {
+                        return true;
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
