@@ -532,3 +532,43 @@ fn a_locker_outlives_the_runtime_that_connected_it() {
         lease.release().await.unwrap();
     });
 }
+
+/// `rediss://` with the `redis-tls` feature: the server's certificate is checked against the
+/// system's roots, here a test CA given through `SSL_CERT_FILE`.
+#[cfg(feature = "redis-tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_through_a_rediss_url() {
+    let server = RedisServer::start_tls();
+    std::env::set_var("SSL_CERT_FILE", server.ca_file().unwrap());
+    let url = server.url();
+    assert!(url.starts_with("rediss://"), "{url}");
+    let locker = Locker::connect(&url).await.expect("no TLS connection");
+    let key = unique_key("tls");
+    let holder = locker.lock(&*key, LockOptions::new()).await.unwrap();
+    // A waiter, so the pub/sub connection goes over TLS too.
+    let waiter = tokio::spawn({
+        let (locker, key) = (locker.clone(), key.clone());
+        async move {
+            locker
+                .lock(&*key, LockOptions::new().wait(Duration::from_secs(10)))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+    assert!(
+        released_at.elapsed() < Duration::from_secs(1),
+        "the waiter was not woken over TLS"
+    );
+    // Plain text to a TLS port fails, and says so rather than hanging.
+    let plain = tokio::time::timeout(
+        Duration::from_secs(15),
+        Locker::connect(&format!("redis://127.0.0.1:{}", server.port())),
+    )
+    .await;
+    assert!(plain
+        .expect("a plain connection to a TLS port hung")
+        .is_err());
+}

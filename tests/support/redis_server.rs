@@ -10,6 +10,8 @@ pub struct RedisServer {
     port: u16,
     password: Option<String>,
     child: Option<Child>,
+    /// For a TLS server: the directory of its certificates.
+    tls: Option<std::path::PathBuf>,
 }
 
 impl RedisServer {
@@ -28,9 +30,90 @@ impl RedisServer {
             port: free_port(),
             password,
             child: None,
+            tls: None,
         };
         server.spawn();
         server
+    }
+
+    /// Starts a server that speaks only TLS, with a certificate for `localhost` and 127.0.0.1
+    /// signed by a fresh CA (see [`ca_file`](Self::ca_file)). Needs the `openssl` command.
+    pub fn start_tls() -> RedisServer {
+        let dir =
+            std::env::temp_dir().join(format!("dlock-tls-{}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let openssl = |args: &[&str]| {
+            let status = Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("cannot run openssl");
+            assert!(status.success(), "openssl {args:?} failed");
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=dlock test CA",
+        ]);
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ]);
+        std::fs::write(
+            dir.join("san.ext"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+        )
+        .unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ]);
+        let mut server = RedisServer {
+            port: free_port(),
+            password: None,
+            child: None,
+            tls: Some(dir),
+        };
+        server.spawn();
+        server
+    }
+
+    /// The CA that signed a TLS server's certificate.
+    pub fn ca_file(&self) -> Option<std::path::PathBuf> {
+        self.tls.as_ref().map(|dir| dir.join("ca.pem"))
     }
 
     pub fn port(&self) -> u16 {
@@ -46,7 +129,10 @@ impl RedisServer {
     }
 
     pub fn url_without_password(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.tls {
+            Some(_) => format!("rediss://localhost:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     /// Kills the server (SIGKILL: no goodbye to its clients) and waits for it to be gone.
@@ -67,16 +153,25 @@ impl RedisServer {
     fn spawn(&mut self) {
         let port = self.port.to_string();
         let mut command = Command::new("redis-server");
-        command.args([
-            "--port",
-            &port,
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ]);
+        match &self.tls {
+            None => command.args(["--port", &port]),
+            Some(dir) => command
+                .args([
+                    "--port",
+                    "0",
+                    "--tls-port",
+                    &port,
+                    "--tls-auth-clients",
+                    "no",
+                ])
+                .arg("--tls-cert-file")
+                .arg(dir.join("server.pem"))
+                .arg("--tls-key-file")
+                .arg(dir.join("server.key"))
+                .arg("--tls-ca-cert-file")
+                .arg(dir.join("ca.pem")),
+        };
+        command.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
         command.args(["--dir", &std::env::temp_dir().to_string_lossy()]);
         if let Some(password) = &self.password {
             command.args(["--requirepass", password]);
@@ -115,6 +210,10 @@ impl RedisServer {
                 }
             }
             if let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+                if self.tls.is_some() {
+                    // It listens; the TLS handshake is the client's to test.
+                    return true;
+                }
                 let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
                 let mut reply = [0u8; 64];
                 if stream.write_all(b"PING\r\n").is_ok() {
@@ -138,6 +237,9 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
+        if let Some(dir) = &self.tls {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
