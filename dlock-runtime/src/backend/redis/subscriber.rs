@@ -35,8 +35,8 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    /// channel → owner → that waiter's wake-up.
-    channels: HashMap<String, HashMap<String, Arc<Notify>>>,
+    /// The channels some waiter of this backend needs.
+    channels: HashMap<String, Channel>,
     /// The current connection's sink and generation.
     sink: Option<(u64, PubSubSink)>,
     generation: u64,
@@ -44,6 +44,22 @@ struct State {
     reader: Option<AbortHandle>,
     /// Which server to try first.
     next_client: usize,
+}
+
+#[derive(Default)]
+struct Channel {
+    /// owner → that waiter's wake-up.
+    waiters: HashMap<String, Arc<Notify>>,
+    /// The generation of the connection the channel was subscribed on.
+    subscribed: Option<u64>,
+}
+
+impl State {
+    /// Whether `channel` is subscribed on the current connection.
+    fn is_subscribed(&self, channel: &str) -> bool {
+        let current = self.sink.as_ref().map(|(generation, _)| *generation);
+        current.is_some() && self.channels.get(channel).and_then(|c| c.subscribed) == current
+    }
 }
 
 impl Shared {
@@ -83,13 +99,13 @@ impl Subscriber {
             .channels
             .entry(channel.clone())
             .or_default()
+            .waiters
             .insert(owner.clone(), wake.clone());
         Subscription {
             shared: self.shared.clone(),
             channel,
             owner,
             wake,
-            subscribed: None,
         }
     }
 }
@@ -101,24 +117,19 @@ pub(super) struct Subscription {
     channel: String,
     owner: String,
     wake: Arc<Notify>,
-    /// The generation of the connection the channel was last subscribed on.
-    subscribed: Option<u64>,
 }
 
 impl Subscription {
     /// Makes sure the channel is subscribed on a live connection, connecting if need be. Cheap
-    /// (no I/O) when it already is.
+    /// (no I/O) when it already is, for this waiter or another of the same channel.
     pub(super) async fn ensure(&mut self) -> Result<(), RedisError> {
-        let is_current = |state: &State, subscribed: Option<u64>| {
-            state
-                .sink
-                .as_ref()
-                .is_some_and(|(generation, _)| Some(*generation) == subscribed)
-        };
-        if is_current(&self.shared.state(), self.subscribed) {
+        if self.shared.state().is_subscribed(&self.channel) {
             return Ok(());
         }
         let _ops = self.shared.ops.lock().await;
+        if self.shared.state().is_subscribed(&self.channel) {
+            return Ok(());
+        }
         let current = self.shared.state().sink.clone();
         let (generation, mut sink) = match current {
             Some(current) => current,
@@ -128,7 +139,9 @@ impl Subscription {
             tokio::time::timeout(self.shared.timeout, sink.subscribe(&self.channel)).await;
         match subscribed {
             Ok(Ok(())) => {
-                self.subscribed = Some(generation);
+                if let Some(channel) = self.shared.state().channels.get_mut(&self.channel) {
+                    channel.subscribed = Some(generation);
+                }
                 Ok(())
             }
             Ok(Err(error)) => {
@@ -157,9 +170,9 @@ impl Drop for Subscription {
         let unused = {
             let mut state = self.shared.state();
             match state.channels.get_mut(&self.channel) {
-                Some(waiters) => {
-                    waiters.remove(&self.owner);
-                    let unused = waiters.is_empty();
+                Some(channel) => {
+                    channel.waiters.remove(&self.owner);
+                    let unused = channel.waiters.is_empty();
                     if unused {
                         state.channels.remove(&self.channel);
                     }
@@ -239,7 +252,7 @@ async fn connect(shared: &Arc<Shared>) -> Result<(u64, PubSubSink), RedisError> 
                 if let Some(wake) = state
                     .channels
                     .get(message.get_channel_name())
-                    .and_then(|w| w.get(owner.as_ref()))
+                    .and_then(|channel| channel.waiters.get(owner.as_ref()))
                 {
                     wake.notify_one();
                 }
@@ -272,8 +285,8 @@ fn drop_connection(shared: &Shared, generation: u64) {
     }
     // Move to the next server for the next attempt (cluster seeds).
     state.next_client = (state.next_client + 1) % shared.clients.len().max(1);
-    for waiters in state.channels.values() {
-        for wake in waiters.values() {
+    for channel in state.channels.values() {
+        for wake in channel.waiters.values() {
             wake.notify_one();
         }
     }
