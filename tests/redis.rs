@@ -572,3 +572,58 @@ async fn tls_through_a_rediss_url() {
         .expect("a plain connection to a TLS port hung")
         .is_err());
 }
+
+/// Holds `key`, lets a waiter wait `after`, releases, and says how long the waiter took to enter.
+async fn wake_latency(locker: &Locker, key: &str, after: Duration) -> Duration {
+    let holder = locker
+        .lock(key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let (locker, key) = (locker.clone(), key.to_owned());
+        async move {
+            let lease = locker
+                .lock(
+                    &*key,
+                    LockOptions::new()
+                        .ttl(Duration::from_secs(60))
+                        .wait(Duration::from_secs(60)),
+                )
+                .await;
+            (Instant::now(), lease)
+        }
+    });
+    tokio::time::sleep(after).await;
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    let (entered_at, lease) = waiter.await.unwrap();
+    lease.unwrap().release().await.unwrap();
+    entered_at.duration_since(released_at)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_woken_by_pub_sub_not_polling_also_after_a_restart() {
+    let mut server = RedisServer::start();
+    // A 30 s liveness window lets the fallback polls back off to 10 s: polls come about 0.25,
+    // 0.75, 1.75, 3.75 and 7.75 s into a wait, so a release 4.5 s in is seen within a second only
+    // through the published hand-off.
+    let backend = RedisBackend::builder(server.url())
+        .waiter_liveness(Duration::from_secs(30))
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend);
+    let key = unique_key("pubsub");
+    let latency = wake_latency(&locker, &key, Duration::from_millis(4_500)).await;
+    assert!(
+        latency < Duration::from_secs(1),
+        "the waiter entered {latency:?} after the release"
+    );
+    // The pub/sub connection dies with the server; the next waiter subscribes on a fresh one.
+    server.restart();
+    let latency = wake_latency(&locker, &key, Duration::from_millis(4_500)).await;
+    assert!(
+        latency < Duration::from_secs(1),
+        "after a restart, the waiter entered {latency:?} after the release"
+    );
+}
