@@ -4,7 +4,9 @@
 //! account's row and then inserts or updates it. Clients retry on time-outs, so the same call
 //! arrives several times at once; with no unique index on `open_id`, two concurrent checks both
 //! see "no row" and both insert. The fix of the seed: serialise `submit` per `open_id` with a
-//! short lease (`SET key value NX EX 3`), and discard the request that loses the race.
+//! short lease (`SET key value NX EX 3`), and discard the request that loses the race. The
+//! duplicates already in the table are then removed by a scheduled job, at most 1,000 rows per
+//! run so the database is never overwhelmed, while the lock keeps new ones from appearing.
 //!
 //! Runs with no set-up on the in-memory store; set `DLOCK_URL` (e.g. `redis://127.0.0.1:6379`)
 //! to lock on a real one:
@@ -47,7 +49,7 @@ impl AccountTable {
     async fn insert(&self, open_id: &str, local_id: &str) {
         tokio::time::sleep(Duration::from_millis(5)).await;
         let mut rows = self.rows.lock().unwrap();
-        let id = rows.len() as u64 + 1;
+        let id = rows.iter().map(|a| a.id).max().unwrap_or(0) + 1;
         rows.push(Account {
             id,
             open_id: open_id.into(),
@@ -60,6 +62,28 @@ impl AccountTable {
         if let Some(row) = self.rows.lock().unwrap().iter_mut().find(|a| a.id == id) {
             row.local_id = local_id.into();
         }
+    }
+
+    /// Seed 000's clean-up job, one run: deletes up to `limit` duplicate rows, keeping the
+    /// oldest row (lowest id) of each `open_id`. Returns how many it deleted.
+    async fn delete_duplicates(&self, limit: usize) -> usize {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let mut rows = self.rows.lock().unwrap();
+        let mut oldest: BTreeMap<String, u64> = BTreeMap::new();
+        for row in rows.iter() {
+            let id = oldest.entry(row.open_id.clone()).or_insert(row.id);
+            *id = (*id).min(row.id);
+        }
+        let mut deleted = 0;
+        rows.retain(|row| {
+            let duplicate = oldest[&row.open_id] != row.id;
+            if duplicate && deleted < limit {
+                deleted += 1;
+                return false;
+            }
+            true
+        });
+        deleted
     }
 
     fn rows_per_open_id(&self) -> BTreeMap<String, usize> {
@@ -102,14 +126,14 @@ async fn submit(table: &AccountTable, open_id: &str, local_id: &str) -> Result<(
     submit_unlocked(table, open_id, local_id).await
 }
 
-/// Five users launch the app; each launch arrives eight times at once (client retries).
-async fn launch_storm<F, Fut>(table: Arc<AccountTable>, call: F) -> (usize, usize)
+/// `users` users launch the app; each launch arrives eight times at once (client retries).
+async fn launch_storm<F, Fut>(table: Arc<AccountTable>, users: usize, call: F) -> (usize, usize)
 where
     F: Fn(Arc<AccountTable>, String, String) -> Fut,
     Fut: std::future::Future<Output = Result<(), AppError>> + Send + 'static,
 {
     let mut calls = Vec::new();
-    for user in 0..5 {
+    for user in 0..users {
         for retry in 0..8 {
             let open_id = format!("oX7f-user-{user}");
             let local_id = format!("device-{user}-{retry}");
@@ -151,24 +175,51 @@ async fn main() -> Result<(), LockError> {
     dlock::set_default_locker(locker);
 
     let table = Arc::new(AccountTable::default());
-    let (applied, discarded) = launch_storm(table.clone(), |t, o, l| async move {
+    let (applied, discarded) = launch_storm(table.clone(), 5, |t, o, l| async move {
         submit_unlocked(&t, &o, &l).await
     })
     .await;
     report("without a lock", &table, applied, discarded);
 
     let table = Arc::new(AccountTable::default());
-    let (applied, discarded) =
-        launch_storm(
-            table.clone(),
-            |t, o, l| async move { submit(&t, &o, &l).await },
-        )
-        .await;
+    let (applied, discarded) = launch_storm(table.clone(), 5, |t, o, l| async move {
+        submit(&t, &o, &l).await
+    })
+    .await;
     report(
         "\nwith #[distributed_lock(key = \"acct:<open_id>\", ttl = \"3s\")]",
         &table,
         applied,
         discarded,
+    );
+
+    // Production already holds the duplicates of the months before the fix: 400 users' worth.
+    let table = Arc::new(AccountTable::default());
+    launch_storm(table.clone(), 400, |t, o, l| async move {
+        submit_unlocked(&t, &o, &l).await
+    })
+    .await;
+    let duplicates: usize = table.rows_per_open_id().values().map(|n| n - 1).sum();
+    println!("\nclean-up: {duplicates} old duplicate rows; the job deletes at most 1,000 per run,");
+    println!("while the same 400 users launch again, under the lock");
+    let launches = tokio::spawn(launch_storm(table.clone(), 400, |t, o, l| async move {
+        submit(&t, &o, &l).await
+    }));
+    for run in 1.. {
+        let deleted = table.delete_duplicates(1_000).await;
+        println!("  run {run}: deleted {deleted} rows");
+        if deleted == 0 && launches.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (applied, discarded) = launches.await.expect("the launches panicked");
+    let counts = table.rows_per_open_id();
+    let rows: usize = counts.values().sum();
+    println!(
+        "after the clean-up: {} open_ids, {rows} rows, {} duplicate rows ({applied} launches applied, {discarded} discarded)",
+        counts.len(),
+        rows - counts.len()
     );
     Ok(())
 }

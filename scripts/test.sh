@@ -21,6 +21,25 @@ need() {
 
 need redis-server redis-server
 
+# MariaDB for the mysql tests: the server on 127.0.0.1:3306 when root can use it (as on the
+# project's machines); otherwise install and start one, with a user of the tests' own.
+mysql_answers() { mariadb --connect-timeout=3 -h127.0.0.1 -P3306 -u"$1" ${2:+-p"$2"} test -e 'SELECT 1' >/dev/null 2>&1; }
+if [ -z "${DLOCK_MYSQL_URL:-}" ] && ! mysql_answers root; then
+    need mariadb mariadb-client
+    need mariadbd mariadb-server
+    if ! mariadb-admin ping >/dev/null 2>&1; then
+        mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
+        start-stop-daemon --start --oknodo --background --exec "$(command -v mariadbd)" -- --user=mysql
+        for _ in $(seq 60); do mariadb-admin ping >/dev/null 2>&1 && break; sleep 0.5; done
+    fi
+    mariadb -uroot -e "CREATE DATABASE IF NOT EXISTS test;
+        CREATE USER IF NOT EXISTS 'dlock'@'127.0.0.1' IDENTIFIED BY 'dlock';
+        CREATE USER IF NOT EXISTS 'dlock'@'localhost' IDENTIFIED BY 'dlock';
+        GRANT ALL ON test.* TO 'dlock'@'127.0.0.1';
+        GRANT ALL ON test.* TO 'dlock'@'localhost';"
+    export DLOCK_MYSQL_URL=mysql://dlock:dlock@127.0.0.1:3306/test
+fi
+
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --all-features --no-fail-fast
 else

@@ -27,7 +27,6 @@ where
 
 /// A handle to the background runtime, for backends whose connections must outlive the caller's
 /// runtime (their driver tasks are spawned there).
-#[allow(dead_code)]
 pub(crate) fn handle() -> &'static tokio::runtime::Handle {
     RUNTIME.handle()
 }

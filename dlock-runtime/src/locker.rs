@@ -95,6 +95,11 @@ impl Locker {
         match scheme {
             #[cfg(feature = "memory")]
             "memory" => Ok(Locker::memory().described(url)),
+            #[cfg(feature = "mysql")]
+            "mysql" => Ok(
+                Locker::with_backend(crate::backend::MysqlBackend::connect(url).await?)
+                    .described(url),
+            ),
             #[cfg(feature = "redis")]
             "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => Locker::redis(url).await,
             known
@@ -168,7 +173,9 @@ impl Locker {
             };
             let request = AcquireRequest::new(&key, owner, options.ttl, options.wait);
             let acquired = self.inner.backend.acquire(&request).await;
-            pending.armed = false;
+            // A store error leaves it unknown whether the key was granted (a lost reply): the
+            // guard then releases it, which an owner check makes harmless if it was not.
+            pending.armed = acquired.is_err();
             acquired
         };
         let acquired = match acquired? {

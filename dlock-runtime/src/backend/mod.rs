@@ -14,6 +14,10 @@ use crate::{LockError, Owner};
 mod memory;
 #[cfg(feature = "memory")]
 pub use memory::MemoryBackend;
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "mysql")]
+pub use mysql::{MysqlBackend, MysqlBuilder, MAX_KEY_BYTES as MYSQL_MAX_KEY_BYTES};
 
 #[cfg(feature = "redis")]
 pub mod redis;

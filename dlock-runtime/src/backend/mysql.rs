@@ -1,0 +1,513 @@
+//! The MySQL / MariaDB store: seed 001's lock table, where the primary key is the compare-and-set.
+//!
+//! # The table
+//!
+//! One row per held key, created if missing (name configurable, default `dlock_locks`); a DBA can
+//! create it ahead with [`MysqlBackend::ddl`]:
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS `dlock_locks` (
+//!   `lock_key`   VARBINARY(255)  NOT NULL,  -- the rendered key, compared byte for byte
+//!   `owner`      CHAR(32) CHARACTER SET ascii NOT NULL,  -- the holder's owner token
+//!   `fence`      BIGINT UNSIGNED NOT NULL,  -- fencing token of the current acquisition
+//!   `expires_at` DATETIME(6)     NOT NULL,  -- lease expiry, UTC, by the database's clock
+//!   `created_at` DATETIME(6)     NOT NULL,  -- when the current holder acquired, UTC
+//!   PRIMARY KEY (`lock_key`)
+//! ) ENGINE=InnoDB
+//! ```
+//!
+//! `VARBINARY` because a case-insensitive collation would make `Acct:1` and `acct:1` one lock;
+//! `DATETIME(6)` written with `UTC_TIMESTAMP(6)` so neither the session time zone nor 2038 matter.
+//!
+//! # The statements
+//!
+//! Each is one short autocommit statement on the locker's own pool — never inside the caller's
+//! business transaction (seed 001 §5) — and all time is the database's (`UTC_TIMESTAMP(6)`),
+//! never the client's.
+//!
+//! - **Acquire**: `INSERT`. On a duplicate key (error 1062) the row is either held or expired
+//!   (seed 001 §3.1): one `UPDATE … WHERE lock_key = ? AND (expires_at <= UTC_TIMESTAMP(6) OR
+//!   owner = ?)` takes it over only if it expired by the database's clock (or is already ours,
+//!   which makes a retried acquire idempotent). No `INSERT IGNORE`, which would hide real errors.
+//! - **Release**: `DELETE … WHERE lock_key = ? AND owner = ?`; retried once if its reply is lost —
+//!   the goal is that the row is no longer ours, which a second delete achieves either way.
+//! - **Renewal**: one `UPDATE … WHERE lock_key IN (…) AND (lock_key, owner) IN (…)` for every
+//!   lease of the tick (in chunks of 1,000); only when fewer rows changed than leases were sent
+//!   does a `SELECT` find out which were lost.
+//! - **Waiting**: MySQL cannot say when a row goes, so a waiter polls with jittered exponential
+//!   back-off (seed 001 §3.3), 5 ms doubling to 250 ms, within `wait`; between tries it holds no
+//!   connection.
+//!
+//! # Fences
+//!
+//! A fence is `GREATEST(previous fence + 1, database microseconds since the epoch)`, through
+//! `LAST_INSERT_ID(expr)` so the statement's reply carries it. It strictly increases across
+//! releases, expiries and take-overs, and — because a fresh row starts from the database's
+//! microsecond clock, which every earlier fence of the key stayed within a few counts of — also
+//! across a released row being deleted. (The one thing that could break it is the database's
+//! clock stepping back after a row was deleted.)
+//!
+//! # Why sqlx
+//!
+//! `sqlx` with only its `mysql` and `runtime-tokio` features: pure Rust, async, maintained, a
+//! pool with health checks, and the server's error numbers (1062) through
+//! `MySqlDatabaseError::number`. `mysql_async` would do too; sqlx is the one more services
+//! already depend on. Its connections belong to a tokio runtime, so they live on dlock's
+//! background runtime and a `Locker` in a `static` keeps working across runtimes.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions};
+use sqlx::{AssertSqlSafe, Row};
+
+use super::{AcquireRequest, Acquired, Backend, Renewal};
+use crate::{background, LockError, Owner};
+
+/// The widest key the `lock_key` column holds. Longer keys are rejected, never truncated:
+/// truncation could merge two keys into one lock.
+pub const MAX_KEY_BYTES: usize = 255;
+
+/// Leases renewed by one statement; a tick with more sends more statements.
+const RENEW_CHUNK: usize = 1_000;
+
+/// Back-off between tries of a waiting acquire.
+const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
+
+/// A lock store on a MySQL or MariaDB table. Clones share one connection pool.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), dlock::LockError> {
+/// use dlock::{backend::MysqlBackend, Locker};
+///
+/// let backend = MysqlBackend::builder("mysql://app:secret@db.internal:3306/orders")?
+///     .table("order_locks")
+///     .max_connections(8)
+///     .connect()
+///     .await?;
+/// let locker = Locker::with_backend(backend);
+/// // or simply: Locker::connect("mysql://app:secret@db.internal:3306/orders").await?
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MysqlBackend {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    pool: MySqlPool,
+    sql: Statements,
+}
+
+/// The statements, with the table name filled in once. The table name is checked by
+/// `quote_table` before it is spliced in, which is what makes them safe to assert as SQL.
+struct Statements {
+    table: String,
+    insert: Arc<str>,
+    take_over: Arc<str>,
+    release: Arc<str>,
+}
+
+/// Options of a [`MysqlBackend`], from [`MysqlBackend::builder`].
+#[derive(Debug, Clone)]
+pub struct MysqlBuilder {
+    options: MySqlConnectOptions,
+    table: String,
+    max_connections: u32,
+    create_table: bool,
+    time_zone: Option<String>,
+}
+
+impl MysqlBackend {
+    /// Connects with the default options (table `dlock_locks`, created if missing).
+    pub async fn connect(url: &str) -> Result<MysqlBackend, LockError> {
+        Self::builder(url)?.connect().await
+    }
+
+    /// Options for a connection to `url` (`mysql://user:password@host:port/database`).
+    pub fn builder(url: &str) -> Result<MysqlBuilder, LockError> {
+        let options: MySqlConnectOptions = url.parse().map_err(|error| LockError::InvalidUrl {
+            url: crate::locker::mask_password(url),
+            reason: format!("{error}"),
+        })?;
+        Ok(MysqlBuilder {
+            options,
+            table: "dlock_locks".into(),
+            max_connections: 10,
+            create_table: true,
+            time_zone: None,
+        })
+    }
+
+    /// The `CREATE TABLE` statement for `table`, for a DBA to run ahead of time.
+    ///
+    /// ```
+    /// let ddl = dlock::backend::MysqlBackend::ddl("dlock_locks").unwrap();
+    /// assert!(ddl.contains("PRIMARY KEY (`lock_key`)"));
+    /// ```
+    pub fn ddl(table: &str) -> Result<String, LockError> {
+        let table = quote_table(table)?;
+        Ok(format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\n\
+             \x20 `lock_key`   VARBINARY({MAX_KEY_BYTES}) NOT NULL,\n\
+             \x20 `owner`      CHAR(32) CHARACTER SET ascii NOT NULL,\n\
+             \x20 `fence`      BIGINT UNSIGNED NOT NULL,\n\
+             \x20 `expires_at` DATETIME(6) NOT NULL,\n\
+             \x20 `created_at` DATETIME(6) NOT NULL,\n\
+             \x20 PRIMARY KEY (`lock_key`)\n\
+             ) ENGINE=InnoDB"
+        ))
+    }
+
+    /// The quoted name of the lock table.
+    pub fn table(&self) -> &str {
+        &self.shared.sql.table
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: &str,
+        ttl_us: u64,
+    ) -> Result<Option<u64>, LockError> {
+        let shared = self.shared.clone();
+        let (key, owner) = (key.as_bytes().to_vec(), owner.to_owned());
+        on_background(async move {
+            let insert = retry_once(|| {
+                sqlx::query(AssertSqlSafe(shared.sql.insert.clone()))
+                    .bind(&key)
+                    .bind(&owner)
+                    .bind(ttl_us)
+                    .execute(&shared.pool)
+            })
+            .await;
+            match insert {
+                Ok(done) => return Ok(Some(done.last_insert_id())),
+                Err(error) if !is_duplicate_key(&error) => return Err(backend_error(error)),
+                Err(_) => {}
+            }
+            // Held or expired? Take the row over only if it expired by the database's clock.
+            let take_over = retry_once(|| {
+                sqlx::query(AssertSqlSafe(shared.sql.take_over.clone()))
+                    .bind(&owner)
+                    .bind(ttl_us)
+                    .bind(&key)
+                    .bind(&owner)
+                    .execute(&shared.pool)
+            })
+            .await
+            .map_err(backend_error)?;
+            Ok((take_over.rows_affected() == 1).then(|| take_over.last_insert_id()))
+        })
+        .await
+    }
+}
+
+impl MysqlBuilder {
+    /// The lock table's name (default `dlock_locks`): letters, digits and `_`, optionally
+    /// `database.table`.
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// The most connections the locker's own pool opens (default 10).
+    pub fn max_connections(mut self, max: u32) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
+    /// Whether to create the table if it is missing (default `true`).
+    pub fn create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
+    }
+
+    /// The session time zone of the pool's connections. Expiry is judged in UTC by the
+    /// database whatever this is; it exists for deployments that must set one.
+    pub fn time_zone(mut self, time_zone: impl Into<String>) -> Self {
+        self.time_zone = Some(time_zone.into());
+        self
+    }
+
+    /// Opens the pool (one connection at once, so a wrong password or an unreachable server is
+    /// reported here) and creates the table if asked.
+    pub async fn connect(self) -> Result<MysqlBackend, LockError> {
+        let table = quote_table(&self.table)?;
+        let ddl = MysqlBackend::ddl(&self.table)?;
+        let options = match &self.time_zone {
+            Some(zone) => self.options.clone().timezone(Some(zone.clone())),
+            None => self.options.clone(),
+        };
+        let pool = on_background(async move {
+            let pool = MySqlPoolOptions::new()
+                .max_connections(self.max_connections)
+                .min_connections(1)
+                .acquire_timeout(Duration::from_secs(5))
+                .connect_with(options)
+                .await
+                .map_err(|error| LockError::backend(format!("cannot connect to MySQL: {error}")))?;
+            if self.create_table {
+                sqlx::query(AssertSqlSafe(ddl))
+                    .execute(&pool)
+                    .await
+                    .map_err(backend_error)?;
+            }
+            Ok::<_, LockError>(pool)
+        })
+        .await?;
+        let now_us = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))";
+        let sql = Statements {
+            insert: Arc::from(format!(
+                "INSERT INTO {table} (lock_key, owner, fence, expires_at, created_at) \
+                 VALUES (?, ?, LAST_INSERT_ID({now_us}), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6))"
+            )),
+            take_over: Arc::from(format!(
+                "UPDATE {table} SET owner = ?, fence = LAST_INSERT_ID(GREATEST(fence + 1, {now_us})), \
+                 expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, created_at = UTC_TIMESTAMP(6) \
+                 WHERE lock_key = ? AND (expires_at <= UTC_TIMESTAMP(6) OR owner = ?)"
+            )),
+            release: Arc::from(format!("DELETE FROM {table} WHERE lock_key = ? AND owner = ?")),
+            table,
+        };
+        Ok(MysqlBackend {
+            shared: Arc::new(Shared { pool, sql }),
+        })
+    }
+}
+
+impl Backend for MysqlBackend {
+    async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
+        check_key(request.key)?;
+        let owner = request.owner.to_string();
+        let ttl_us = micros(request.ttl);
+        let deadline = Instant::now() + request.wait;
+        let mut backoff = FIRST_BACKOFF;
+        let mut jitter = Jitter::new(request.owner);
+        loop {
+            let sent_at = Instant::now();
+            if let Some(fence) = self.try_acquire(request.key, &owner, ttl_us).await? {
+                return Ok(Some(Acquired {
+                    fence,
+                    valid_from: sent_at,
+                }));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            // Full jitter: a random share of the current step, so waiters spread out.
+            let pause = jitter.between(backoff / 2, backoff).min(deadline - now);
+            tokio::time::sleep(pause).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+        let shared = self.shared.clone();
+        let (key, owner) = (key.as_bytes().to_vec(), owner.to_string());
+        on_background(async move {
+            let done = retry_once(|| {
+                sqlx::query(AssertSqlSafe(shared.sql.release.clone()))
+                    .bind(&key)
+                    .bind(&owner)
+                    .execute(&shared.pool)
+            })
+            .await
+            .map_err(backend_error)?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
+    }
+
+    async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+        let shared = self.shared.clone();
+        let leases: Vec<(Vec<u8>, String, u64)> = leases
+            .iter()
+            .map(|l| {
+                (
+                    l.key.as_bytes().to_vec(),
+                    l.owner.to_string(),
+                    micros(l.ttl),
+                )
+            })
+            .collect();
+        on_background(async move {
+            let mut held = Vec::with_capacity(leases.len());
+            for chunk in leases.chunks(RENEW_CHUNK) {
+                held.extend(renew_chunk(&shared, chunk).await?);
+            }
+            Ok(held)
+        })
+        .await
+    }
+}
+
+/// Renews `chunk` with one `UPDATE` per distinct ttl (normally one), and a `SELECT` only when
+/// some lease was not renewed.
+async fn renew_chunk(
+    shared: &Shared,
+    chunk: &[(Vec<u8>, String, u64)],
+) -> Result<Vec<bool>, LockError> {
+    let table = &shared.sql.table;
+    let mut ttls: Vec<u64> = chunk.iter().map(|(_, _, ttl)| *ttl).collect();
+    ttls.sort_unstable();
+    ttls.dedup();
+    let mut renewed = 0;
+    for ttl in ttls {
+        let group: Vec<&(Vec<u8>, String, u64)> =
+            chunk.iter().filter(|(_, _, t)| *t == ttl).collect();
+        let keys = vec!["?"; group.len()].join(", ");
+        let pairs = vec!["(?, ?)"; group.len()].join(", ");
+        let sql = format!(
+            "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+             WHERE expires_at > UTC_TIMESTAMP(6) AND lock_key IN ({keys}) AND (lock_key, owner) IN ({pairs})"
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(ttl);
+        for (key, _, _) in &group {
+            query = query.bind(key);
+        }
+        for (key, owner, _) in &group {
+            query = query.bind(key).bind(owner);
+        }
+        renewed += query
+            .execute(&shared.pool)
+            .await
+            .map_err(backend_error)?
+            .rows_affected();
+    }
+    if renewed == chunk.len() as u64 {
+        return Ok(vec![true; chunk.len()]);
+    }
+    // Some lease was not renewed: find out which are still ours.
+    let keys = vec!["?"; chunk.len()].join(", ");
+    let sql = format!("SELECT lock_key, owner FROM {table} WHERE lock_key IN ({keys}) AND expires_at > UTC_TIMESTAMP(6)");
+    let mut query = sqlx::query(AssertSqlSafe(sql));
+    for (key, _, _) in chunk {
+        query = query.bind(key);
+    }
+    let rows = query.fetch_all(&shared.pool).await.map_err(backend_error)?;
+    let ours: Vec<(Vec<u8>, String)> = rows
+        .iter()
+        .map(|row| (row.get::<Vec<u8>, _>(0), row.get::<String, _>(1)))
+        .collect();
+    Ok(chunk
+        .iter()
+        .map(|(key, owner, _)| ours.iter().any(|(k, o)| k == key && o == owner))
+        .collect())
+}
+
+/// Runs `task` on dlock's background runtime, where the pool's connections live.
+async fn on_background<T: Send + 'static>(
+    task: impl Future<Output = Result<T, LockError>> + Send + 'static,
+) -> Result<T, LockError> {
+    background::handle()
+        .spawn(task)
+        .await
+        .map_err(|error| LockError::backend(format!("MySQL task failed: {error}")))?
+}
+
+/// Runs `statement` again once if its connection broke: the pool hands out a fresh one, so the
+/// first call after a server restart succeeds. Every lock statement is safe to repeat for its
+/// owner.
+async fn retry_once<T, F, Fut>(mut statement: F) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
+    match statement().await {
+        Err(sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed) => {
+            statement().await
+        }
+        other => other,
+    }
+}
+
+fn is_duplicate_key(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .is_some_and(|e| e.number() == 1062),
+        _ => false,
+    }
+}
+
+fn backend_error(error: sqlx::Error) -> LockError {
+    LockError::backend(format!("MySQL: {error}"))
+}
+
+fn check_key(key: &str) -> Result<(), LockError> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(LockError::InvalidKey {
+            key: key.to_owned(),
+            reason: format!(
+                "{} bytes is longer than the {MAX_KEY_BYTES} the MySQL lock table's `lock_key` column holds",
+                key.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Accepts `name` or `database.name` made of letters, digits and `_`, and quotes it.
+fn quote_table(name: &str) -> Result<String, LockError> {
+    let valid_part = |part: &str| {
+        !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    };
+    let parts: Vec<&str> = name.split('.').collect();
+    if parts.len() > 2 || !parts.iter().all(|p| valid_part(p)) {
+        return Err(LockError::InvalidOptions {
+            reason: format!(
+                "table name `{name}` must be letters, digits and `_` (optionally `database.table`)"
+            ),
+        });
+    }
+    Ok(parts
+        .iter()
+        .map(|p| format!("`{p}`"))
+        .collect::<Vec<_>>()
+        .join("."))
+}
+
+/// A small xorshift generator for back-off jitter, seeded from the owner token.
+struct Jitter(u64);
+
+impl Jitter {
+    fn new(owner: Owner) -> Self {
+        Jitter((owner.as_u128() as u64) | 1)
+    }
+
+    fn between(&mut self, low: Duration, high: Duration) -> Duration {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        let span = high.saturating_sub(low).as_micros() as u64;
+        low + Duration::from_micros(if span == 0 { 0 } else { self.0 % span })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_key, quote_table};
+
+    #[test]
+    fn table_names_are_checked_and_quoted() {
+        assert_eq!(quote_table("dlock_locks").unwrap(), "`dlock_locks`");
+        assert_eq!(quote_table("app.locks").unwrap(), "`app`.`locks`");
+        for bad in ["", "a;b", "a`b", "a.b.c", "a.", "lock table"] {
+            assert!(quote_table(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn keys_longer_than_the_column_are_rejected() {
+        assert!(check_key(&"k".repeat(255)).is_ok());
+        assert!(check_key(&"k".repeat(256)).is_err());
+    }
+}

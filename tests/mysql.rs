@@ -1,0 +1,378 @@
+//! The MySQL/MariaDB backend against the server on 127.0.0.1:3306 (or `DLOCK_MYSQL_URL`). Each
+//! test uses a table of its own, so tests run in parallel.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dlock::backend::MysqlBackend;
+use dlock::{distributed_lock, LockError, LockOptions, Locker, Owner};
+use sqlx::mysql::MySqlPool;
+use sqlx::{AssertSqlSafe, Row};
+
+fn url() -> String {
+    std::env::var("DLOCK_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+/// A lock table of this test's own; dropped with it.
+struct Mysql {
+    table: String,
+    admin: MySqlPool,
+}
+
+impl Mysql {
+    async fn fresh() -> Mysql {
+        let table = format!("dlock_test_{}", &Owner::random().to_string()[..12]);
+        let admin = MySqlPool::connect(&url())
+            .await
+            .expect("MariaDB on 127.0.0.1:3306 (see scripts/test.sh)");
+        Mysql { table, admin }
+    }
+
+    async fn locker(&self) -> Locker {
+        Locker::with_backend(support::Store::backend(self).await)
+    }
+
+    async fn execute(&self, sql: String) -> u64 {
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(&self.admin)
+            .await
+            .unwrap()
+            .rows_affected()
+    }
+}
+
+impl Drop for Mysql {
+    fn drop(&mut self) {
+        let table = self.table.clone();
+        // The test's runtime is blocked in this `Drop`, and the admin pool with it: drop the
+        // table over a connection of a runtime of its own.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                if let Ok(admin) = MySqlPool::connect(&url()).await {
+                    let drop_table = format!("DROP TABLE IF EXISTS `{table}`");
+                    let _ = sqlx::query(AssertSqlSafe(drop_table)).execute(&admin).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+impl support::Store for Mysql {
+    type Backend = MysqlBackend;
+
+    async fn backend(&self) -> MysqlBackend {
+        MysqlBackend::builder(&url())
+            .unwrap()
+            .table(&self.table)
+            .max_connections(4)
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    async fn take_away(&self, key: &str) {
+        let sql = format!(
+            "UPDATE `{}` SET owner = 'stranger', expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR WHERE lock_key = '{key}'",
+            self.table
+        );
+        assert_eq!(self.execute(sql).await, 1, "`{key}` was not held");
+    }
+
+    async fn expire(&self, key: &str) {
+        let sql = format!(
+            "UPDATE `{}` SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE lock_key = '{key}'",
+            self.table
+        );
+        assert_eq!(self.execute(sql).await, 1, "`{key}` was not held");
+    }
+}
+
+// MySQL cannot tell a waiter that a row went, so waiting polls with back-off: the properties of
+// wake-up by release and of arrival order are not claimed for it (see the module docs).
+lock_properties!(@tests Mysql::fresh().await;
+    sixty_four_callers_never_overlap,
+    losers_with_no_wait_skip_the_body,
+    nested_call_on_the_same_key_reenters_without_acquiring,
+    spawned_and_joined_calls_are_other_owners,
+    panic_releases_at_once,
+    dropped_caller_future_releases_at_once,
+    body_longer_than_ttl_keeps_the_key,
+    lease_taken_away_cancels_the_body,
+    on_lost_continue_lets_the_body_finish,
+    unrenewed_lease_is_lost_when_its_ttl_runs_out,
+    fences_strictly_increase,
+    keys_are_escaped,
+    manual_lease_excludes_and_releases,
+    renewals_are_batched,
+);
+
+/// Seed 000's table: no unique index on `open_id`.
+async fn account_table(db: &Mysql) -> String {
+    let table = format!("{}_account", db.table);
+    db.execute(format!(
+        "CREATE TABLE `{table}` (id BIGINT AUTO_INCREMENT PRIMARY KEY, open_id VARCHAR(64) NOT NULL, local_id VARCHAR(64) NOT NULL)"
+    ))
+    .await;
+    table
+}
+
+async fn check_then_write(pool: &MySqlPool, table: &str, open_id: &str, local_id: &str) {
+    let found = sqlx::query(AssertSqlSafe(format!(
+        "SELECT id FROM `{table}` WHERE open_id = ? LIMIT 1"
+    )))
+    .bind(open_id)
+    .fetch_optional(pool)
+    .await
+    .unwrap();
+    // The gap between the check and the write that client retries fall into.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let sql = match found {
+        None => format!("INSERT INTO `{table}` (local_id, open_id) VALUES (?, ?)"),
+        Some(_) => format!("UPDATE `{table}` SET local_id = ? WHERE open_id = ?"),
+    };
+    sqlx::query(AssertSqlSafe(sql))
+        .bind(local_id)
+        .bind(open_id)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+#[distributed_lock(key = "acct:<open_id>", ttl = "3s", locker = locker)]
+async fn submit(
+    locker: &Locker,
+    pool: &MySqlPool,
+    table: &str,
+    open_id: &str,
+    local_id: &str,
+) -> Result<(), LockError> {
+    check_then_write(pool, table, open_id, local_id).await;
+    Ok(())
+}
+
+async fn rows_for(db: &Mysql, table: &str, open_id: &str) -> i64 {
+    sqlx::query(AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM `{table}` WHERE open_id = ?"
+    )))
+    .bind(open_id)
+    .fetch_one(&db.admin)
+    .await
+    .unwrap()
+    .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_000_concurrent_submits_leave_one_row_and_would_duplicate_without_the_lock() {
+    let db = Mysql::fresh().await;
+    let table = account_table(&db).await;
+    let pool = MySqlPool::connect(&url()).await.unwrap();
+
+    // Without the lock: the race the seed describes.
+    let mut calls = Vec::new();
+    for i in 0..10 {
+        let (pool, table) = (pool.clone(), table.clone());
+        calls.push(tokio::spawn(async move {
+            check_then_write(&pool, &table, "unlocked", &format!("d{i}")).await
+        }));
+    }
+    for call in calls {
+        call.await.unwrap();
+    }
+    assert!(
+        rows_for(&db, &table, "unlocked").await > 1,
+        "the unlocked race should duplicate rows"
+    );
+
+    // With it: four processes' worth of lockers, ten concurrent retries each.
+    let mut lockers = Vec::new();
+    for _ in 0..4 {
+        lockers.push(db.locker().await);
+    }
+    let (applied, discarded) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut calls = Vec::new();
+    for i in 0..40 {
+        let (locker, pool, table) = (lockers[i % 4].clone(), pool.clone(), table.clone());
+        let (applied, discarded) = (applied.clone(), discarded.clone());
+        calls.push(tokio::spawn(async move {
+            match submit(&locker, &pool, &table, "oX7f", &format!("d{i}")).await {
+                Ok(()) => applied.fetch_add(1, Ordering::SeqCst),
+                Err(LockError::Busy { .. }) => discarded.fetch_add(1, Ordering::SeqCst),
+                Err(other) => panic!("{other:?}"),
+            };
+        }));
+    }
+    for call in calls {
+        call.await.unwrap();
+    }
+    assert_eq!(rows_for(&db, &table, "oX7f").await, 1);
+    assert_eq!(
+        applied.load(Ordering::SeqCst) + discarded.load(Ordering::SeqCst),
+        40
+    );
+    assert!(applied.load(Ordering::SeqCst) >= 1);
+    db.execute(format!("DROP TABLE `{table}`")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_holder_is_taken_over_only_after_expiry_by_the_database_clock() {
+    let db = Mysql::fresh().await;
+    let key = support::unique_key("dead");
+    // Two clients whose sessions disagree about the time by a day.
+    let early = MysqlBackend::builder(&url())
+        .unwrap()
+        .table(&db.table)
+        .time_zone("-12:00")
+        .connect()
+        .await
+        .unwrap();
+    let late = MysqlBackend::builder(&url())
+        .unwrap()
+        .table(&db.table)
+        .time_zone("+12:00")
+        .connect()
+        .await
+        .unwrap();
+    let (holder, rival) = (Locker::with_backend(early), Locker::with_backend(late));
+
+    let ttl = Duration::from_secs(2);
+    let acquired_at = Instant::now();
+    let lease = holder
+        .lock(&*key, LockOptions::new().ttl(ttl).renew(false))
+        .await
+        .unwrap();
+    // The process "dies": no release, no renewal.
+    std::mem::forget(lease);
+
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(matches!(
+        rival.lock(&*key, LockOptions::new()).await,
+        Err(LockError::Busy { .. })
+    ));
+    let taken = rival
+        .lock(&*key, LockOptions::new().wait(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let after = acquired_at.elapsed();
+    assert!(
+        after >= ttl - Duration::from_millis(50),
+        "taken over after {after:?}, before the ttl of {ttl:?}"
+    );
+    assert!(taken.is_held());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_statements_never_wait_on_a_business_transaction() {
+    let db = Mysql::fresh().await;
+    let locker = db.locker().await;
+    let business = account_table(&db).await;
+    let app_pool = MySqlPool::connect(&url()).await.unwrap();
+
+    let mut tx = app_pool.begin().await.unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO `{business}` (open_id, local_id) VALUES ('a', 'b')"
+    )))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    // The transaction stays open across every lock statement below.
+    let key = support::unique_key("tx");
+    let lease = tokio::time::timeout(
+        Duration::from_secs(5),
+        locker.lock(&*key, LockOptions::new()),
+    )
+    .await
+    .expect("acquire waited on the open transaction")
+    .unwrap();
+    // The lock row is committed on its own: another connection sees it while the business
+    // transaction is still open, and its rollback does not take the lock away.
+    let visible = sqlx::query(AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM `{}` WHERE lock_key = ?",
+        db.table
+    )))
+    .bind(key.as_bytes())
+    .fetch_one(&db.admin)
+    .await
+    .unwrap()
+    .get::<i64, _>(0);
+    assert_eq!(visible, 1);
+    tx.rollback().await.unwrap();
+    assert!(lease.is_held());
+    tokio::time::timeout(Duration::from_secs(5), lease.release())
+        .await
+        .expect("release waited")
+        .unwrap();
+    db.execute(format!("DROP TABLE `{business}`")).await;
+}
+
+#[tokio::test]
+async fn bad_input_is_a_clear_error() {
+    let db = Mysql::fresh().await;
+    let locker = db.locker().await;
+    let long = "k".repeat(300);
+    match locker.lock(&*long, LockOptions::new()).await {
+        Err(LockError::InvalidKey { reason, .. }) => assert!(reason.contains("255"), "{reason}"),
+        other => panic!("expected InvalidKey, got {other:?}"),
+    }
+
+    let unreachable = tokio::time::timeout(
+        Duration::from_secs(20),
+        Locker::connect("mysql://root@127.0.0.1:1/test"),
+    )
+    .await
+    .expect("an unreachable server must fail, not hang");
+    let message = unreachable.unwrap_err().to_string();
+    assert!(message.contains("cannot connect to MySQL"), "{message}");
+
+    let url = url();
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (userinfo, host) = rest.split_once('@').unwrap();
+    let user = userinfo.split(':').next().unwrap();
+    let wrong = format!("{scheme}://{user}:wrong-password@{host}");
+    let denied = tokio::time::timeout(Duration::from_secs(20), Locker::connect(&wrong))
+        .await
+        .expect("a wrong password must fail, not hang");
+    let message = denied.unwrap_err().to_string();
+    assert!(message.contains("Access denied"), "{message}");
+    assert!(
+        !message.contains("wrong-password"),
+        "the password leaked into {message}"
+    );
+}
+
+#[tokio::test]
+async fn a_waiter_polls_within_its_wait_and_gets_in_after_the_release() {
+    let db = Mysql::fresh().await;
+    let (a, b) = (db.locker().await, db.locker().await);
+    let key = support::unique_key("poll");
+    let lease = a
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let busy = b
+        .lock(&*key, LockOptions::new().wait(Duration::from_millis(400)))
+        .await;
+    assert!(matches!(busy, Err(LockError::Busy { .. })));
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "gave up before its wait"
+    );
+    let waiter = tokio::spawn(async move {
+        b.lock(&*key, LockOptions::new().wait(Duration::from_secs(30)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lease.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter did not get in");
+    assert!(got.unwrap().is_ok());
+}
