@@ -627,3 +627,62 @@ async fn waiters_are_woken_by_pub_sub_not_polling_also_after_a_restart() {
         "after a restart, the waiter entered {latency:?} after the release"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresponsive_server_is_an_error_not_a_hang() {
+    // Accepts connections and never says a word.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            held.push(stream);
+        }
+    });
+    let url = format!("redis://127.0.0.1:{port}");
+    let timeout = Duration::from_millis(500);
+    let started = Instant::now();
+    let connected = RedisBackend::builder(&url)
+        .connect_timeout(timeout)
+        .response_timeout(timeout)
+        .connect()
+        .await;
+    assert!(
+        connected.is_err(),
+        "connected to a server that never answers"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "connecting took {:?}",
+        started.elapsed()
+    );
+
+    // Many callers at once share the failed attempt instead of queueing one timeout each.
+    let backend = RedisBackend::builder(&url)
+        .connect_timeout(timeout)
+        .response_timeout(timeout)
+        .build()
+        .unwrap();
+    let locker = Locker::with_backend(backend);
+    let started = Instant::now();
+    let calls: Vec<_> = (0..20)
+        .map(|i| {
+            let locker = locker.clone();
+            tokio::spawn(async move {
+                locker
+                    .lock(format!("silent-{i}"), LockOptions::new())
+                    .await
+                    .map(drop)
+            })
+        })
+        .collect();
+    for call in calls {
+        let result = call.await.unwrap();
+        assert!(matches!(result, Err(LockError::Backend(_))), "{result:?}");
+    }
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < Duration::from_secs(8),
+        "20 calls took {elapsed:?}: each waited out its own attempt"
+    );
+}

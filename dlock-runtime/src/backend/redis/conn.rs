@@ -3,6 +3,7 @@
 //! connection for the call that found it broken.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -51,6 +52,15 @@ impl ConnectionLike for Conn {
     }
 }
 
+/// The connection attempts of one backend.
+#[derive(Default)]
+struct Attempts {
+    /// The generation of the last connection made.
+    generation: u64,
+    /// Why the last attempt failed, if it did.
+    last_error: Option<RedisError>,
+}
+
 /// Timeouts of the connections of one backend.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Timeouts {
@@ -65,7 +75,9 @@ pub(super) struct Connection {
     /// The current connection and its generation.
     current: Mutex<Option<(u64, Conn)>>,
     /// Held while connecting, so concurrent callers make one connection, not one each.
-    connecting: tokio::sync::Mutex<u64>,
+    connecting: tokio::sync::Mutex<Attempts>,
+    /// How many connection attempts have finished.
+    finished: AtomicU64,
     /// What the redacted URL reads, for errors.
     description: Arc<str>,
 }
@@ -76,7 +88,8 @@ impl Connection {
             target,
             timeouts,
             current: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(0),
+            connecting: tokio::sync::Mutex::new(Attempts::default()),
+            finished: AtomicU64::new(0),
             description,
         }
     }
@@ -87,24 +100,42 @@ impl Connection {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The current connection, or a new one.
+    /// The current connection, or a new one. Callers that queued behind an attempt that failed
+    /// share its failure rather than each waiting out an attempt of their own (an unreachable
+    /// server costs every caller at most one connect timeout, not one per caller ahead of it).
     async fn get(&self) -> Result<(u64, Conn), LockError> {
         if let Some(current) = self.current().clone() {
             return Ok(current);
         }
-        let mut generation = self.connecting.lock().await;
+        let seen = self.finished.load(Ordering::Acquire);
+        let mut attempts = self.connecting.lock().await;
         if let Some(current) = self.current().clone() {
             return Ok(current);
         }
-        let conn = self.connect().await?;
-        *generation += 1;
-        *self.current() = Some((*generation, conn.clone()));
-        Ok((*generation, conn))
+        if self.finished.load(Ordering::Acquire) != seen {
+            if let Some(error) = &attempts.last_error {
+                return Err(self.error("cannot connect", error.clone()));
+            }
+        }
+        let result = self.connect().await;
+        self.finished.fetch_add(1, Ordering::AcqRel);
+        match result {
+            Ok(conn) => {
+                attempts.generation += 1;
+                attempts.last_error = None;
+                *self.current() = Some((attempts.generation, conn.clone()));
+                Ok((attempts.generation, conn))
+            }
+            Err(error) => {
+                attempts.last_error = Some(error.clone());
+                Err(self.error("cannot connect", error))
+            }
+        }
     }
 
     /// Connects on the background runtime: the connection's driver task is spawned by whichever
     /// runtime connects, and must not die with the caller's.
-    async fn connect(&self) -> Result<Conn, LockError> {
+    async fn connect(&self) -> Result<Conn, RedisError> {
         let target = self.target.clone();
         let timeouts = self.timeouts;
         let connecting = async move {
@@ -135,12 +166,10 @@ impl Connection {
             }
         };
         match background::handle().spawn(connecting).await {
-            Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(error)) => Err(self.error("cannot connect", error)),
-            Err(join) => Err(LockError::backend(format!(
-                "redis at {}: connecting failed: {join}",
-                self.description
-            ))),
+            Ok(result) => result,
+            Err(join) => Err(RedisError::from(std::io::Error::other(format!(
+                "connecting failed: {join}"
+            )))),
         }
     }
 
