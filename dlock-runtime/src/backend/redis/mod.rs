@@ -43,7 +43,8 @@
 //!
 //! 1. A waiter first tries once (an uncontended acquire costs one round trip).
 //! 2. If the key is busy, it subscribes to the key's channel on the backend's one pub/sub
-//!    connection, then runs the acquire script in queueing mode, which appends its owner to the
+//!    connection (one `SUBSCRIBE` per channel, shared by all the backend's waiters on the key,
+//!    and an `UNSUBSCRIBE` when the last of them leaves), then runs the acquire script in queueing mode, which appends its owner to the
 //!    key's queue and sets its waiter key (its ttl, with a PX of the *liveness window*).
 //! 3. A release deletes the lock and hands it straight to the first live waiter: the lock is set
 //!    to that waiter's owner, a fresh fence is recorded for it, and its owner is published on the
@@ -72,7 +73,9 @@
 //! server restarted, say), the connection is replaced and the call retried once on the fresh
 //! one: every call is idempotent for its owner, and the first call after a restart succeeds.
 //! Connection and response timeouts are [builder](RedisBackendBuilder) options (3 s each by
-//! default); a wrong password fails at once with the server's `WRONGPASS`/`NOAUTH` answer.
+//! default); callers that queued behind a connection attempt that failed share its failure, so an
+//! unreachable server costs each call at most one attempt. A wrong password fails at once with
+//! the server's `WRONGPASS`/`NOAUTH` answer and a hint to put the credentials in the URL.
 //!
 //! (redis-rs's own `ConnectionManager` is not used: it spawns its reconnection work on whichever
 //! runtime created it or happened to await it, which is the caller's, and it dies with that
@@ -95,13 +98,15 @@
 //! for TLS, or a `redis://` URL naming several hosts) connects to a cluster through those seed
 //! nodes; AUTH in the URL applies to every node. Every key of one lock shares a hash slot, so
 //! each script runs on the one node that owns the lock. The pub/sub connection subscribes on one
-//! seed node at a time (a `PUBLISH` reaches every node of a cluster), moving to the next seed
-//! when it drops.
+//! seed node at a time (a classic `PUBLISH` reaches every node of a cluster), moving to the next
+//! seed when it drops. (Sharded pub/sub would spare the other nodes that broadcast, at the cost of
+//! one subscriber connection per node; it is not used.)
 //!
-//! Redis Cluster replicates asynchronously: a lock granted by a primary that fails before
-//! replicating it can be granted again by the promoted replica. That is the promise the store
-//! keeps (see SPEC, *Mutual exclusion*); fences still increase only if the fence hash reached the
-//! replica — pass fences to the protected store to be safe.
+//! Redis replicates asynchronously: a lock granted by a primary that fails before replicating it
+//! can be granted again by the promoted replica, and a fence hash that had not reached the
+//! replica counts again from an older value. Mutual exclusion holds as long as the store keeps
+//! its writes; fences are what protect the data when it does not — pass them to the protected
+//! store.
 
 mod conn;
 mod subscriber;
