@@ -20,6 +20,8 @@ need() {
 }
 
 need redis-server redis-server
+need redis-cli redis-tools   # creates the private Redis Cluster of tests/redis_cluster.rs
+need openssl openssl         # certificates for the rediss:// test (feature redis-tls)
 
 # MariaDB for the mysql tests: the server on 127.0.0.1:3306 when root can use it (as on the
 # project's machines); otherwise install and start one, with a user of the tests' own.

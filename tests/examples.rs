@@ -1,6 +1,9 @@
 //! Each example, run as a process on each backend, tells its story: the printed result is
 //! checked, not just the exit code.
 
+#[cfg(feature = "redis")]
+mod support;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -129,6 +132,17 @@ fn examples_on_the_in_memory_default() {
 fn examples_on_mysql() {
     let url = std::env::var("DLOCK_MYSQL_URL")
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    check_account_sync(Some(&url));
+    check_stock_deduction(Some(&url));
+    check_dedupe_messages(Some(&url));
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn examples_on_redis() {
+    // A private server: the examples use fixed keys.
+    let server = support::redis_server::RedisServer::start();
+    let url = server.url();
     check_account_sync(Some(&url));
     check_stock_deduction(Some(&url));
     check_dedupe_messages(Some(&url));

@@ -44,6 +44,24 @@ impl Locker {
         Locker::with_backend(crate::backend::MemoryBackend::new())
     }
 
+    /// A locker on the Redis server (or, with the `redis-cluster` feature, the cluster) that `url`
+    /// names, connected: `redis://[[user]:password@]host[:port][/db]`, `rediss://…` with the
+    /// `redis-tls` feature, `redis+cluster://host:port,host:port`. For options (key prefix,
+    /// timeouts), build a [`RedisBackend`](crate::backend::RedisBackend) and use
+    /// [`Locker::with_backend`].
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// let locker = dlock::Locker::redis("redis://:secret@127.0.0.1:6379").await?;
+    /// let lease = locker.lock("acct:42", dlock::LockOptions::new()).await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "redis")]
+    pub async fn redis(url: &str) -> Result<Locker, LockError> {
+        let backend = crate::backend::RedisBackend::connect(url).await?;
+        Ok(Locker::with_backend(backend).described(url))
+    }
+
     /// A locker on any [`Backend`].
     pub fn with_backend<B: Backend>(backend: B) -> Locker {
         let name = std::any::type_name::<B>()
@@ -82,7 +100,20 @@ impl Locker {
                 Locker::with_backend(crate::backend::MysqlBackend::connect(url).await?)
                     .described(url),
             ),
-            known if ["memory", "redis", "rediss", "mysql", "zk"].contains(&known) => {
+            #[cfg(feature = "redis")]
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => Locker::redis(url).await,
+            known
+                if [
+                    "memory",
+                    "redis",
+                    "rediss",
+                    "redis+cluster",
+                    "rediss+cluster",
+                    "mysql",
+                    "zk",
+                ]
+                .contains(&known) =>
+            {
                 Err(invalid(format!(
                     "this build of dlock lacks the `{}` feature; enable it in Cargo.toml",
                     feature_of(scheme)
@@ -259,6 +290,7 @@ fn feature_of(scheme: &str) -> &'static str {
     match scheme {
         "memory" => "memory",
         "redis" | "rediss" => "redis",
+        "redis+cluster" | "rediss+cluster" => "redis-cluster",
         "mysql" => "mysql",
         _ => "zookeeper",
     }

@@ -19,6 +19,11 @@ mod mysql;
 #[cfg(feature = "mysql")]
 pub use mysql::{MysqlBackend, MysqlBuilder, MAX_KEY_BYTES as MYSQL_MAX_KEY_BYTES};
 
+#[cfg(feature = "redis")]
+pub mod redis;
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisBackend, RedisBackendBuilder};
+
 /// One acquisition asked of a backend.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]

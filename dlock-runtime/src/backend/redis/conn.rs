@@ -1,0 +1,252 @@
+//! The command connection: one multiplexed connection (or one cluster connection) per backend,
+//! made on dlock's background runtime, replaced when it breaks, with one retry on a fresh
+//! connection for the call that found it broken.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+
+use super::Target;
+use crate::{background, LockError};
+
+/// The connection a call runs on.
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(MultiplexedConnection),
+    #[cfg(feature = "redis-cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(conn) => conn.req_packed_command(cmd),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(conn) => conn.req_packed_commands(cmd, offset, count),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(conn) => conn.get_db(),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+/// The connection attempts of one backend.
+#[derive(Default)]
+struct Attempts {
+    /// The generation of the last connection made.
+    generation: u64,
+    /// Why the last attempt failed, if it did.
+    last_error: Option<RedisError>,
+}
+
+/// Timeouts of the connections of one backend.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Timeouts {
+    pub(super) connect: Duration,
+    pub(super) response: Duration,
+}
+
+/// Hands out the current connection, making one when there is none.
+pub(super) struct Connection {
+    target: Target,
+    timeouts: Timeouts,
+    /// The current connection and its generation.
+    current: Mutex<Option<(u64, Conn)>>,
+    /// Held while connecting, so concurrent callers make one connection, not one each.
+    connecting: tokio::sync::Mutex<Attempts>,
+    /// How many connection attempts have finished.
+    finished: AtomicU64,
+    /// What the redacted URL reads, for errors.
+    description: Arc<str>,
+}
+
+impl Connection {
+    pub(super) fn new(target: Target, timeouts: Timeouts, description: Arc<str>) -> Self {
+        Connection {
+            target,
+            timeouts,
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(Attempts::default()),
+            finished: AtomicU64::new(0),
+            description,
+        }
+    }
+
+    fn current(&self) -> MutexGuard<'_, Option<(u64, Conn)>> {
+        self.current
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The current connection, or a new one. Callers that queued behind an attempt that failed
+    /// share its failure rather than each waiting out an attempt of their own (an unreachable
+    /// server costs every caller at most one connect timeout, not one per caller ahead of it).
+    async fn get(&self) -> Result<(u64, Conn), LockError> {
+        if let Some(current) = self.current().clone() {
+            return Ok(current);
+        }
+        let seen = self.finished.load(Ordering::Acquire);
+        let mut attempts = self.connecting.lock().await;
+        if let Some(current) = self.current().clone() {
+            return Ok(current);
+        }
+        if self.finished.load(Ordering::Acquire) != seen {
+            if let Some(error) = &attempts.last_error {
+                return Err(self.error("cannot connect", error.clone()));
+            }
+        }
+        let result = self.connect().await;
+        self.finished.fetch_add(1, Ordering::AcqRel);
+        match result {
+            Ok(conn) => {
+                attempts.generation += 1;
+                attempts.last_error = None;
+                *self.current() = Some((attempts.generation, conn.clone()));
+                Ok((attempts.generation, conn))
+            }
+            Err(error) => {
+                attempts.last_error = Some(error.clone());
+                Err(self.error("cannot connect", error))
+            }
+        }
+    }
+
+    /// Connects on the background runtime: the connection's driver task is spawned by whichever
+    /// runtime connects, and must not die with the caller's.
+    async fn connect(&self) -> Result<Conn, RedisError> {
+        let target = self.target.clone();
+        let timeouts = self.timeouts;
+        let connecting = async move {
+            let connect = async {
+                match target {
+                    Target::Single(client) => {
+                        let config = AsyncConnectionConfig::new()
+                            .set_connection_timeout(Some(timeouts.connect))
+                            .set_response_timeout(Some(timeouts.response));
+                        client
+                            .get_multiplexed_async_connection_with_config(&config)
+                            .await
+                            .map(Conn::Single)
+                    }
+                    #[cfg(feature = "redis-cluster")]
+                    Target::Cluster(client, _) => {
+                        client.get_async_connection().await.map(Conn::Cluster)
+                    }
+                }
+            };
+            // The overall bound covers DNS, TCP, TLS and AUTH together.
+            match tokio::time::timeout(timeouts.connect.saturating_mul(2), connect).await {
+                Ok(result) => result,
+                Err(_) => Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "timed out connecting",
+                ))),
+            }
+        };
+        match background::handle().spawn(connecting).await {
+            Ok(result) => result,
+            Err(join) => Err(RedisError::from(std::io::Error::other(format!(
+                "connecting failed: {join}"
+            )))),
+        }
+    }
+
+    /// Forgets connection `generation` if it is still the current one.
+    fn discard(&self, generation: u64) {
+        let mut current = self.current();
+        if current.as_ref().is_some_and(|(g, _)| *g == generation) {
+            *current = None;
+        }
+    }
+
+    /// Runs `op` on the current connection; where the connection turns out broken, once more on a
+    /// fresh one (every operation of this backend is idempotent for its owner).
+    pub(super) async fn run<T, F, Fut>(&self, what: &str, op: F) -> Result<T, LockError>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let (generation, conn) = self.get().await?;
+        match op(conn).await {
+            Ok(value) => Ok(value),
+            Err(error) if is_broken(&error) => {
+                tracing::debug!(%error, "distributed_lock: redis connection broken; retrying on a fresh one");
+                self.discard(generation);
+                let (generation, conn) = self.get().await?;
+                op(conn).await.map_err(|error| {
+                    if is_broken(&error) {
+                        self.discard(generation);
+                    }
+                    self.error(what, error)
+                })
+            }
+            Err(error) => Err(self.error(what, error)),
+        }
+    }
+
+    pub(super) fn error(&self, what: &str, error: RedisError) -> LockError {
+        let refused = error.kind() == redis::ErrorKind::AuthenticationFailed
+            || matches!(error.code(), Some("NOAUTH" | "WRONGPASS"))
+            || error.to_string().contains("NOAUTH");
+        let hint = if refused {
+            " (give the credentials in the URL: redis://:password@host:port or redis://user:password@host:port)"
+        } else {
+            ""
+        };
+        LockError::backend(RedisBackendError {
+            context: format!("redis at {}: {what}", self.description),
+            source: error,
+            hint,
+        })
+    }
+}
+
+/// Whether `error` means the connection is unusable and a fresh one may succeed.
+fn is_broken(error: &RedisError) -> bool {
+    error.is_unrecoverable_error()
+        || error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_timeout()
+}
+
+/// A Redis failure with what dlock was doing, and where.
+#[derive(Debug)]
+pub(super) struct RedisBackendError {
+    pub(super) context: String,
+    pub(super) source: RedisError,
+    pub(super) hint: &'static str,
+}
+
+impl std::fmt::Display for RedisBackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}{}", self.context, self.source, self.hint)
+    }
+}
+
+impl std::error::Error for RedisBackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}

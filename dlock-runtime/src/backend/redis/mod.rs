@@ -1,0 +1,972 @@
+//! The Redis store: single node, and Redis Cluster behind the `redis-cluster` feature.
+//!
+//! # Keys
+//!
+//! A lock on the rendered key `K`, with the key prefix `P` (default `dlock:`), lives in these
+//! Redis keys, which share a hash slot because `{K}` is their hash tag:
+//!
+//! | Redis key | type | what |
+//! | --- | --- | --- |
+//! | `P{K}` | string, with PX | the holder's owner token (32 hex digits); the lease's ttl is its PTTL |
+//! | `P{K}:fence` | hash, no expiry | `n`: the last fence handed out; `o`: the owner it went to |
+//! | `P{K}:q` | list, expires when idle | the owners waiting for the lock, in arrival order |
+//! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: its ttl in ms, kept alive while it waits |
+//! | `P{K}:ch` | pub/sub channel | names the owner a release handed the lock to |
+//!
+//! So `redis-cli GET 'dlock:{acct:42}'` shows who holds `acct:42`. Rendered keys never contain
+//! `{` or `}` from placeholder values, which are percent-encoded; a brace written in a key
+//! template's literal text still works (all keys of one lock keep sharing one slot, and two
+//! locks never share a key), but the hash tag then ends at the first `}`. A prefix that holds a
+//! hash tag itself (say `{dlock}:`) puts every lock in one slot.
+//!
+//! The fence hash never expires, so that fences keep increasing across releases, expiries and
+//! restarts of clients: it costs one small key per distinct lock key ever used. Run Redis with a
+//! `maxmemory-policy` that never evicts keys without a ttl (`noeviction` or a `volatile-*`
+//! policy), and with persistence if fences must survive a restart of Redis itself.
+//!
+//! # Round trips
+//!
+//! - Acquire is one Lua script (`SET NX PX` in effect, plus the fence's `HINCRBY`): one round
+//!   trip. It is idempotent for its owner: where the lock already holds the owner, it extends it
+//!   to the full ttl and answers the same fence, so a call retried after a lost reply is harmless.
+//! - Release is one script: compare-and-delete, hand-off to the first live waiter, `PUBLISH`.
+//! - Renewal is one compare-and-`PEXPIRE` script per lease, all leases of a `renew` call in one
+//!   pipeline: one round trip per watchdog tick, whatever the number of leases. (On a cluster,
+//!   one pipeline per hash slot, sent concurrently.)
+//!
+//! Scripts are sent by `EVALSHA`, falling back to `EVAL` where the server has not seen them yet
+//! (after a restart, say). They need Redis 6.0.6 or later (`LPOS`).
+//!
+//! # Waiting
+//!
+//! Waiters on a key are served in arrival order, and woken rather than polling:
+//!
+//! 1. A waiter first tries once (an uncontended acquire costs one round trip).
+//! 2. If the key is busy, it subscribes to the key's channel on the backend's one pub/sub
+//!    connection (one `SUBSCRIBE` per channel, shared by all the backend's waiters on the key,
+//!    and an `UNSUBSCRIBE` when the last of them leaves), then runs the acquire script in queueing mode, which appends its owner to the
+//!    key's queue and sets its waiter key (its ttl, with a PX of the *liveness window*).
+//! 3. A release deletes the lock and hands it straight to the first live waiter: the lock is set
+//!    to that waiter's owner, a fresh fence is recorded for it, and its owner is published on the
+//!    channel. Waiters whose waiter key expired (their process died) are skipped and dropped.
+//! 4. The waiter that reads its own owner on the channel confirms with one more acquire call,
+//!    which finds the lock already its own, extends it to the full ttl and answers its fence.
+//!    The client counts the lease's validity from that call's send time, which is no later than
+//!    the moment the server started the ttl.
+//!
+//! A hand-off sets the lock for no longer than the liveness window, so a waiter that died just
+//! before its turn blocks the key no longer than that. While waiting, a waiter re-runs the
+//! acquire script on a timer — jittered exponential back-off up to a third of the liveness
+//! window — which keeps its waiter key alive and is the fallback for a missed message. The head
+//! of the queue also wakes when the holder's PTTL runs out, since a holder that expired without
+//! releasing hands nothing on; any acquire call that finds the lock free with live waiters hands
+//! it to the first of them. A waiter that gives up (its `wait` ran out) makes a last attempt and
+//! leaves the queue in the same script; a waiter whose future is dropped leaves the queue (or,
+//! if the lock was handed to it meanwhile, releases it with hand-off) from dlock's background
+//! runtime.
+//!
+//! # Connections
+//!
+//! Each backend has one multiplexed command connection and one pub/sub connection, both made on
+//! dlock's own background runtime (their driver tasks live there), so a backend in a `static`
+//! serves every tokio runtime of the process. When a call finds its connection broken (the
+//! server restarted, say), the connection is replaced and the call retried once on the fresh
+//! one: every call is idempotent for its owner, and the first call after a restart succeeds.
+//! Connection and response timeouts are [builder](RedisBackendBuilder) options (3 s each by
+//! default); callers that queued behind a connection attempt that failed share its failure, so an
+//! unreachable server costs each call at most one attempt. A wrong password fails at once with
+//! the server's `WRONGPASS`/`NOAUTH` answer and a hint to put the credentials in the URL.
+//!
+//! (redis-rs's own `ConnectionManager` is not used: it spawns its reconnection work on whichever
+//! runtime created it or happened to await it, which is the caller's, and it dies with that
+//! runtime.)
+//!
+//! # URLs, AUTH and TLS
+//!
+//! `redis://[[user]:password@]host[:port][/db]`, as redis-rs reads it: `redis://:secret@host`
+//! authenticates with a password, `redis://user:secret@host` as an ACL user. `rediss://` is the
+//! same over TLS, and needs the `redis-tls` feature (`dlock = { features = ["redis-tls"] }`).
+//! TLS comes from rustls with the `ring` provider, which builds with a C compiler but no system
+//! libraries or cmake; it is not on by default because it is heavy for what most users need:
+//! a clean `-j1` debug build of `dlock-runtime` took 51 s without it and 87 s with it. The
+//! server's certificate is checked against the system's roots (`SSL_CERT_FILE` and
+//! `SSL_CERT_DIR` are honoured).
+//!
+//! # Redis Cluster
+//!
+//! With the `redis-cluster` feature, `redis+cluster://host:port,host:port` (or `rediss+cluster://`
+//! for TLS, or a `redis://` URL naming several hosts) connects to a cluster through those seed
+//! nodes; AUTH in the URL applies to every node. Every key of one lock shares a hash slot, so
+//! each script runs on the one node that owns the lock. The pub/sub connection subscribes on one
+//! seed node at a time (a classic `PUBLISH` reaches every node of a cluster), moving to the next
+//! seed when it drops. (Sharded pub/sub would spare the other nodes that broadcast, at the cost of
+//! one subscriber connection per node; it is not used.)
+//!
+//! Redis replicates asynchronously: a lock granted by a primary that fails before replicating it
+//! can be granted again by the promoted replica, and a fence hash that had not reached the
+//! replica counts again from an older value. Mutual exclusion holds as long as the store keeps
+//! its writes; fences are what protect the data when it does not — pass them to the protected
+//! store.
+
+mod conn;
+mod subscriber;
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
+
+use self::conn::{Conn, Connection, Timeouts};
+use self::subscriber::{Subscriber, Subscription};
+use super::{AcquireRequest, Acquired, Backend, Renewal};
+use crate::locker::mask_password;
+use crate::{background, LockError, Owner};
+
+const DEFAULT_PREFIX: &str = "dlock:";
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
+const DEFAULT_LIVENESS: Duration = Duration::from_secs(3);
+/// The first fallback poll of a waiter; it doubles (with jitter) up to a third of the liveness
+/// window.
+const FIRST_POLL: Duration = Duration::from_millis(250);
+
+/// A lock store on Redis. Clones share the connections.
+///
+/// See the [module documentation](self) for how locks are laid out in Redis, what each call
+/// costs, and how waiters are queued and woken.
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+/// use dlock::{backend::RedisBackend, LockOptions, Locker};
+///
+/// let backend = RedisBackend::builder("redis://127.0.0.1:6379").key_prefix("billing:").connect().await?;
+/// assert_eq!(backend.lock_key("acct:42"), "billing:{acct:42}");
+/// let locker = Locker::with_backend(backend);
+/// let lease = locker.lock("acct:42", LockOptions::new()).await?;
+/// lease.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Connection,
+    subscriber: Subscriber,
+    prefix: String,
+    liveness: Duration,
+    cluster: bool,
+}
+
+/// Options of a [`RedisBackend`], from [`RedisBackend::builder`].
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock::backend::RedisBackend;
+///
+/// // No I/O until the first call.
+/// let backend = RedisBackend::builder("redis://:secret@127.0.0.1:6379/0")
+///     .key_prefix("app:locks:")
+///     .connect_timeout(Duration::from_secs(1))
+///     .build()?;
+/// assert_eq!(backend.lock_key("job:7"), "app:locks:{job:7}");
+/// # Ok::<(), dlock::LockError>(())
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `build` or `connect`"]
+pub struct RedisBackendBuilder {
+    url: String,
+    prefix: String,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    liveness: Duration,
+}
+
+/// What to connect to. One per backend, cloned only to connect: its size does not matter.
+#[derive(Clone)]
+#[allow(clippy::large_enum_variant)]
+enum Target {
+    Single(redis::Client),
+    /// The cluster, and a client per seed node for pub/sub.
+    #[cfg(feature = "redis-cluster")]
+    Cluster(redis::cluster::ClusterClient, Vec<redis::Client>),
+}
+
+impl RedisBackendBuilder {
+    /// Prepends `prefix` to every Redis key and channel of this backend (default `dlock:`).
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long connecting (TCP, TLS and AUTH) may take (default 3 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long the server may take to answer a call (default 3 s).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How long a waiter stays in a key's queue without showing it is alive (default 3 s). A
+    /// waiter refreshes it at least three times per window; a waiter whose process died is
+    /// skipped once the window runs out, and a lock handed to a waiter that died is free again
+    /// after at most one window.
+    pub fn waiter_liveness(mut self, window: Duration) -> Self {
+        self.liveness = window;
+        self
+    }
+
+    /// The backend, without connecting: the first call connects.
+    pub fn build(self) -> Result<RedisBackend, LockError> {
+        let masked: Arc<str> = mask_password(&self.url).into();
+        let invalid = |reason: String| LockError::InvalidUrl {
+            url: masked.to_string(),
+            reason,
+        };
+        if self.liveness < Duration::from_millis(30) {
+            return Err(LockError::InvalidOptions {
+                reason: format!("waiter liveness {:?} is shorter than 30ms", self.liveness),
+            });
+        }
+        let target = parse_target(&self.url, self.connect_timeout, self.response_timeout)
+            .map_err(invalid)?;
+        let (subscribe_on, cluster) = match &target {
+            Target::Single(client) => (vec![client.clone()], false),
+            #[cfg(feature = "redis-cluster")]
+            Target::Cluster(_, seeds) => (seeds.clone(), true),
+        };
+        let timeouts = Timeouts {
+            connect: self.connect_timeout,
+            response: self.response_timeout,
+        };
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                conn: Connection::new(target, timeouts, masked),
+                subscriber: Subscriber::new(
+                    subscribe_on,
+                    self.connect_timeout.max(self.response_timeout),
+                ),
+                prefix: self.prefix,
+                liveness: self.liveness,
+                cluster,
+            }),
+        })
+    }
+
+    /// The backend, connected: fails at once when the server cannot be reached or refuses the
+    /// credentials.
+    pub async fn connect(self) -> Result<RedisBackend, LockError> {
+        let backend = self.build()?;
+        backend.ping().await?;
+        Ok(backend)
+    }
+}
+
+/// Reads a URL into what to connect to.
+fn parse_target(
+    url: &str,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+) -> Result<Target, String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err("expected redis://host:port".into());
+    };
+    let (tls, cluster) = match scheme {
+        "redis" => (false, false),
+        "rediss" => (true, false),
+        "redis+cluster" => (false, true),
+        "rediss+cluster" => (true, true),
+        _ => {
+            return Err(
+                "the scheme must be redis://, rediss://, redis+cluster:// or rediss+cluster://"
+                    .into(),
+            )
+        }
+    };
+    if tls && !cfg!(feature = "redis-tls") {
+        return Err("rediss:// needs TLS: enable dlock's `redis-tls` feature in Cargo.toml".into());
+    }
+    // Several hosts (`a:1,b:2`) name the seed nodes of a cluster.
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (Some(userinfo), hosts),
+        None => (None, authority),
+    };
+    let hosts: Vec<&str> = hosts.split(',').collect();
+    if hosts.iter().any(|h| h.is_empty()) {
+        return Err("a host is missing".into());
+    }
+    let single_scheme = if tls { "rediss" } else { "redis" };
+    let node_url = |host: &str| match userinfo {
+        Some(userinfo) => format!("{single_scheme}://{userinfo}@{host}{tail}"),
+        None => format!("{single_scheme}://{host}{tail}"),
+    };
+    let open = |url: &str| redis::Client::open(url).map_err(|e| e.to_string());
+    if !cluster && hosts.len() == 1 {
+        return open(&node_url(hosts[0])).map(Target::Single);
+    }
+    #[cfg(feature = "redis-cluster")]
+    {
+        let seeds = hosts
+            .iter()
+            .map(|host| open(&node_url(host)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let client = redis::cluster::ClusterClient::builder(
+            seeds.iter().map(|c| c.get_connection_info().clone()),
+        )
+        .connection_timeout(connect_timeout)
+        .response_timeout(response_timeout)
+        .build()
+        .map_err(|e| e.to_string())?;
+        Ok(Target::Cluster(client, seeds))
+    }
+    #[cfg(not(feature = "redis-cluster"))]
+    {
+        let _ = (connect_timeout, response_timeout);
+        Err("Redis Cluster (several hosts, or redis+cluster://) needs dlock's `redis-cluster` feature".into())
+    }
+}
+
+impl RedisBackend {
+    /// Options for a backend on `url`: `redis://[[user]:password@]host[:port][/db]`,
+    /// `rediss://…` (with the `redis-tls` feature), or with the `redis-cluster` feature
+    /// `redis+cluster://host:port,host:port` (see the [module documentation](self)).
+    pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
+        RedisBackendBuilder {
+            url: url.into(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            connect_timeout: DEFAULT_TIMEOUT,
+            response_timeout: DEFAULT_TIMEOUT,
+            liveness: DEFAULT_LIVENESS,
+        }
+    }
+
+    /// A backend on `url` with the default options, connected.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// let backend = dlock::backend::RedisBackend::connect("redis://127.0.0.1:6379").await?;
+    /// let locker = dlock::Locker::with_backend(backend);
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<RedisBackend, LockError> {
+        Self::builder(url).connect().await
+    }
+
+    /// The Redis key that holds the lock on the rendered key `key`: the owner's token, with the
+    /// lease's ttl as its PTTL.
+    ///
+    /// ```
+    /// let backend = dlock::backend::RedisBackend::builder("redis://127.0.0.1").build()?;
+    /// assert_eq!(backend.lock_key("acct:42"), "dlock:{acct:42}");
+    /// # Ok::<(), dlock::LockError>(())
+    /// ```
+    pub fn lock_key(&self, key: &str) -> String {
+        format!("{}{{{key}}}", self.inner.prefix)
+    }
+
+    /// The Redis key that holds the fence counter of `key` (a hash: `n` the last fence handed
+    /// out, `o` the owner it went to). It never expires.
+    ///
+    /// ```
+    /// let backend = dlock::backend::RedisBackend::builder("redis://127.0.0.1").build()?;
+    /// assert_eq!(backend.fence_key("acct:42"), "dlock:{acct:42}:fence");
+    /// # Ok::<(), dlock::LockError>(())
+    /// ```
+    pub fn fence_key(&self, key: &str) -> String {
+        format!("{}:fence", self.lock_key(key))
+    }
+
+    /// The Redis key that queues the waiters of `key`, in arrival order.
+    ///
+    /// ```
+    /// let backend = dlock::backend::RedisBackend::builder("redis://127.0.0.1").build()?;
+    /// assert_eq!(backend.queue_key("acct:42"), "dlock:{acct:42}:q");
+    /// # Ok::<(), dlock::LockError>(())
+    /// ```
+    pub fn queue_key(&self, key: &str) -> String {
+        format!("{}:q", self.lock_key(key))
+    }
+
+    /// Checks that the server answers (and accepted the credentials).
+    async fn ping(&self) -> Result<(), LockError> {
+        self.inner
+            .conn
+            .run("PING", |mut conn| async move {
+                conn.req_packed_command(&redis::cmd("PING"))
+                    .await
+                    .and_then(Value::extract_error)
+            })
+            .await
+            .map(drop)
+    }
+
+    fn lock_keys(&self, key: &str, owner: Owner) -> LockKeys {
+        let lock = self.lock_key(key);
+        let owner = owner.to_string();
+        let waiter_prefix = format!("{lock}:w:");
+        LockKeys {
+            fence: format!("{lock}:fence"),
+            queue: format!("{lock}:q"),
+            me: format!("{waiter_prefix}{owner}"),
+            channel: format!("{lock}:ch"),
+            lock,
+            waiter_prefix,
+            owner,
+        }
+    }
+
+    /// Runs the acquire script once; `queue` says whether to queue up (or stay queued) when the
+    /// key is busy, or to leave the queue.
+    async fn try_acquire(
+        &self,
+        keys: &LockKeys,
+        ttl: Duration,
+        queue: bool,
+    ) -> Result<Attempt, LockError> {
+        let liveness_ms = self.inner.liveness.as_millis().to_string();
+        let args = [
+            keys.owner.as_str(),
+            keys.waiter_prefix.as_str(),
+            keys.channel.as_str(),
+            liveness_ms.as_str(),
+            &ttl.as_millis().max(1).to_string(),
+            if queue { "1" } else { "0" },
+        ];
+        let script_keys = [
+            keys.lock.as_str(),
+            keys.fence.as_str(),
+            keys.queue.as_str(),
+            keys.me.as_str(),
+        ];
+        let reply = self
+            .inner
+            .conn
+            .run("acquire", |conn| eval(conn, &ACQUIRE, &script_keys, &args))
+            .await?;
+        parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason))
+    }
+
+    /// Runs the release script: releases with hand-off where `owner` holds `key`, else leaves its
+    /// queue.
+    async fn release_or_leave(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+        let keys = self.lock_keys(key, owner);
+        let liveness_ms = self.inner.liveness.as_millis().to_string();
+        let args = [
+            keys.owner.as_str(),
+            keys.waiter_prefix.as_str(),
+            keys.channel.as_str(),
+            liveness_ms.as_str(),
+        ];
+        let script_keys = [
+            keys.lock.as_str(),
+            keys.fence.as_str(),
+            keys.queue.as_str(),
+            keys.me.as_str(),
+        ];
+        let reply = self
+            .inner
+            .conn
+            .run("release", |conn| eval(conn, &RELEASE, &script_keys, &args))
+            .await?;
+        match reply {
+            Value::Int(held) => Ok(held == 1),
+            other => Err(self.inner.conn.error("release", unexpected(&other))),
+        }
+    }
+
+    /// Waits for a busy key in its queue, until it is handed over or `deadline` passes.
+    async fn wait_in_queue(
+        &self,
+        keys: &LockKeys,
+        request: &AcquireRequest<'_>,
+        deadline: Instant,
+    ) -> Result<Option<Acquired>, LockError> {
+        let mut subscription: Subscription = self
+            .inner
+            .subscriber
+            .register(keys.channel.clone(), keys.owner.clone());
+        // Leaves the queue (or releases a key handed over meanwhile) if this future is dropped
+        // or fails.
+        let mut guard = LeaveGuard {
+            backend: self.clone(),
+            key: request.key.to_owned(),
+            owner: request.owner,
+            armed: true,
+        };
+        let mut backoff = Backoff::new(FIRST_POLL, self.inner.liveness / 3, request.owner);
+        loop {
+            // Subscribed before the script queues this waiter, so the hand-off's message cannot
+            // come first. Without pub/sub (it failed), the timer below still finds the hand-off.
+            if let Err(error) = subscription.ensure().await {
+                tracing::debug!(%error, key = request.key, "distributed_lock: redis subscribe failed; polling meanwhile");
+            }
+            let sent_at = Instant::now();
+            let last = sent_at >= deadline;
+            let attempt = self.try_acquire(keys, request.ttl, !last).await?;
+            match attempt {
+                Attempt::Granted(fence) => {
+                    guard.armed = false;
+                    return Ok(Some(Acquired {
+                        fence,
+                        valid_from: sent_at,
+                    }));
+                }
+                // The last attempt left the queue in the same script.
+                Attempt::Busy { .. } if last => {
+                    guard.armed = false;
+                    return Ok(None);
+                }
+                Attempt::Busy { pttl, first } => {
+                    let now = Instant::now();
+                    let mut until = (now + backoff.next()).min(deadline);
+                    if let (true, Some(pttl)) = (first, pttl) {
+                        // The head also watches the holder's expiry, which hands nothing on.
+                        until = until.min(now + pttl);
+                    }
+                    tokio::select! {
+                        () = subscription.woken() => {}
+                        () = tokio::time::sleep_until(until.into()) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The Redis names of one lock, for one owner.
+struct LockKeys {
+    lock: String,
+    fence: String,
+    queue: String,
+    me: String,
+    waiter_prefix: String,
+    channel: String,
+    owner: String,
+}
+
+/// What one run of the acquire script said.
+#[derive(Debug)]
+enum Attempt {
+    Granted(u64),
+    /// Busy; `pttl` is the holder's remaining ttl where it has one, `first` whether this owner
+    /// heads the queue.
+    Busy {
+        pttl: Option<Duration>,
+        first: bool,
+    },
+}
+
+fn parse_attempt(reply: Value) -> Result<Attempt, redis::RedisError> {
+    let Value::Array(items) = &reply else {
+        return Err(unexpected(&reply));
+    };
+    let int = |value: &Value| -> Option<i64> {
+        match value {
+            Value::Int(n) => Some(*n),
+            Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+            Value::SimpleString(text) => text.parse().ok(),
+            _ => None,
+        }
+    };
+    match items.as_slice() {
+        [granted, fence] if int(granted) == Some(1) => match fence {
+            Value::BulkString(bytes) => std::str::from_utf8(bytes)
+                .ok()
+                .and_then(|text| text.parse::<u64>().ok())
+                .map(Attempt::Granted)
+                .ok_or_else(|| unexpected(&reply)),
+            Value::Int(n) => u64::try_from(*n)
+                .map(Attempt::Granted)
+                .map_err(|_| unexpected(&reply)),
+            _ => Err(unexpected(&reply)),
+        },
+        [granted, pttl, first] if int(granted) == Some(0) => {
+            let pttl = int(pttl).ok_or_else(|| unexpected(&reply))?;
+            Ok(Attempt::Busy {
+                pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+                first: int(first) == Some(1),
+            })
+        }
+        _ => Err(unexpected(&reply)),
+    }
+}
+
+fn unexpected(value: &Value) -> redis::RedisError {
+    redis::RedisError::from((
+        ErrorKind::UnexpectedReturnType,
+        "unexpected reply from a dlock script",
+        format!("{value:?}"),
+    ))
+}
+
+/// Leaves the queue when a waiter's future is dropped or fails: from the background runtime,
+/// since `Drop` cannot await.
+struct LeaveGuard {
+    backend: RedisBackend,
+    key: String,
+    owner: Owner,
+    armed: bool,
+}
+
+impl Drop for LeaveGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (backend, key, owner) = (
+            self.backend.clone(),
+            std::mem::take(&mut self.key),
+            self.owner,
+        );
+        background::spawn(async move {
+            if let Err(error) = backend.release_or_leave(&key, owner).await {
+                tracing::debug!(%key, %error, "distributed_lock: leaving the redis queue failed; the waiter key will expire");
+            }
+        });
+    }
+}
+
+/// Jittered exponential back-off for the fallback polls of a waiter.
+struct Backoff {
+    next: Duration,
+    cap: Duration,
+    seed: u64,
+}
+
+impl Backoff {
+    fn new(first: Duration, cap: Duration, owner: Owner) -> Self {
+        // The owner token is random: a fine seed for jitter.
+        Backoff {
+            next: first.min(cap),
+            cap,
+            seed: owner.as_u128() as u64 | 1,
+        }
+    }
+
+    fn next(&mut self) -> Duration {
+        // xorshift64
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        // 75 % to 125 % of the nominal delay.
+        let permille = 750 + self.seed % 501;
+        let delay = self.next.mul_f64(permille as f64 / 1000.0).min(self.cap);
+        self.next = self.next.saturating_mul(2).min(self.cap);
+        delay
+    }
+}
+
+/// A Lua script, sent by its SHA1 where the server knows it.
+struct Lua {
+    code: &'static str,
+    hash: OnceLock<String>,
+}
+
+impl Lua {
+    const fn new(code: &'static str) -> Self {
+        Lua {
+            code,
+            hash: OnceLock::new(),
+        }
+    }
+
+    fn hash(&self) -> &str {
+        self.hash
+            .get_or_init(|| redis::Script::new(self.code).get_hash().to_owned())
+    }
+
+    /// `EVALSHA` (or, with `by_hash` false, `EVAL`) of this script.
+    fn cmd(&self, by_hash: bool, keys: &[&str], args: &[&str]) -> Cmd {
+        let mut cmd = if by_hash {
+            redis::cmd("EVALSHA")
+        } else {
+            redis::cmd("EVAL")
+        };
+        cmd.arg(if by_hash { self.hash() } else { self.code })
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        cmd
+    }
+}
+
+static ACQUIRE: Lua = Lua::new(concat!(
+    include_str!("common.lua"),
+    include_str!("acquire.lua")
+));
+static RELEASE: Lua = Lua::new(concat!(
+    include_str!("common.lua"),
+    include_str!("release.lua")
+));
+static RENEW: Lua = Lua::new(include_str!("renew.lua"));
+
+fn is_noscript(error: &redis::RedisError) -> bool {
+    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+/// Runs `lua`: `EVALSHA`, then `EVAL` where the server does not know the script (which also
+/// caches it there).
+async fn eval(mut conn: Conn, lua: &Lua, keys: &[&str], args: &[&str]) -> RedisResult<Value> {
+    match conn
+        .req_packed_command(&lua.cmd(true, keys, args))
+        .await
+        .and_then(Value::extract_error)
+    {
+        Err(error) if is_noscript(&error) => conn
+            .req_packed_command(&lua.cmd(false, keys, args))
+            .await
+            .and_then(Value::extract_error),
+        result => result,
+    }
+}
+
+/// Renews `leases` in one pipeline on `conn`: one round trip (two where the server had to be
+/// taught the script).
+async fn renew_pipelined(
+    mut conn: Conn,
+    leases: &[(&str, String, String)],
+) -> RedisResult<Vec<bool>> {
+    let pipeline = |by_hash: bool| {
+        let mut pipe = redis::pipe();
+        for (lock, owner, ttl) in leases {
+            pipe.add_command(RENEW.cmd(by_hash, &[lock], &[owner, ttl]));
+        }
+        pipe
+    };
+    let mut replies = conn
+        .req_packed_commands(&pipeline(true), 0, leases.len())
+        .await?;
+    let noscript =
+        |value: &Value| matches!(value.clone().extract_error(), Err(error) if is_noscript(&error));
+    if replies.iter().any(noscript) {
+        replies = conn
+            .req_packed_commands(&pipeline(false), 0, leases.len())
+            .await?;
+    }
+    replies
+        .into_iter()
+        .map(|reply| match reply.extract_error()? {
+            Value::Int(held) => Ok(held == 1),
+            other => Err(unexpected(&other)),
+        })
+        .collect()
+}
+
+impl Backend for RedisBackend {
+    async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
+        let keys = self.lock_keys(request.key, request.owner);
+        let deadline = Instant::now() + request.wait;
+        let sent_at = Instant::now();
+        // First without queueing: an uncontended acquire is one round trip, and `wait = 0`
+        // never leaves anything behind.
+        match self.try_acquire(&keys, request.ttl, false).await? {
+            Attempt::Granted(fence) => Ok(Some(Acquired {
+                fence,
+                valid_from: sent_at,
+            })),
+            Attempt::Busy { .. } if request.wait.is_zero() => Ok(None),
+            Attempt::Busy { .. } => self.wait_in_queue(&keys, request, deadline).await,
+        }
+    }
+
+    async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+        self.release_or_leave(key, owner).await
+    }
+
+    async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let args: Vec<(String, String, String)> = leases
+            .iter()
+            .map(|lease| {
+                (
+                    self.lock_key(lease.key),
+                    lease.owner.to_string(),
+                    lease.ttl.as_millis().max(1).to_string(),
+                )
+            })
+            .collect();
+        if !self.inner.cluster {
+            let batch: Vec<(&str, String, String)> = args
+                .iter()
+                .map(|(k, o, t)| (k.as_str(), o.clone(), t.clone()))
+                .collect();
+            return self
+                .inner
+                .conn
+                .run("renew", |conn| renew_pipelined(conn, &batch))
+                .await;
+        }
+        #[cfg(feature = "redis-cluster")]
+        {
+            self.renew_by_slot(&args).await
+        }
+        #[cfg(not(feature = "redis-cluster"))]
+        unreachable!("a cluster backend needs the redis-cluster feature")
+    }
+}
+
+#[cfg(feature = "redis-cluster")]
+impl RedisBackend {
+    /// Renews on a cluster: one pipeline per hash slot (a cluster pipeline cannot span slots),
+    /// all sent at once.
+    async fn renew_by_slot(
+        &self,
+        args: &[(String, String, String)],
+    ) -> Result<Vec<bool>, LockError> {
+        let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> =
+            std::collections::BTreeMap::new();
+        for (index, (lock, _, _)) in args.iter().enumerate() {
+            by_slot
+                .entry(cluster_slot(lock.as_bytes()))
+                .or_default()
+                .push(index);
+        }
+        let calls = by_slot.into_values().map(|indices| async move {
+            let batch: Vec<(&str, String, String)> = indices
+                .iter()
+                .map(|&i| (args[i].0.as_str(), args[i].1.clone(), args[i].2.clone()))
+                .collect();
+            let held = self
+                .inner
+                .conn
+                .run("renew", |conn| renew_pipelined(conn, &batch))
+                .await?;
+            Ok::<_, LockError>(indices.into_iter().zip(held).collect::<Vec<_>>())
+        });
+        let mut answers = vec![false; args.len()];
+        for result in futures_util::future::join_all(calls).await {
+            for (index, held) in result? {
+                answers[index] = held;
+            }
+        }
+        Ok(answers)
+    }
+}
+
+/// The cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag, or of the whole key.
+#[cfg(feature = "redis-cluster")]
+fn cluster_slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            key[open + 1..]
+                .iter()
+                .position(|&b| b == b'}')
+                .map(|len| &key[open + 1..open + 1 + len])
+        })
+        .filter(|tag| !tag.is_empty())
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &byte in tagged {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("prefix", &self.inner.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_of_one_lock_share_the_hash_tag() {
+        let backend = RedisBackend::builder("redis://127.0.0.1").build().unwrap();
+        let keys = backend.lock_keys("acct:42", Owner::random());
+        for name in [
+            &keys.lock,
+            &keys.fence,
+            &keys.queue,
+            &keys.me,
+            &keys.channel,
+        ] {
+            assert!(name.starts_with("dlock:{acct:42}"), "{name}");
+        }
+    }
+
+    #[test]
+    fn urls_are_checked_without_io() {
+        assert!(RedisBackend::builder("redis://:pw@localhost:6380/2")
+            .build()
+            .is_ok());
+        assert!(matches!(
+            RedisBackend::builder("http://localhost").build(),
+            Err(LockError::InvalidUrl { .. })
+        ));
+        let error = RedisBackend::builder("redis://:secret@a:1,b:2")
+            .build()
+            .map(drop);
+        if cfg!(feature = "redis-cluster") {
+            assert!(error.is_ok());
+        } else {
+            let error = error.unwrap_err().to_string();
+            assert!(
+                error.contains("redis-cluster") && !error.contains("secret"),
+                "{error}"
+            );
+        }
+        #[cfg(not(feature = "redis-tls"))]
+        assert!(RedisBackend::builder("rediss://localhost")
+            .build()
+            .unwrap_err()
+            .to_string()
+            .contains("redis-tls"));
+    }
+
+    #[test]
+    fn backoff_grows_with_jitter_up_to_the_cap() {
+        let mut backoff = Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_secs(1),
+            Owner::random(),
+        );
+        let delays: Vec<Duration> = (0..8).map(|_| backoff.next()).collect();
+        assert!(
+            delays[0] >= Duration::from_millis(75) && delays[0] <= Duration::from_millis(125),
+            "{delays:?}"
+        );
+        assert!(
+            delays.iter().all(|d| *d <= Duration::from_secs(1)),
+            "{delays:?}"
+        );
+        assert!(delays[7] >= Duration::from_millis(750), "{delays:?}");
+    }
+
+    #[cfg(feature = "redis-cluster")]
+    #[test]
+    fn slots_follow_the_hash_tag() {
+        // Reference values from CLUSTER KEYSLOT.
+        assert_eq!(cluster_slot(b"foo"), 12182);
+        assert_eq!(
+            cluster_slot(b"{user1000}.following"),
+            cluster_slot(b"user1000")
+        );
+        assert_eq!(
+            cluster_slot(b"dlock:{acct:42}:fence"),
+            cluster_slot(b"acct:42")
+        );
+    }
+}

@@ -1,0 +1,16 @@
+-- Release, and leaving the queue: one round trip. After common.lua.
+--
+-- Where this owner holds the lock, deletes it and hands it to the first live waiter. Else takes
+-- this owner out of the queue, and hands on a lock that nobody holds (it may have been this
+-- waiter's turn, or its holder expired). Returns 1 where this owner held the lock, else 0.
+if redis.call('GET', lock) == owner then
+  redis.call('DEL', lock)
+  leave()
+  hand_off()
+  return 1
+end
+leave()
+if redis.call('EXISTS', lock) == 0 then
+  hand_off()
+end
+return 0

@@ -1,0 +1,688 @@
+//! SPEC's properties on the Redis backend, and what only a real server can show: lost updates,
+//! restarts, AUTH, the queue, round trips. Every test runs its own `redis-server` on a free port.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dlock::backend::{AcquireRequest, Backend, RedisBackend, Renewal};
+use dlock::{distributed_lock, LockError, LockOptions, Locker, Owner};
+use redis::AsyncCommands;
+use support::redis_server::RedisServer;
+use support::unique_key;
+
+/// A private server, and a raw client on it for meddling from outside.
+struct Redis {
+    server: RedisServer,
+    names: RedisBackend,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let server = RedisServer::start();
+        // Only for the key names: no I/O.
+        let names = RedisBackend::builder(server.url()).build().unwrap();
+        Redis { server, names }
+    }
+
+    async fn raw(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+}
+
+impl support::Store for Redis {
+    type Backend = RedisBackend;
+
+    async fn backend(&self) -> RedisBackend {
+        RedisBackend::connect(&self.server.url()).await.unwrap()
+    }
+
+    async fn take_away(&self, key: &str) {
+        let mut raw = self.raw().await;
+        let taken: Option<String> = redis::cmd("SET")
+            .arg(self.names.lock_key(key))
+            .arg("a-stranger")
+            .arg("XX")
+            .arg("PX")
+            .arg(3_600_000)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert!(taken.is_some(), "`{key}` was not held");
+    }
+
+    async fn expire(&self, key: &str) {
+        let mut raw = self.raw().await;
+        let deleted: u64 = raw.del(self.names.lock_key(key)).await.unwrap();
+        assert_eq!(deleted, 1, "`{key}` was not held");
+    }
+}
+
+lock_properties!(Redis::start());
+
+async fn locker_on(server: &RedisServer) -> Locker {
+    Locker::connect(&server.url()).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_update_is_lost_across_lockers() {
+    let redis = Redis::start();
+    let key = unique_key("counter-lock");
+    let counter = unique_key("counter");
+    const INCREMENTS: u64 = 1_500;
+    const TASKS: u64 = 3 * 8;
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        // Three separate clients, as three processes would have.
+        let locker = locker_on(&redis.server).await;
+        for _ in 0..8 {
+            let share = INCREMENTS / TASKS + u64::from((tasks.len() as u64) < INCREMENTS % TASKS);
+            let (locker, key, counter, mut raw) = (
+                locker.clone(),
+                key.clone(),
+                counter.clone(),
+                redis.raw().await,
+            );
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..share {
+                    let lease = locker
+                        .lock(
+                            &*key,
+                            LockOptions::new()
+                                .ttl(Duration::from_secs(10))
+                                .wait(Duration::from_secs(120)),
+                        )
+                        .await?;
+                    // Read, yield, write back: without the lock, increments would overwrite each other.
+                    let value: Option<u64> = raw.get(&counter).await.unwrap();
+                    tokio::task::yield_now().await;
+                    let () = raw.set(&counter, value.unwrap_or(0) + 1).await.unwrap();
+                    lease.release().await?;
+                }
+                Ok::<_, LockError>(())
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let total: u64 = redis.raw().await.get(&counter).await.unwrap();
+    assert_eq!(total, INCREMENTS, "increments were lost");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_call_after_a_server_restart_succeeds() {
+    let mut server = RedisServer::start();
+    let locker = locker_on(&server).await;
+    let key = unique_key("restart");
+    locker
+        .lock(&*key, LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    server.restart();
+    // No reconnect by hand: the call finds its connection broken and retries on a fresh one.
+    let lease = locker.lock(&*key, LockOptions::new()).await;
+    assert!(
+        lease.is_ok(),
+        "first call after the restart failed: {lease:?}"
+    );
+    lease.unwrap().release().await.unwrap();
+}
+
+#[distributed_lock(key = "<key>", ttl = "3s", locker = locker)]
+async fn works_for_a_while(
+    locker: &Locker,
+    key: &str,
+    started: &AtomicBool,
+) -> Result<(), LockError> {
+    started.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_killed_while_held_cancels_the_body_before_the_ttl_ends() {
+    let mut server = RedisServer::start();
+    let locker = locker_on(&server).await;
+    let key = unique_key("killed");
+    let started = Arc::new(AtomicBool::new(false));
+    let called_at = Instant::now();
+    let call = tokio::spawn({
+        let (locker, key, started) = (locker.clone(), key.clone(), started.clone());
+        async move { works_for_a_while(&locker, &key, &started).await }
+    });
+    while !started.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    server.stop();
+    let result = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .expect("the body was not cancelled")
+        .unwrap();
+    let elapsed = called_at.elapsed();
+    assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
+    // The server would have let the lease expire 3 s after it granted it, which was after the call.
+    assert!(
+        elapsed < Duration::from_secs(3),
+        "the body ran on for {elapsed:?}, past the ttl"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_deleted_from_outside_is_lost_at_the_next_renewal() {
+    let redis = Redis::start();
+    let locker = locker_on(&redis.server).await;
+    let key = unique_key("deleted");
+    let ttl = Duration::from_secs(6);
+    let lease = locker
+        .lock(&*key, LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    let acquired_at = Instant::now();
+    let deleted: u64 = redis
+        .raw()
+        .await
+        .del(redis.names.lock_key(&key))
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+    tokio::time::timeout(Duration::from_secs(20), lease.lost())
+        .await
+        .expect("the loss was never seen");
+    let seen_after = acquired_at.elapsed();
+    // Renewals run every 2 s; on its own the lease would run out of validity only at 5.4 s.
+    assert!(
+        seen_after < Duration::from_millis(4_500),
+        "loss seen after {seen_after:?}: not at a renewal"
+    );
+    assert!(!lease.is_held());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_through_the_url_and_a_wrong_password_is_a_clear_error() {
+    let server = RedisServer::start_with_password("s3cret-pw");
+    let locker = Locker::connect(&server.url())
+        .await
+        .expect("the right password was refused");
+    let key = unique_key("auth");
+    locker
+        .lock(&*key, LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    let port = server.port();
+    for (url, what) in [
+        (
+            format!("redis://:wrong-pw@127.0.0.1:{port}"),
+            "a wrong password",
+        ),
+        (
+            format!("redis://default:wrong-pw@127.0.0.1:{port}"),
+            "a wrong user password",
+        ),
+        (format!("redis://127.0.0.1:{port}"), "no password"),
+    ] {
+        let started = Instant::now();
+        let result = tokio::time::timeout(Duration::from_secs(10), Locker::connect(&url))
+            .await
+            .expect("connecting hung");
+        let error = result.expect_err(what).to_string();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{what}: took {:?}",
+            started.elapsed()
+        );
+        let lower = error.to_lowercase();
+        assert!(
+            lower.contains("auth") || lower.contains("wrongpass"),
+            "{what}: unclear error: {error}"
+        );
+        assert!(
+            !error.contains("wrong-pw"),
+            "{what}: the password leaked into the error: {error}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_waiter_leaves_the_queue() {
+    let redis = Redis::start();
+    // A long liveness window: a waiter that failed to leave would block the next one for 30 s.
+    let backend = RedisBackend::builder(redis.server.url())
+        .waiter_liveness(Duration::from_secs(30))
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend.clone());
+    let key = unique_key("dropped-waiter");
+    let holder = locker
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let waiting = LockOptions::new()
+        .ttl(Duration::from_secs(60))
+        .wait(Duration::from_secs(60));
+    let dropped = tokio::spawn({
+        let (locker, key) = (locker.clone(), key.clone());
+        async move { locker.lock(&*key, waiting).await.map(drop) }
+    });
+    let queue = backend.queue_key(&key);
+    let mut raw = redis.raw().await;
+    wait_for_queue_length(&mut raw, &queue, 1).await;
+    let next = tokio::spawn({
+        let (locker, key) = (locker.clone(), key.clone());
+        async move { locker.lock(&*key, waiting).await }
+    });
+    wait_for_queue_length(&mut raw, &queue, 2).await;
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    wait_for_queue_length(&mut raw, &queue, 1).await;
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(20), next)
+        .await
+        .expect("the next waiter was blocked")
+        .unwrap()
+        .unwrap();
+    let latency = released_at.elapsed();
+    assert!(
+        latency < Duration::from_secs(3),
+        "the next waiter got the key {latency:?} after the release"
+    );
+    lease.release().await.unwrap();
+}
+
+async fn wait_for_queue_length(
+    raw: &mut redis::aio::MultiplexedConnection,
+    queue: &str,
+    length: u64,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now: u64 = raw.llen(queue).await.unwrap();
+        if now == length {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "queue {queue} has {now} waiters, expected {length}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_gives_up_when_its_wait_runs_out_and_leaves_the_queue() {
+    let redis = Redis::start();
+    let locker = locker_on(&redis.server).await;
+    let key = unique_key("gives-up");
+    let _holder = locker
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let result = locker
+        .lock(&*key, LockOptions::new().wait(Duration::from_millis(700)))
+        .await;
+    let waited = started.elapsed();
+    assert!(matches!(result, Err(LockError::Busy { .. })), "{result:?}");
+    assert!(
+        waited >= Duration::from_millis(700),
+        "gave up after {waited:?}, before its wait ran out"
+    );
+    assert!(
+        waited < Duration::from_secs(5),
+        "gave up only after {waited:?}"
+    );
+    let queued: u64 = redis
+        .raw()
+        .await
+        .llen(redis.names.queue_key(&key))
+        .await
+        .unwrap();
+    assert_eq!(queued, 0, "the waiter stayed in the queue");
+}
+
+/// A TCP proxy in front of the server that counts the chunks clients send: a pipeline is one
+/// chunk, N sequential requests are N.
+struct CountingProxy {
+    port: u16,
+    chunks: Arc<AtomicU64>,
+}
+
+impl CountingProxy {
+    async fn start(target_port: u16) -> CountingProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let chunks = Arc::new(AtomicU64::new(0));
+        let counted = chunks.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(("127.0.0.1", target_port))
+                    .await
+                    .unwrap();
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut buffer = vec![0u8; 1 << 20];
+                    while let Ok(n) = client_read.read(&mut buffer).await {
+                        if n == 0 || server_write.write_all(&buffer[..n]).await.is_err() {
+                            break;
+                        }
+                        counted.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+                });
+            }
+        });
+        CountingProxy { port, chunks }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewing_many_leases_is_one_round_trip() {
+    const LEASES: usize = 50;
+    let server = RedisServer::start();
+    let proxy = CountingProxy::start(server.port()).await;
+    let backend = RedisBackend::connect(&format!("redis://127.0.0.1:{}", proxy.port))
+        .await
+        .unwrap();
+    let keys: Vec<String> = (0..LEASES)
+        .map(|i| unique_key(&format!("renew-{i}")))
+        .collect();
+    let owners: Vec<Owner> = keys.iter().map(|_| Owner::random()).collect();
+    let ttl = Duration::from_secs(60);
+    for (key, owner) in keys.iter().zip(&owners) {
+        let acquired = backend
+            .acquire(&AcquireRequest::new(key, *owner, ttl, Duration::ZERO))
+            .await
+            .unwrap();
+        assert!(acquired.is_some());
+    }
+    let renewals: Vec<Renewal<'_>> = keys
+        .iter()
+        .zip(&owners)
+        .map(|(key, owner)| Renewal::new(key, *owner, ttl))
+        .collect();
+    // The first renewal may have to teach the server the script.
+    assert!(backend
+        .renew(&renewals)
+        .await
+        .unwrap()
+        .into_iter()
+        .all(|held| held));
+
+    let mut raw = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let calls_before = evalsha_calls(&mut raw).await;
+    let chunks_before = proxy.chunks.load(Ordering::SeqCst);
+    let held = backend.renew(&renewals).await.unwrap();
+    let chunks = proxy.chunks.load(Ordering::SeqCst) - chunks_before;
+    assert_eq!(held, vec![true; LEASES]);
+    assert_eq!(
+        evalsha_calls(&mut raw).await - calls_before,
+        LEASES as u64,
+        "every lease was renewed on the server"
+    );
+    assert!(
+        chunks <= 2,
+        "{LEASES} renewals took {chunks} sends, not one pipelined round trip"
+    );
+
+    // A lease that is no longer its owner's is answered as such, in the same batch.
+    let () = raw
+        .set(backend.lock_key(&keys[7]), "a-stranger")
+        .await
+        .unwrap();
+    let held = backend.renew(&renewals).await.unwrap();
+    assert_eq!(held.iter().filter(|held| !**held).count(), 1);
+    assert!(!held[7]);
+}
+
+async fn evalsha_calls(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(raw)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+/// A locker kept across runtimes, as a `static` serves every `#[tokio::test]`: its connections
+/// and its waiters' pub/sub must not die with the runtime that first used it.
+#[test]
+fn a_locker_outlives_the_runtime_that_connected_it() {
+    let server = RedisServer::start();
+    let key = unique_key("runtimes");
+    let runtime = |_| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime(1);
+    let locker = first.block_on(locker_on(&server));
+    first.block_on(async {
+        // Waits once, so the pub/sub connection is made on this runtime's watch.
+        let holder = locker.lock(&*key, LockOptions::new()).await.unwrap();
+        let waiter = tokio::spawn({
+            let (locker, key) = (locker.clone(), key.clone());
+            async move {
+                locker
+                    .lock(&*key, LockOptions::new().wait(Duration::from_secs(10)))
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        holder.release().await.unwrap();
+        waiter.await.unwrap().unwrap().release().await.unwrap();
+    });
+    drop(first);
+    let second = runtime(2);
+    second.block_on(async {
+        let holder = locker
+            .lock(&*key, LockOptions::new().ttl(Duration::from_millis(900)))
+            .await
+            .unwrap();
+        let waiter = tokio::spawn({
+            let (locker, key) = (locker.clone(), key.clone());
+            async move {
+                locker
+                    .lock(
+                        &*key,
+                        LockOptions::new()
+                            .ttl(Duration::from_secs(60))
+                            .wait(Duration::from_secs(10)),
+                    )
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        // Renewed by the watchdog across the runtime change, so still held.
+        assert!(holder.is_held());
+        let released_at = Instant::now();
+        holder.release().await.unwrap();
+        let lease = waiter.await.unwrap().unwrap();
+        assert!(
+            released_at.elapsed() < Duration::from_secs(1),
+            "the waiter was not woken by the release"
+        );
+        lease.release().await.unwrap();
+    });
+}
+
+/// `rediss://` with the `redis-tls` feature: the server's certificate is checked against the
+/// system's roots, here a test CA given through `SSL_CERT_FILE`.
+#[cfg(feature = "redis-tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_through_a_rediss_url() {
+    let server = RedisServer::start_tls();
+    std::env::set_var("SSL_CERT_FILE", server.ca_file().unwrap());
+    let url = server.url();
+    assert!(url.starts_with("rediss://"), "{url}");
+    let locker = Locker::connect(&url).await.expect("no TLS connection");
+    let key = unique_key("tls");
+    let holder = locker.lock(&*key, LockOptions::new()).await.unwrap();
+    // A waiter, so the pub/sub connection goes over TLS too.
+    let waiter = tokio::spawn({
+        let (locker, key) = (locker.clone(), key.clone());
+        async move {
+            locker
+                .lock(&*key, LockOptions::new().wait(Duration::from_secs(10)))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+    assert!(
+        released_at.elapsed() < Duration::from_secs(1),
+        "the waiter was not woken over TLS"
+    );
+    // Plain text to a TLS port fails, and says so rather than hanging.
+    let plain = tokio::time::timeout(
+        Duration::from_secs(15),
+        Locker::connect(&format!("redis://127.0.0.1:{}", server.port())),
+    )
+    .await;
+    assert!(plain
+        .expect("a plain connection to a TLS port hung")
+        .is_err());
+}
+
+/// Holds `key`, lets a waiter wait `after`, releases, and says how long the waiter took to enter.
+async fn wake_latency(locker: &Locker, key: &str, after: Duration) -> Duration {
+    let holder = locker
+        .lock(key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let (locker, key) = (locker.clone(), key.to_owned());
+        async move {
+            let lease = locker
+                .lock(
+                    &*key,
+                    LockOptions::new()
+                        .ttl(Duration::from_secs(60))
+                        .wait(Duration::from_secs(60)),
+                )
+                .await;
+            (Instant::now(), lease)
+        }
+    });
+    tokio::time::sleep(after).await;
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    let (entered_at, lease) = waiter.await.unwrap();
+    lease.unwrap().release().await.unwrap();
+    entered_at.duration_since(released_at)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_woken_by_pub_sub_not_polling_also_after_a_restart() {
+    let mut server = RedisServer::start();
+    // A 30 s liveness window lets the fallback polls back off to 10 s: polls come about 0.25,
+    // 0.75, 1.75, 3.75 and 7.75 s into a wait, so a release 4.5 s in is seen within a second only
+    // through the published hand-off.
+    let backend = RedisBackend::builder(server.url())
+        .waiter_liveness(Duration::from_secs(30))
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend);
+    let key = unique_key("pubsub");
+    let latency = wake_latency(&locker, &key, Duration::from_millis(4_500)).await;
+    assert!(
+        latency < Duration::from_secs(1),
+        "the waiter entered {latency:?} after the release"
+    );
+    // The pub/sub connection dies with the server; the next waiter subscribes on a fresh one.
+    server.restart();
+    let latency = wake_latency(&locker, &key, Duration::from_millis(4_500)).await;
+    assert!(
+        latency < Duration::from_secs(1),
+        "after a restart, the waiter entered {latency:?} after the release"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresponsive_server_is_an_error_not_a_hang() {
+    // Accepts connections and never says a word.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            held.push(stream);
+        }
+    });
+    let url = format!("redis://127.0.0.1:{port}");
+    let timeout = Duration::from_millis(500);
+    let started = Instant::now();
+    let connected = RedisBackend::builder(&url)
+        .connect_timeout(timeout)
+        .response_timeout(timeout)
+        .connect()
+        .await;
+    assert!(
+        connected.is_err(),
+        "connected to a server that never answers"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "connecting took {:?}",
+        started.elapsed()
+    );
+
+    // Many callers at once share the failed attempt instead of queueing one timeout each.
+    let backend = RedisBackend::builder(&url)
+        .connect_timeout(timeout)
+        .response_timeout(timeout)
+        .build()
+        .unwrap();
+    let locker = Locker::with_backend(backend);
+    let started = Instant::now();
+    let calls: Vec<_> = (0..20)
+        .map(|i| {
+            let locker = locker.clone();
+            tokio::spawn(async move {
+                locker
+                    .lock(format!("silent-{i}"), LockOptions::new())
+                    .await
+                    .map(drop)
+            })
+        })
+        .collect();
+    for call in calls {
+        let result = call.await.unwrap();
+        assert!(matches!(result, Err(LockError::Backend(_))), "{result:?}");
+    }
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < Duration::from_secs(8),
+        "20 calls took {elapsed:?}: each waited out its own attempt"
+    );
+}

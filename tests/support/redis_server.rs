@@ -1,0 +1,387 @@
+//! A private `redis-server` for one test: on a free port, without persistence, stoppable and
+//! restartable on the same port, killed on drop. Never the shared server on 6379.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct RedisServer {
+    port: u16,
+    password: Option<String>,
+    child: Option<Child>,
+    /// For a TLS server: the directory of its certificates.
+    tls: Option<std::path::PathBuf>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port and waits until it answers.
+    pub fn start() -> RedisServer {
+        Self::start_with(None)
+    }
+
+    /// Starts a server that requires `password` (`--requirepass`).
+    pub fn start_with_password(password: &str) -> RedisServer {
+        Self::start_with(Some(password.to_owned()))
+    }
+
+    fn start_with(password: Option<String>) -> RedisServer {
+        let mut server = RedisServer {
+            port: free_port(),
+            password,
+            child: None,
+            tls: None,
+        };
+        server.spawn();
+        server
+    }
+
+    /// Starts a server that speaks only TLS, with a certificate for `localhost` and 127.0.0.1
+    /// signed by a fresh CA (see [`ca_file`](Self::ca_file)). Needs the `openssl` command.
+    pub fn start_tls() -> RedisServer {
+        let dir =
+            std::env::temp_dir().join(format!("dlock-tls-{}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let openssl = |args: &[&str]| {
+            let status = Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("cannot run openssl");
+            assert!(status.success(), "openssl {args:?} failed");
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=dlock test CA",
+        ]);
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ]);
+        std::fs::write(
+            dir.join("san.ext"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+        )
+        .unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ]);
+        let mut server = RedisServer {
+            port: free_port(),
+            password: None,
+            child: None,
+            tls: Some(dir),
+        };
+        server.spawn();
+        server
+    }
+
+    /// The CA that signed a TLS server's certificate.
+    pub fn ca_file(&self) -> Option<std::path::PathBuf> {
+        self.tls.as_ref().map(|dir| dir.join("ca.pem"))
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT`, with the password if the server has one.
+    pub fn url(&self) -> String {
+        match &self.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            None => self.url_without_password(),
+        }
+    }
+
+    pub fn url_without_password(&self) -> String {
+        match &self.tls {
+            Some(_) => format!("rediss://localhost:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// Kills the server (SIGKILL: no goodbye to its clients) and waits for it to be gone.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops the server if it runs, and starts it again on the same port (empty: nothing is
+    /// saved).
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    fn spawn(&mut self) {
+        let port = self.port.to_string();
+        let mut command = Command::new("redis-server");
+        match &self.tls {
+            None => command.args(["--port", &port]),
+            Some(dir) => command
+                .args([
+                    "--port",
+                    "0",
+                    "--tls-port",
+                    &port,
+                    "--tls-auth-clients",
+                    "no",
+                ])
+                .arg("--tls-cert-file")
+                .arg(dir.join("server.pem"))
+                .arg("--tls-key-file")
+                .arg(dir.join("server.key"))
+                .arg("--tls-ca-cert-file")
+                .arg(dir.join("ca.pem")),
+        };
+        command.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
+        command.args(["--dir", &std::env::temp_dir().to_string_lossy()]);
+        if let Some(password) = &self.password {
+            command.args(["--requirepass", password]);
+        }
+        command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .stdin(Stdio::null());
+        let started = Instant::now();
+        // The port was free a moment ago, and is free again right after a kill; retry a few
+        // times in case the kernel takes a moment.
+        loop {
+            let child = command
+                .spawn()
+                .expect("cannot run redis-server: is it installed (apt-get install redis-server)?");
+            self.child = Some(child);
+            if self.wait_until_answering(Duration::from_secs(10)) {
+                return;
+            }
+            self.stop();
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "redis-server on port {} did not start",
+                self.port
+            );
+        }
+    }
+
+    fn wait_until_answering(&mut self, patience: Duration) -> bool {
+        let deadline = Instant::now() + patience;
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return false; // exited: port taken, most likely
+                }
+            }
+            if let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+                if self.tls.is_some() {
+                    // It listens; the TLS handshake is the client's to test.
+                    return true;
+                }
+                let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+                let mut reply = [0u8; 64];
+                if stream.write_all(b"PING\r\n").is_ok() {
+                    if let Ok(n) = stream.read(&mut reply) {
+                        // +PONG, or -NOAUTH where a password is required: it answers either way.
+                        if n > 0
+                            && (reply[0] == b'+' || reply[0] == b'-')
+                            && !reply[..n].starts_with(b"-LOADING")
+                        {
+                            return true;
+                        }
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(dir) = &self.tls {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// A port nobody listens on now.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("cannot bind 127.0.0.1:0");
+    listener.local_addr().unwrap().port()
+}
+
+/// A private Redis Cluster of three primaries (no replicas), each node on free ports, killed on
+/// drop.
+pub struct RedisCluster {
+    nodes: Vec<Child>,
+    ports: Vec<u16>,
+    dir: std::path::PathBuf,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("dlock-cluster-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut cluster = RedisCluster {
+            nodes: Vec::new(),
+            ports: Vec::new(),
+            dir,
+        };
+        for _ in 0..3 {
+            let (port, bus) = (free_port(), free_port());
+            let child = Command::new("redis-server")
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--cluster-port",
+                    &bus.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                ])
+                .args([
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    &format!("nodes-{port}.conf"),
+                ])
+                .args([
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    &cluster.dir.to_string_lossy(),
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("cannot run redis-server: is it installed (apt-get install redis-server)?");
+            cluster.nodes.push(child);
+            cluster.ports.push(port);
+        }
+        for &port in &cluster.ports {
+            assert!(
+                answers(port, b"PING\r\n", b"+PONG", Duration::from_secs(10)),
+                "cluster node {port} did not start"
+            );
+        }
+        let addresses: Vec<String> = cluster
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let status = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("cannot run redis-cli");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        for &port in &cluster.ports {
+            assert!(
+                answers(
+                    port,
+                    b"CLUSTER INFO\r\n",
+                    b"cluster_state:ok",
+                    Duration::from_secs(20)
+                ),
+                "cluster node {port} never saw the cluster ok"
+            );
+        }
+        cluster
+    }
+
+    /// `redis+cluster://` with every node as a seed.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    pub fn node_urls(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for child in &mut self.nodes {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Whether the server on `port` answers `request` with a reply containing `expected` within
+/// `patience`.
+fn answers(port: u16, request: &[u8], expected: &[u8], patience: Duration) -> bool {
+    let deadline = Instant::now() + patience;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    while Instant::now() < deadline {
+        if let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+            let mut reply = [0u8; 4096];
+            if stream.write_all(request).is_ok() {
+                if let Ok(n) = stream.read(&mut reply) {
+                    if reply[..n].windows(expected.len()).any(|w| w == expected) {
+                        return true;
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
