@@ -11,16 +11,18 @@ use std::process::Command;
 /// Cargo holds no lock on the build directory while tests run, so this nested build works under
 /// both `cargo test` and nextest; it is a no-op when the example is up to date.
 fn example_binary(name: &str) -> PathBuf {
-    let mut features = vec!["memory"];
-    if cfg!(feature = "mysql") {
-        features.push("mysql");
-    }
-    if cfg!(feature = "redis") {
-        features.push("redis");
-    }
-    if cfg!(feature = "zookeeper") {
-        features.push("zookeeper");
-    }
+    // The same features as this test build, so the example reuses its compiled crates.
+    let features: Vec<&str> = [
+        ("memory", cfg!(feature = "memory")),
+        ("mysql", cfg!(feature = "mysql")),
+        ("redis", cfg!(feature = "redis")),
+        ("redis-cluster", cfg!(feature = "redis-cluster")),
+        ("redis-tls", cfg!(feature = "redis-tls")),
+        ("zookeeper", cfg!(feature = "zookeeper")),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .args([

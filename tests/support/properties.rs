@@ -434,25 +434,32 @@ pub async fn renewals_are_batched<S: Store>(store: &S) {
     for i in 0..200 {
         leases.push(
             locker
-                .lock(unique_key(&format!("batch{i}")), ttl(900))
+                .lock(unique_key(&format!("batch{i}")), ttl(1_500))
                 .await
                 .unwrap(),
         );
     }
-    // Three renewal periods (ttl/3 = 300 ms each).
-    tokio::time::sleep(Duration::from_millis(950)).await;
-    let (calls, renewed) = (
-        backend.renew_calls.load(Ordering::SeqCst),
-        backend.renewed.load(Ordering::SeqCst),
-    );
+    let counted = || {
+        (
+            backend.renew_calls.load(Ordering::SeqCst),
+            backend.renewed.load(Ordering::SeqCst),
+        )
+    };
+    let (calls_before, renewed_before) = counted();
+    // Three renewal periods (ttl/3 = 500 ms each).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (calls, renewed) = (counted().0 - calls_before, counted().1 - renewed_before);
     assert!(
         leases.iter().all(|lease| lease.is_held()),
         "a lease was lost"
     );
     assert!(
         renewed >= 400,
-        "only {renewed} renewals for 200 leases over three periods"
+        "only {renewed} renewals of 200 leases over three periods"
     );
-    // One call per lease per period would be 600; batching makes it a handful.
-    assert!(calls <= 12, "{calls} renewal calls for {renewed} renewals");
+    // One call per lease would carry one lease each; batching carries dozens per call.
+    assert!(
+        renewed / calls.max(1) >= 25,
+        "{calls} renewal calls for {renewed} renewals"
+    );
 }

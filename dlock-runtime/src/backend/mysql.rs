@@ -175,7 +175,7 @@ impl MysqlBackend {
         let shared = self.shared.clone();
         let (key, owner) = (key.as_bytes().to_vec(), owner.to_owned());
         on_background(async move {
-            let insert = retry_once(|| {
+            let insert = retry_transient(|| {
                 sqlx::query(AssertSqlSafe(shared.sql.insert.clone()))
                     .bind(&key)
                     .bind(&owner)
@@ -189,7 +189,7 @@ impl MysqlBackend {
                 Err(_) => {}
             }
             // Held or expired? Take the row over only if it expired by the database's clock.
-            let take_over = retry_once(|| {
+            let take_over = retry_transient(|| {
                 sqlx::query(AssertSqlSafe(shared.sql.take_over.clone()))
                     .bind(&owner)
                     .bind(ttl_us)
@@ -309,7 +309,7 @@ impl Backend for MysqlBackend {
         let shared = self.shared.clone();
         let (key, owner) = (key.as_bytes().to_vec(), owner.to_string());
         on_background(async move {
-            let done = retry_once(|| {
+            let done = retry_transient(|| {
                 sqlx::query(AssertSqlSafe(shared.sql.release.clone()))
                     .bind(&key)
                     .bind(&owner)
@@ -409,19 +409,39 @@ async fn on_background<T: Send + 'static>(
         .map_err(|error| LockError::backend(format!("MySQL task failed: {error}")))?
 }
 
-/// Runs `statement` again once if its connection broke: the pool hands out a fresh one, so the
-/// first call after a server restart succeeds. Every lock statement is safe to repeat for its
-/// owner.
-async fn retry_once<T, F, Fut>(mut statement: F) -> Result<T, sqlx::Error>
+/// Runs `statement` again if it failed in a way that says nothing about the lock: once on a
+/// fresh connection if its connection broke (so the first call after a server restart
+/// succeeds), and up to three times when InnoDB chose it as a deadlock victim or timed out its
+/// row-lock wait — concurrent `INSERT`s and `DELETE`s of one key can deadlock on the key's index
+/// record, and a victim's autocommit statement was rolled back whole. Every lock statement is
+/// safe to repeat for its owner.
+async fn retry_transient<T, F, Fut>(mut statement: F) -> Result<T, sqlx::Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, sqlx::Error>>,
 {
-    match statement().await {
-        Err(sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed) => {
-            statement().await
+    let mut deadlocks = 0;
+    let mut reconnected = false;
+    loop {
+        match statement().await {
+            Err(sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed)
+                if !reconnected =>
+            {
+                reconnected = true;
+            }
+            Err(error) if is_lock_conflict(&error) && deadlocks < 3 => deadlocks += 1,
+            other => return other,
         }
-        other => other,
+    }
+}
+
+/// A deadlock (1213) or a row-lock wait time-out (1205).
+fn is_lock_conflict(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .is_some_and(|e| matches!(e.number(), 1205 | 1213)),
+        _ => false,
     }
 }
 
