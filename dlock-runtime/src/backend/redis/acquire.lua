@@ -20,7 +20,12 @@ end
 
 if not holder then
   local head = live_head()
-  if not head or head == owner then
+  if not head then
+    -- Nobody waits, so this owner is in no queue: the uncontended path, with nothing to leave.
+    redis.call('SET', lock, owner, 'PX', ttl)
+    return {1, next_fence(owner)}
+  end
+  if head == owner then
     leave()
     redis.call('SET', lock, owner, 'PX', ttl)
     return {1, next_fence(owner)}

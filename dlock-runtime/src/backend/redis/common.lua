@@ -13,12 +13,12 @@
 local lock, fence, queue, me = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, waiter_prefix, channel, liveness = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
--- A new fence, recorded as the fence of `who`'s grant. Returned as the stored string, so that
--- no Lua number formatting touches it.
+-- A new fence, recorded as the fence of `who`'s grant. Returned as a number, which is exact:
+-- fences count grants, far below 2^53.
 local function next_fence(who)
-  redis.call('HINCRBY', fence, 'n', 1)
+  local n = redis.call('HINCRBY', fence, 'n', 1)
   redis.call('HSET', fence, 'o', who)
-  return redis.call('HGET', fence, 'n')
+  return n
 end
 
 -- The first waiter of the queue that is still alive, and its ttl; dead heads are dropped.

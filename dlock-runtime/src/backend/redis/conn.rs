@@ -1,7 +1,15 @@
-//! The command connection: one multiplexed connection (or one cluster connection) per backend,
-//! made on dlock's background runtime, replaced when it breaks, with one retry on a fresh
-//! connection for the call that found it broken.
+//! The command connections: one multiplexed connection (or one cluster connection) per tokio
+//! runtime that calls the backend, replaced when it breaks, with one retry on a fresh connection
+//! for the call that found it broken.
+//!
+//! A connection's driver task runs on the runtime that made it. Calls from a caller's runtime use
+//! a connection made there, so a request and its reply never hop threads (on a current-thread
+//! runtime that hop would cost more than the round trip); dlock's own work (the watchdog, queued
+//! releases) uses one made on the background runtime. When a runtime ends, its connection dies
+//! with it, and nothing uses it again: runtime ids are never reused, and only the last few
+//! runtimes' connections are kept.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -68,8 +76,66 @@ pub(super) struct Timeouts {
     pub(super) response: Duration,
 }
 
-/// Hands out the current connection, making one when there is none.
+/// How many callers' runtimes keep a connection at once. A test binary makes a runtime per test;
+/// the connections of runtimes that ended are dropped oldest first.
+const RUNTIME_SLOTS: usize = 8;
+
+/// The connections of one backend: one for the background runtime, one per calling runtime.
 pub(super) struct Connection {
+    background: Slot,
+    runtimes: Mutex<VecDeque<(tokio::runtime::Id, Arc<Slot>)>>,
+}
+
+impl Connection {
+    pub(super) fn new(target: Target, timeouts: Timeouts, description: Arc<str>) -> Self {
+        Connection {
+            background: Slot::new(target, timeouts, description, true),
+            runtimes: Mutex::new(VecDeque::with_capacity(RUNTIME_SLOTS)),
+        }
+    }
+
+    /// The connection slot of the calling runtime: its own for a caller's runtime, the background
+    /// one for dlock's own work or a caller outside any runtime.
+    fn slot(&self) -> Option<Arc<Slot>> {
+        let handle = tokio::runtime::Handle::try_current().ok()?;
+        let id = handle.id();
+        if id == background::handle().id() {
+            return None;
+        }
+        let mut runtimes = self
+            .runtimes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((_, slot)) = runtimes.iter().find(|(runtime, _)| *runtime == id) {
+            return Some(slot.clone());
+        }
+        if runtimes.len() == RUNTIME_SLOTS {
+            runtimes.pop_front();
+        }
+        let slot = Arc::new(self.background.sibling());
+        runtimes.push_back((id, slot.clone()));
+        Some(slot)
+    }
+
+    /// Runs `op` on the calling runtime's connection (see [`Slot::run`]).
+    pub(super) async fn run<T, F, Fut>(&self, what: &str, op: F) -> Result<T, LockError>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        match self.slot() {
+            Some(slot) => slot.run(what, op).await,
+            None => self.background.run(what, op).await,
+        }
+    }
+
+    pub(super) fn error(&self, what: &str, error: RedisError) -> LockError {
+        self.background.error(what, error)
+    }
+}
+
+/// One connection, made when first needed and again after it breaks.
+struct Slot {
     target: Target,
     timeouts: Timeouts,
     /// The current connection and its generation.
@@ -80,18 +146,31 @@ pub(super) struct Connection {
     finished: AtomicU64,
     /// What the redacted URL reads, for errors.
     description: Arc<str>,
+    /// Whether the connection is made on the background runtime rather than the caller's.
+    on_background: bool,
 }
 
-impl Connection {
-    pub(super) fn new(target: Target, timeouts: Timeouts, description: Arc<str>) -> Self {
-        Connection {
+impl Slot {
+    fn new(target: Target, timeouts: Timeouts, description: Arc<str>, on_background: bool) -> Self {
+        Slot {
             target,
             timeouts,
             current: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(Attempts::default()),
             finished: AtomicU64::new(0),
             description,
+            on_background,
         }
+    }
+
+    /// A slot for the same server whose connection is made on the caller's runtime.
+    fn sibling(&self) -> Slot {
+        Slot::new(
+            self.target.clone(),
+            self.timeouts,
+            self.description.clone(),
+            false,
+        )
     }
 
     fn current(&self) -> MutexGuard<'_, Option<(u64, Conn)>> {
@@ -133,8 +212,8 @@ impl Connection {
         }
     }
 
-    /// Connects on the background runtime: the connection's driver task is spawned by whichever
-    /// runtime connects, and must not die with the caller's.
+    /// Connects on the runtime this slot serves: the connection's driver task is spawned by
+    /// whichever runtime connects, so the background slot's must not be the caller's.
     async fn connect(&self) -> Result<Conn, RedisError> {
         let target = self.target.clone();
         let timeouts = self.timeouts;
@@ -165,6 +244,9 @@ impl Connection {
                 ))),
             }
         };
+        if !self.on_background {
+            return connecting.await;
+        }
         match background::handle().spawn(connecting).await {
             Ok(result) => result,
             Err(join) => Err(RedisError::from(std::io::Error::other(format!(
@@ -183,7 +265,7 @@ impl Connection {
 
     /// Runs `op` on the current connection; where the connection turns out broken, once more on a
     /// fresh one (every operation of this backend is idempotent for its owner).
-    pub(super) async fn run<T, F, Fut>(&self, what: &str, op: F) -> Result<T, LockError>
+    async fn run<T, F, Fut>(&self, what: &str, op: F) -> Result<T, LockError>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
@@ -206,7 +288,7 @@ impl Connection {
         }
     }
 
-    pub(super) fn error(&self, what: &str, error: RedisError) -> LockError {
+    fn error(&self, what: &str, error: RedisError) -> LockError {
         let refused = error.kind() == redis::ErrorKind::AuthenticationFailed
             || matches!(error.code(), Some("NOAUTH" | "WRONGPASS"))
             || error.to_string().contains("NOAUTH");

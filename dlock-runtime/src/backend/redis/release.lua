@@ -4,8 +4,8 @@
 -- this owner out of the queue, and hands on a lock that nobody holds (it may have been this
 -- waiter's turn, or its holder expired). Returns 1 where this owner held the lock, else 0.
 if redis.call('GET', lock) == owner then
+  -- A holder is in no queue: it left it when it was granted the lock.
   redis.call('DEL', lock)
-  leave()
   hand_off()
   return 1
 end
