@@ -101,18 +101,102 @@
 //! # Ok(()) }
 //! ```
 //!
-//! ## Backends
+//! ## Choosing a backend
 //!
-//! Each behind the cargo feature of the same name; `memory` is on by default.
+//! Each store is behind the cargo feature of the same name; `memory` and `redis` are on by
+//! default. Take the store you already run, and check that its promise is the one you need:
 //!
-//! - `memory` ([`backend::MemoryBackend`]) — in-process, with the same semantics: expiry by its
-//!   own clock, fences, first-come first-served hand-off. The embedded default of examples and
-//!   single-process programs, and the store for tests.
+//! | | memory | Redis | MySQL / MariaDB | ZooKeeper |
+//! | --- | --- | --- | --- | --- |
+//! | URL | `memory://` | `redis://`, `rediss://`, `redis+cluster://` | `mysql://` | `zk://host:port[/chroot]` |
+//! | exclusion across a fail-over | one process only | no: a replica promoted before it saw the lock forgets it | as far as the database's replication is synchronous | yes: quorum writes |
+//! | fencing | store counter | per-key counter that never expires | `GREATEST(fence + 1, database µs clock)` | node `czxid` |
+//! | fair (FIFO) waiting | yes | yes (queue + hand-off) | no (jittered back-off) | yes (each waiter watches its predecessor) |
+//! | expiry judged by | its own clock | the server (`PX`) | the database (`UTC_TIMESTAMP(6)`) | the session |
 //!
-//! A `Locker` comes from [`Locker::connect`] with a URL, or [`Locker::with_backend`] with any
-//! [`backend::Backend`]. Without a `locker = …` argument the attribute uses the locker given to
-//! [`set_default_locker`], else one built once from the `DLOCK_URL` environment variable, else it
-//! fails with [`LockError::NoLocker`].
+//! Whatever the store, the client also judges loss on its own clock (see *Loss* above), and the
+//! fence lets the resource itself reject a stale holder — the only protection that survives a
+//! holder paused past its lease.
+//!
+//! ## Choosing `ttl` and `wait`
+//!
+//! - `ttl` bounds how long a crashed holder blocks the key; the watchdog renews every ttl/3, so
+//!   a short ttl costs more renewals, not a shorter critical section. Pick the longest outage of
+//!   the holder you would rather wait out than risk overlapping: a few seconds for request
+//!   handlers, longer for batch jobs. On ZooKeeper, `ttl` may not exceed the session timeout.
+//! - `wait = "0s"` (the default) suits de-duplication: the loser of a race is a duplicate and is
+//!   dropped. A positive `wait` suits serialisation (every caller must run, one at a time): make
+//!   it longer than the queue you expect times the critical section.
+//!
+//! ## Re-entrancy and cancellation
+//!
+//! ```
+//! use dlock::{distributed_lock, LockError, Locker};
+//! use std::sync::LazyLock;
+//!
+//! static LOCKS: LazyLock<Locker> = LazyLock::new(Locker::memory);
+//!
+//! #[distributed_lock(key = "order:<id>", locker = &LOCKS)]
+//! async fn pay(id: u64) -> Result<(), LockError> {
+//!     reserve(id).await // same key, same task: re-enters, no second acquisition
+//! }
+//!
+//! #[distributed_lock(key = "order:<id>", locker = &LOCKS)]
+//! async fn reserve(id: u64) -> Result<(), LockError> {
+//!     Ok(())
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! pay(7).await.unwrap();
+//! // Dropping the call's future — a time-out, a `select!` — releases the lease at once.
+//! let _ = tokio::time::timeout(std::time::Duration::from_millis(1), pay(8)).await;
+//! # }
+//! ```
+//!
+//! With `on_lost = "cancel"` (the default) a body whose lease is lost is dropped at its next
+//! `.await`, as if its caller had dropped it, so write bodies whose awaits are safe places to
+//! stop — the same rule as any cancellable async code. Work that must not be interrupted halfway
+//! belongs in one database transaction, or under `on_lost = "continue"` with a check of
+//! [`current_lease()`] before it commits.
+//!
+//! ## Fencing
+//!
+//! A lease can end while its holder is paused (a GC pause, a stalled VM): it wakes up believing it
+//! still holds the key. Pass the fence with every write the lock protects and let the resource
+//! refuse a write older than the newest it has seen:
+//!
+//! ```
+//! # use dlock::{distributed_lock, current_lease, LockError};
+//! # struct Db;
+//! # impl Db { async fn execute(&self, _sql: &str, _args: (u64, u64, &str)) -> Result<u64, LockError> { Ok(1) } }
+//! # #[derive(Debug)] enum AppError { Lock(LockError), Stale }
+//! # impl From<LockError> for AppError { fn from(e: LockError) -> Self { AppError::Lock(e) } }
+//! #[distributed_lock(key = "stock:<sku>", ttl = "5s")]
+//! async fn set_stock(db: &Db, sku: &str, units: u64) -> Result<(), AppError> {
+//!     let fence = current_lease().expect("inside a locked body").fence();
+//!     let updated = db
+//!         .execute(
+//!             "UPDATE stock SET units = ?, fence = ? WHERE sku = ? AND fence < ?",
+//!             (units, fence, sku),
+//!         )
+//!         .await?;
+//!     if updated == 0 {
+//!         return Err(AppError::Stale); // a newer holder has written since: this holder lost
+//!     }
+//!     Ok(())
+//! }
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! # dlock::set_default_locker(dlock::Locker::memory());
+//! # set_stock(&Db, "sku-1", 3).await.unwrap();
+//! # }
+//! ```
+//!
+//! ## Lockers
+//!
+//! A `Locker` comes from [`Locker::connect`] with a URL, from a backend's builder, or from
+//! [`Locker::with_backend`] with any [`backend::Backend`]. Without a `locker = …` argument the
+//! attribute uses the locker given to [`set_default_locker`], else one built once from the
+//! `DLOCK_URL` environment variable, else it fails with [`LockError::NoLocker`].
 //!
 //! ## Observability
 //!

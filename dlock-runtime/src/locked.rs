@@ -2,6 +2,7 @@
 //! body under the lease, watch for its loss, release on every exit path.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -56,12 +57,30 @@ pub fn locker(locker: &Locker) -> Locker {
 /// `on_failure(error)` instead of (the rest of) the body. `on_failure` is
 /// [`FromLockError::from_lock_error`](crate::FromLockError), named by the generated code where the
 /// compiler can point a type error at the function's return type.
-pub async fn locked<R, F>(
+///
+/// The body is boxed before anything else. A future stored inline makes the type of every
+/// enclosing future nest it; with each annotated call wrapping its body in a few layers of its
+/// own, two or three nested annotated calls would exceed the compiler's recursion limit for
+/// layouts. One allocation per call keeps any depth of nesting compiling.
+pub fn locked<R, F>(
     spec: LockSpec,
     locker: Option<Locker>,
     key: String,
     on_failure: fn(LockError) -> R,
     body: F,
+) -> impl Future<Output = R>
+where
+    F: Future<Output = R>,
+{
+    run_locked(spec, locker, key, on_failure, Box::pin(body))
+}
+
+async fn run_locked<R, F>(
+    spec: LockSpec,
+    locker: Option<Locker>,
+    key: String,
+    on_failure: fn(LockError) -> R,
+    body: Pin<Box<F>>,
 ) -> R
 where
     F: Future<Output = R>,
