@@ -82,6 +82,11 @@ impl Locker {
                 Locker::with_backend(crate::backend::MysqlBackend::connect(url).await?)
                     .described(url),
             ),
+            #[cfg(feature = "zookeeper")]
+            "zk" => Ok(
+                Locker::with_backend(crate::backend::ZookeeperBackend::connect(url).await?)
+                    .described(url),
+            ),
             known if ["memory", "redis", "rediss", "mysql", "zk"].contains(&known) => {
                 Err(invalid(format!(
                     "this build of dlock lacks the `{}` feature; enable it in Cargo.toml",

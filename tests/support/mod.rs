@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod properties;
+pub mod zk_server;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
