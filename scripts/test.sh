@@ -9,9 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Installs Debian package $2 when command $1 is missing.
+# Installs Debian package $2 when command (or file) $1 is missing.
 need() {
-    if ! command -v "$1" >/dev/null 2>&1; then
+    if ! [ -e "$1" ] && ! command -v "$1" >/dev/null 2>&1; then
         echo "test.sh: installing $2 (for $1)"
         if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
         $sudo apt-get update -qq
@@ -20,6 +20,8 @@ need() {
 }
 
 need redis-server redis-server
+need java default-jre-headless
+need /usr/share/java/zookeeper.jar zookeeper
 
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --all-features --no-fail-fast

@@ -125,7 +125,7 @@ async fn waiters_from_eight_sessions_get_the_key_in_queue_order() {
             .expect("a waiter never got the key")
             .unwrap();
     }
-    let log = log.lock().unwrap();
+    let log = log.lock().unwrap().clone();
     let order: Vec<usize> = log[1..].iter().map(|(id, _)| *id).collect();
     assert_eq!(order, (0..8).collect::<Vec<_>>(), "served out of order");
     assert!(
@@ -146,8 +146,7 @@ async fn a_release_wakes_exactly_one_of_twenty_waiters() {
     let entered = Arc::new(AtomicUsize::new(0));
     let mut waiters = Vec::new();
     for i in 0..20 {
-        let (locker, task_key, entered) =
-            (lockers[i % 2].clone(), key.clone(), entered.clone());
+        let (locker, task_key, entered) = (lockers[i % 2].clone(), key.clone(), entered.clone());
         waiters.push(tokio::spawn(async move {
             let _lease = locker
                 .lock(&*task_key, ttl(60).wait(Duration::from_secs(120)))
@@ -160,7 +159,12 @@ async fn a_release_wakes_exactly_one_of_twenty_waiters() {
     }
     // Time for the last waiters to set their watches.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let watches = || backends.iter().map(ZookeeperBackend::watch_events).sum::<u64>();
+    let watches = || {
+        backends
+            .iter()
+            .map(ZookeeperBackend::watch_events)
+            .sum::<u64>()
+    };
     let before = watches();
     lease.release().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -203,12 +207,20 @@ async fn a_waiter_that_gives_up_or_is_dropped_leaves_no_node() {
         .await;
     assert!(matches!(busy, Err(LockError::Busy { .. })), "{busy:?}");
     assert!(started.elapsed() >= Duration::from_millis(300));
-    assert_eq!(zk.queue(&key).await.len(), 1, "the node of a waiter that gave up stayed");
+    assert_eq!(
+        zk.queue(&key).await.len(),
+        1,
+        "the node of a waiter that gave up stayed"
+    );
 
     // A waiter whose future is dropped: its node goes at once, not when its session ends.
     let task = tokio::spawn({
         let (waiter, key) = (waiter.clone(), key.clone());
-        async move { waiter.lock(&*key, ttl(60).wait(Duration::from_secs(60))).await }
+        async move {
+            waiter
+                .lock(&*key, ttl(60).wait(Duration::from_secs(60)))
+                .await
+        }
     });
     zk.until_queue_is(&key, 2).await;
     task.abort();
@@ -257,7 +269,7 @@ async fn idle_key_cleanup_never_breaks_a_concurrent_acquirer() {
     }
     assert_eq!(gauge.entered(), 300);
     assert_eq!(gauge.max(), 1, "two clients held the key at once");
-    let fences = fences.lock().unwrap();
+    let fences = fences.lock().unwrap().clone();
     assert!(
         fences.windows(2).all(|w| w[0] < w[1]),
         "fences did not increase across parent deletions"
@@ -303,7 +315,10 @@ async fn in_a_partition_the_client_gives_its_leases_up_before_the_ensemble_delet
             .await
             .expect("the loss was not reported");
     }
-    assert!(deleted_after >= session, "expired after only {deleted_after:?}");
+    assert!(
+        deleted_after >= session,
+        "expired after only {deleted_after:?}"
+    );
 
     // When the network comes back, the client learns that its session expired and later calls
     // run on a new session.
@@ -333,7 +348,10 @@ async fn a_ttl_longer_than_the_session_timeout_is_refused() {
         }
         other => panic!("expected InvalidOptions, got {other:?}"),
     }
-    assert!(zk.queue(&key).await.is_empty(), "a refused acquisition made a node");
+    assert!(
+        zk.queue(&key).await.is_empty(),
+        "a refused acquisition made a node"
+    );
     let lease = locker.lock(&*key, ttl(4)).await.unwrap();
     assert!(lease.is_held());
 }
@@ -391,13 +409,10 @@ async fn server_outage_longer_than_the_session_cancels_the_body_and_later_calls_
 
     // The first call after the outage succeeds, on a new session.
     let other_key = unique_key("after-outage");
-    let lease = tokio::time::timeout(
-        Duration::from_secs(30),
-        locker.lock(&*other_key, ttl(4)),
-    )
-    .await
-    .expect("the first call after the outage hung")
-    .unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(30), locker.lock(&*other_key, ttl(4)))
+        .await
+        .expect("the first call after the outage hung")
+        .unwrap();
     assert!(lease.is_held());
     // The old session's node goes when the restarted server expires that session; a waiter is
     // woken by it.
@@ -417,7 +432,9 @@ async fn server_outage_longer_than_the_session_cancels_the_body_and_later_calls_
 async fn locker_connects_by_url_and_creates_the_chroot() {
     let url = zk_server::shared_url().await;
     let chroot = format!("/dlock-chroot-{}", Owner::random());
-    let locker = Locker::connect(&format!("{url}{chroot}/app")).await.unwrap();
+    let locker = Locker::connect(&format!("{url}{chroot}/app"))
+        .await
+        .unwrap();
     let key = unique_key("url");
     let lease = locker.lock(&*key, LockOptions::new()).await.unwrap();
     let admin = ZookeeperBackend::connect(&format!("{url}{chroot}/app"))
@@ -428,17 +445,18 @@ async fn locker_connects_by_url_and_creates_the_chroot() {
     lease.release().await.unwrap();
     assert!(admin.queue(&key).await.unwrap().is_empty());
 
-    let unreachable = tokio::time::timeout(
-        Duration::from_secs(30),
-        Locker::connect("zk://127.0.0.1:1"),
-    )
-    .await
-    .expect("an unreachable server must fail, not hang");
+    let unreachable =
+        tokio::time::timeout(Duration::from_secs(30), Locker::connect("zk://127.0.0.1:1"))
+            .await
+            .expect("an unreachable server must fail, not hang");
     let message = unreachable.unwrap_err().to_string();
     assert!(message.contains("cannot connect to ZooKeeper"), "{message}");
     for bad in ["zk://", "zk://host:1,,host:2", "zk://host:1/a//b"] {
         assert!(
-            matches!(Locker::connect(bad).await, Err(LockError::InvalidUrl { .. })),
+            matches!(
+                Locker::connect(bad).await,
+                Err(LockError::InvalidUrl { .. })
+            ),
             "{bad}"
         );
     }

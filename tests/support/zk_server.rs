@@ -98,7 +98,7 @@ impl ZkServer {
             .arg(&self.dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::null())
             .spawn()
             .expect("cannot run sh");
         let mut pid = String::new();
@@ -169,11 +169,48 @@ pub async fn shared_url() -> String {
             return url.trim().to_owned();
         }
     }
-    static SHARED: OnceLock<ZkServer> = OnceLock::new();
-    tokio::task::spawn_blocking(|| SHARED.get_or_init(ZkServer::start_new).url())
+    static SHARED: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
+    SHARED
+        .get_or_init(|| async {
+            static SERVER: OnceLock<ZkServer> = OnceLock::new();
+            let url = tokio::task::spawn_blocking(|| SERVER.get_or_init(ZkServer::start_new).url())
+                .await
+                .unwrap();
+            warm_up(&url).await;
+            url
+        })
         .await
-        .unwrap()
+        .clone()
 }
+
+/// Runs the server's write path a few hundred times, so its JIT has compiled it before a test
+/// measures anything: a cold JVM serves a lock several times slower than a warm one.
+#[cfg(feature = "zookeeper")]
+async fn warm_up(url: &str) {
+    use dlock::backend::ZookeeperBackend;
+    use dlock::{LockOptions, Locker};
+
+    let backend = ZookeeperBackend::builder(url)
+        .unwrap()
+        .root("/dlock-warm-up")
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend);
+    for i in 0..WARM_UP_LOCKS {
+        let lease = locker
+            .lock(format!("warm-up-{i}"), LockOptions::new().renew(false))
+            .await
+            .unwrap();
+        lease.release().await.unwrap();
+    }
+}
+
+#[cfg(not(feature = "zookeeper"))]
+async fn warm_up(_: &str) {}
+
+/// Lock-release cycles of the warm-up: each is four writes and two reads on the server.
+const WARM_UP_LOCKS: usize = 100;
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -25,8 +25,9 @@
 //! # The calls
 //!
 //! - **Acquire**: `create` the lock node and `getChildren` of the parent, pipelined in one round
-//!   trip (a session's requests are processed in order, so the list includes the new node). The
-//!   lowest node holds the lock. Otherwise the waiter sets an `exists` watch on the node just
+//!   trip (a session's requests are processed in order, so the list includes the new node; where
+//!   the parent was seen missing, its `create` goes first in the same round trip). The lowest
+//!   node holds the lock. Otherwise the waiter sets an `exists` watch on the node just
 //!   below its own and sleeps until that node goes, then lists again: a release wakes exactly
 //!   one waiter (no herd), and waiters are served in the order their nodes were created,
 //!   first come first served. A waiter whose predecessor gave up finds a new predecessor and
@@ -140,6 +141,15 @@ const EPHEMERAL_SEQUENTIAL: CreateOptions<'static> =
 /// // or simply: Locker::connect("zk://zk1:2181,zk2:2181,zk3:2181/apps/orders").await?
 /// # Ok(()) }
 /// ```
+///
+/// Each key is a persistent node under the root, and each acquisition an ephemeral sequential
+/// node under it; the lowest holds the lock and each waiter watches only the node below its own,
+/// so a release wakes one waiter and waiters are served first come, first served. Fences are the
+/// lock nodes' creation zxids. A lease lives as long as the backend's ZooKeeper session: when the
+/// ensemble expires the session, every lease on it is lost and later calls open a new session.
+/// Hence a lease's ttl may not exceed the session timeout the ensemble granted
+/// ([`session_timeout`](Self::session_timeout)); a longer one is refused with
+/// [`LockError::InvalidOptions`]. Requires ZooKeeper 3.6 or newer.
 ///
 /// Besides [`Backend`], it has an operator's view of a key, [`queue`](Self::queue) and
 /// [`force_release`](Self::force_release), and a counter for tests,
@@ -294,8 +304,14 @@ impl ZookeeperBackend {
             "distributed_lock: ZooKeeper session ended; its leases are lost; opened a new session"
         );
         // Nodes of the old session went with it: nothing of them is held any more.
-        self.shared.held().retain(|_, held| held.session != current.id);
-        *self.shared.session.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        self.shared
+            .held()
+            .retain(|_, held| held.session != current.id);
+        *self
+            .shared
+            .session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = fresh.clone();
         Ok(fresh)
     }
 
@@ -521,7 +537,7 @@ impl ZookeeperBuilder {
 
     /// The session timeout to ask of the ensemble (default 30 s). The ensemble grants a value
     /// within its `minSessionTimeout` and `maxSessionTimeout` (by default 2 and 20 tick times);
-    /// a lease's ttl may not exceed the granted value (see the [module docs](self)).
+    /// a lease's ttl may not exceed the granted value (see [`ZookeeperBackend`]).
     pub fn session_timeout(mut self, timeout: Duration) -> Self {
         self.session_timeout = timeout;
         self
@@ -538,7 +554,9 @@ impl ZookeeperBuilder {
             .client
             .mkdir(&base, &PERSISTENT)
             .await
-            .map_err(|error| LockError::backend(format!("cannot create ZooKeeper node {base}: {error}")))?;
+            .map_err(|error| {
+                LockError::backend(format!("cannot create ZooKeeper node {base}: {error}"))
+            })?;
         Ok(ZookeeperBackend {
             shared: Arc::new(Shared {
                 hosts: self.hosts,
@@ -699,7 +717,11 @@ impl LockNode {
     /// The node is the holder's now: the guard lets it be. Returns its path.
     fn grant(&mut self) -> String {
         self.armed = false;
-        format!("{}/{}", self.parent, self.name.as_deref().unwrap_or_default())
+        format!(
+            "{}/{}",
+            self.parent,
+            self.name.as_deref().unwrap_or_default()
+        )
     }
 
     fn disarm(&mut self) {
@@ -872,9 +894,14 @@ fn node_name(key: &str) -> Result<String, LockError> {
 /// Whether ZooKeeper accepts `c` in a node name (its `PathUtils.validatePath`).
 fn allowed_in_znode(c: char) -> bool {
     let c = u32::from(c);
-    ![0x0000..=0x001f, 0x007f..=0x009f, 0xd800..=0xf8ff, 0xfff0..=0xffff]
-        .iter()
-        .any(|range| range.contains(&c))
+    ![
+        0x0000..=0x001f,
+        0x007f..=0x009f,
+        0xd800..=0xf8ff,
+        0xfff0..=0xffff,
+    ]
+    .iter()
+    .any(|range| range.contains(&c))
 }
 
 /// Checks an absolute node path given as an option: `/a/b`, no empty, `.` or `..` segment, no
@@ -900,7 +927,10 @@ fn check_path(path: &str) -> Result<(), String> {
 fn ends_session(error: &ZkError) -> bool {
     matches!(
         error,
-        ZkError::SessionExpired | ZkError::SessionMoved | ZkError::ClientClosed | ZkError::AuthFailed
+        ZkError::SessionExpired
+            | ZkError::SessionMoved
+            | ZkError::ClientClosed
+            | ZkError::AuthFailed
     )
 }
 
@@ -957,7 +987,14 @@ mod tests {
         assert!(ZookeeperBackend::builder("zk://127.0.0.1:2181").is_ok());
         assert!(ZookeeperBackend::builder("zk://a:1,b:2/apps/locks").is_ok());
         assert!(ZookeeperBackend::builder("zk://a:1/").is_ok());
-        for bad in ["zk://", "zk:///chroot", "zk://a:1,,b:2", "zk://a:1/x/", "zk://a:1/x//y", "redis://a:1"] {
+        for bad in [
+            "zk://",
+            "zk:///chroot",
+            "zk://a:1,,b:2",
+            "zk://a:1/x/",
+            "zk://a:1/x//y",
+            "redis://a:1",
+        ] {
             assert!(ZookeeperBackend::builder(bad).is_err(), "{bad}");
         }
         assert!(check_path("/dlock").is_ok());
