@@ -9,9 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Installs Debian package $2 when command $1 is missing.
+# Installs Debian package $2 when command (or file) $1 is missing.
 need() {
-    if ! command -v "$1" >/dev/null 2>&1; then
+    if ! [ -e "$1" ] && ! command -v "$1" >/dev/null 2>&1; then
         echo "test.sh: installing $2 (for $1)"
         if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
         $sudo apt-get update -qq
@@ -41,6 +41,8 @@ if [ -z "${DLOCK_MYSQL_URL:-}" ] && ! mysql_answers root; then
         GRANT ALL ON test.* TO 'dlock'@'localhost';"
     export DLOCK_MYSQL_URL=mysql://dlock:dlock@127.0.0.1:3306/test
 fi
+need java default-jre-headless
+need /usr/share/java/zookeeper.jar zookeeper
 
 if cargo nextest --version >/dev/null 2>&1; then
     # The UI tests compile a crate against dlock; with the default features that is a fraction

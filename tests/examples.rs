@@ -1,7 +1,7 @@
 //! Each example, run as a process on each backend, tells its story: the printed result is
 //! checked, not just the exit code.
 
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "zookeeper"))]
 mod support;
 
 use std::path::PathBuf;
@@ -144,6 +144,17 @@ fn examples_on_mysql() {
 fn examples_on_redis() {
     // A private server: the examples use fixed keys.
     let server = support::redis_server::RedisServer::start();
+    let url = server.url();
+    check_account_sync(Some(&url));
+    check_stock_deduction(Some(&url));
+    check_dedupe_messages(Some(&url));
+}
+
+#[cfg(feature = "zookeeper")]
+#[test]
+fn examples_on_zookeeper() {
+    // A private server: the examples use fixed keys.
+    let server = support::zk_server::ZkServer::start_new();
     let url = server.url();
     check_account_sync(Some(&url));
     check_stock_deduction(Some(&url));

@@ -102,6 +102,11 @@ impl Locker {
             ),
             #[cfg(feature = "redis")]
             "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => Locker::redis(url).await,
+            #[cfg(feature = "zookeeper")]
+            "zk" => Ok(
+                Locker::with_backend(crate::backend::ZookeeperBackend::connect(url).await?)
+                    .described(url),
+            ),
             known
                 if [
                     "memory",

@@ -4,6 +4,7 @@
 
 pub mod properties;
 pub mod redis_server;
+pub mod zk_server;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -18,6 +18,13 @@ pub use memory::MemoryBackend;
 mod mysql;
 #[cfg(feature = "mysql")]
 pub use mysql::{MysqlBackend, MysqlBuilder, MAX_KEY_BYTES as MYSQL_MAX_KEY_BYTES};
+#[cfg(feature = "zookeeper")]
+mod zookeeper;
+#[cfg(feature = "zookeeper")]
+pub use zookeeper::{
+    ZookeeperBackend, ZookeeperBuilder, DEFAULT_ROOT as ZOOKEEPER_DEFAULT_ROOT,
+    DEFAULT_SESSION_TIMEOUT as ZOOKEEPER_DEFAULT_SESSION_TIMEOUT,
+};
 
 #[cfg(feature = "redis")]
 pub mod redis;

@@ -1,0 +1,1005 @@
+//! The ZooKeeper store: seed 002's ephemeral sequential nodes, the lock recipe of the ZooKeeper
+//! documentation, with each waiter watching only its predecessor.
+//!
+//! # The nodes
+//!
+//! ```text
+//! /dlock                                       the root (builder option), created if missing
+//! └── acct:a%3Ab                               one persistent parent per key
+//!     ├── 3f9c…e1-0000000007  (ephemeral)      the holder: the lowest sequence number
+//!     ├── 8a02…5d-0000000008  (ephemeral)      a waiter, watching …07
+//!     └── c7b1…90-0000000009  (ephemeral)      a waiter, watching …08
+//! ```
+//!
+//! - **Parent**: named by the rendered key, with `/`, `%` and every character a znode name
+//!   cannot hold (controls, `U+007F`–`U+009F`, `U+D800`–`U+F8FF`, `U+FFF0`–`U+FFFF`)
+//!   percent-encoded as UTF-8 bytes, and the names `.` and `..` written `%2E` and `%2E%2E`. `%`
+//!   is always an escape, so the mapping is injective: two keys never share a parent. Keys
+//!   rendered by `#[distributed_lock]` are already escaped, so they appear as they are.
+//! - **Lock node**: `EPHEMERAL_SEQUENTIAL`, named `{owner}-{sequence}` and holding the owner
+//!   token. The owner in the name makes creation *protected* (Curator's term): when the reply to
+//!   a create is lost with the connection, the node is found again by its prefix, so a retried or
+//!   abandoned acquisition never leaves an orphan node that would block the key for as long as
+//!   the session lives. Queue order is the sequence number, not the name.
+//!
+//! # The calls
+//!
+//! - **Acquire**: `create` the lock node and `getChildren` of the parent, pipelined in one round
+//!   trip (a session's requests are processed in order, so the list includes the new node; where
+//!   the parent was seen missing, its `create` goes first in the same round trip). The lowest
+//!   node holds the lock. Otherwise the waiter sets an `exists` watch on the node just
+//!   below its own and sleeps until that node goes, then lists again: a release wakes exactly
+//!   one waiter (no herd), and waiters are served in the order their nodes were created,
+//!   first come first served. A waiter whose predecessor gave up finds a new predecessor and
+//!   watches it instead. `wait` is kept exactly: when it runs out the waiter deletes its node
+//!   and answers busy. With `wait = 0` the parent is listed first, and a key that has any lock
+//!   node is answered busy without creating one, so tries on a busy key cause no churn.
+//! - **Release**: delete our node, pipelined with a delete of the parent that the server refuses
+//!   (`NotEmpty`) while anyone else queues; so an idle key leaves nothing behind. An acquirer
+//!   whose parent vanished between its steps gets `NoNode` on create, recreates the parent and
+//!   tries again: the two never need a lock of their own. The node to delete is the one this
+//!   backend created for the owner (kept in a map, owner → node), and its name carries the owner,
+//!   so a release can only ever delete its own node: `Ok(false)` when it was already gone.
+//! - **Renewal**: one `multiRead` of `getData` on every lease's node (1,000 per request, the
+//!   requests pipelined): a lease is held while its node exists and belongs to the live session.
+//!   Nothing is extended on the server, because the lease *is* the session: the client's
+//!   heartbeats keep the session, and the session keeps the nodes.
+//! - **Abandonment**: a waiter that gives up, or whose future is dropped, deletes its node at
+//!   once (a drop guard queues the delete on dlock's background runtime), so it never becomes a
+//!   holder that nobody serves.
+//!
+//! # Fences
+//!
+//! A fence is the `czxid` of the lock node: the zxid of the transaction that created it. Zxids
+//! are assigned by the ensemble's leader to every write, in one total order, increase
+//! monotonically (across leader changes too: the epoch is the high half) and are never reused.
+//! Nodes of one key are served in creation order, so each holder's node was created after every
+//! earlier holder's, and fences increase per key across releases, expiries and deletions of the
+//! parent. The sequence number could not serve: it counts the children of one parent, and
+//! restarts at zero when an idle key's parent is deleted and created again.
+//!
+//! # Sessions and time
+//!
+//! Every node of a backend lives on its one ZooKeeper session. When the ensemble expires the
+//! session (no heartbeat for the session timeout), it deletes the session's nodes: every lease
+//! on it is lost at once, renewal answers `false` for all of them, and the backend opens a new
+//! session for later calls. A disconnection shorter than that keeps the session, but the client
+//! stops trusting a lease as soon as ttl less the safety margin has passed since the last
+//! confirmation, whatever the session does: ZooKeeper's own limits are coarse (the session
+//! timeout is bounded below by twice the server's tick time), the client's are not.
+//!
+//! That is safe only if the server cannot end the session, and delete the node, while the
+//! client still trusts the lease. The session lives at least the session timeout past the last
+//! request the server saw, and the client trusts a lease for ttl less the margin past the send
+//! time of the last confirmation; so a lease's ttl must not exceed the session timeout the
+//! server granted. An acquisition with a longer ttl is refused with
+//! [`LockError::InvalidOptions`]; raise [`ZookeeperBuilder::session_timeout`] (default 30 s,
+//! within the server's `maxSessionTimeout`) or lower the ttl.
+//!
+//! A request the ensemble does not answer is bounded: an acquisition fails after its `wait`
+//! plus the session timeout, a release after the session timeout (its delete keeps being retried
+//! in the background while the session lives, so the key is not blocked for good).
+//!
+//! # Why zookeeper-client
+//!
+//! `zookeeper-client` is pure Rust and async, speaks the 3.5+ protocol (`create2` returns the
+//! new node's stat, so the fence comes with the create; `multiRead` for batched renewal; needs
+//! ZooKeeper 3.6 or newer), and drives its connection on its own `async-io` reactor, so the
+//! session outlives whichever tokio runtime first used the backend. Its session task is spawned
+//! through the `spawns` hook, which dlock points at its own background runtime.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::future::{poll_fn, Future};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use zookeeper_client::{
+    Acls, Client, CreateMode, CreateOptions, Error as ZkError, EventType, MultiReadResult,
+    SessionId,
+};
+
+use super::{AcquireRequest, Acquired, Backend, Renewal};
+use crate::{background, LockError, Owner};
+
+/// The root under which the per-key parents live, unless [`ZookeeperBuilder::root`] says
+/// otherwise.
+pub const DEFAULT_ROOT: &str = "/dlock";
+
+/// The session timeout asked of the ensemble, unless [`ZookeeperBuilder::session_timeout`] says
+/// otherwise. Leases may be as long as the timeout the ensemble grants.
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Leases renewed by one `multiRead`; a tick with more pipelines more requests.
+const RENEW_CHUNK: usize = 1_000;
+
+/// How often an acquisition recreates a parent that a concurrent release deleted before giving
+/// up. Each time needs a release to slip in between two of our requests.
+const PARENT_RETRIES: usize = 16;
+
+/// How often a background delete of an unanswered release is retried.
+const DELETE_RETRIES: usize = 100;
+
+const PERSISTENT: CreateOptions<'static> = CreateMode::Persistent.with_acls(Acls::anyone_all());
+const EPHEMERAL_SEQUENTIAL: CreateOptions<'static> =
+    CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+
+/// A lock store on a ZooKeeper ensemble. Clones share one session.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), dlock::LockError> {
+/// use std::time::Duration;
+/// use dlock::{backend::ZookeeperBackend, Locker};
+///
+/// let backend = ZookeeperBackend::builder("zk://zk1:2181,zk2:2181,zk3:2181/apps/orders")?
+///     .root("/locks")
+///     .session_timeout(Duration::from_secs(20))
+///     .connect()
+///     .await?;
+/// let locker = Locker::with_backend(backend);
+/// // or simply: Locker::connect("zk://zk1:2181,zk2:2181,zk3:2181/apps/orders").await?
+/// # Ok(()) }
+/// ```
+///
+/// Each key is a persistent node under the root, and each acquisition an ephemeral sequential
+/// node under it; the lowest holds the lock and each waiter watches only the node below its own,
+/// so a release wakes one waiter and waiters are served first come, first served. Fences are the
+/// lock nodes' creation zxids. A lease lives as long as the backend's ZooKeeper session: when the
+/// ensemble expires the session, every lease on it is lost and later calls open a new session.
+/// Hence a lease's ttl may not exceed the session timeout the ensemble granted
+/// ([`session_timeout`](Self::session_timeout)); a longer one is refused with
+/// [`LockError::InvalidOptions`]. Requires ZooKeeper 3.6 or newer.
+///
+/// Besides [`Backend`], it has an operator's view of a key, [`queue`](Self::queue) and
+/// [`force_release`](Self::force_release), and a counter for tests,
+/// [`watch_events`](Self::watch_events).
+#[derive(Clone)]
+pub struct ZookeeperBackend {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// The connect string without the chroot: `host:port,host:port`.
+    hosts: String,
+    /// Chroot and root: the absolute path the per-key parents live under.
+    base: String,
+    /// The session timeout asked of the ensemble.
+    asked_timeout: Duration,
+    session: Mutex<Session>,
+    /// Held while a new session is opened, so concurrent calls open one, not one each.
+    reconnecting: tokio::sync::Mutex<()>,
+    held: Mutex<HashMap<Owner, Held>>,
+    watch_events: AtomicU64,
+}
+
+/// One ZooKeeper session.
+#[derive(Clone)]
+struct Session {
+    client: Client,
+    id: SessionId,
+    /// The session timeout the ensemble granted.
+    timeout: Duration,
+}
+
+/// A lock node this backend holds a lease through.
+struct Held {
+    path: String,
+    parent: String,
+    session: SessionId,
+}
+
+/// Options of a [`ZookeeperBackend`], from [`ZookeeperBackend::builder`].
+#[derive(Debug, Clone)]
+pub struct ZookeeperBuilder {
+    hosts: String,
+    chroot: String,
+    root: String,
+    session_timeout: Duration,
+}
+
+impl ZookeeperBackend {
+    /// Connects with the default options (root `/dlock`, session timeout 30 s).
+    pub async fn connect(url: &str) -> Result<ZookeeperBackend, LockError> {
+        Self::builder(url)?.connect().await
+    }
+
+    /// Options for a connection to `url`: `zk://host:port[,host:port…][/chroot]`. The chroot is
+    /// created if missing.
+    pub fn builder(url: &str) -> Result<ZookeeperBuilder, LockError> {
+        let invalid = |reason: &str| LockError::InvalidUrl {
+            url: crate::locker::mask_password(url),
+            reason: reason.to_owned(),
+        };
+        let rest = url
+            .strip_prefix("zk://")
+            .ok_or_else(|| invalid("expected zk://host:port[,host:port][/chroot]"))?;
+        let (hosts, chroot) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        if hosts.is_empty() || hosts.split(',').any(str::is_empty) {
+            return Err(invalid(
+                "expected one or more host:port, separated by commas",
+            ));
+        }
+        let chroot = if chroot == "/" { "" } else { chroot };
+        if !chroot.is_empty() {
+            check_path(chroot).map_err(|reason| invalid(&format!("chroot {reason}")))?;
+        }
+        Ok(ZookeeperBuilder {
+            hosts: hosts.to_owned(),
+            chroot: chroot.to_owned(),
+            root: DEFAULT_ROOT.to_owned(),
+            session_timeout: DEFAULT_SESSION_TIMEOUT,
+        })
+    }
+
+    /// The absolute path (chroot included) the per-key parents live under.
+    pub fn root(&self) -> &str {
+        &self.shared.base
+    }
+
+    /// The session timeout the ensemble granted the current session: the longest ttl a lease
+    /// may have.
+    pub fn session_timeout(&self) -> Duration {
+        self.shared.current().timeout
+    }
+
+    /// How many predecessor watches have fired: one per wake-up of a waiter by the deletion of
+    /// the node below its own. A release wakes one waiter, never the whole queue.
+    pub fn watch_events(&self) -> u64 {
+        self.shared.watch_events.load(Ordering::Relaxed)
+    }
+
+    /// The lock nodes of `key` in queue order, the holder first, as `{owner}-{sequence}`. Empty
+    /// when nobody holds or waits for the key.
+    pub async fn queue(&self, key: &str) -> Result<Vec<String>, LockError> {
+        let parent = self.shared.parent(key)?;
+        let session = self.session().await?;
+        match session.client.list_children(&parent).await {
+            Ok(children) => Ok(queue_of(children)),
+            Err(ZkError::NoNode) => Ok(Vec::new()),
+            Err(error) => Err(zk_error(error)),
+        }
+    }
+
+    /// Deletes the node of `key`'s holder, whoever it is, as an operator's `delete` in `zkCli`
+    /// would: the holder sees the loss at its next renewal, and the next waiter gets the key.
+    /// Returns whether the key was held.
+    pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
+        let parent = self.shared.parent(key)?;
+        let session = self.session().await?;
+        let children = match session.client.list_children(&parent).await {
+            Ok(children) => children,
+            Err(ZkError::NoNode) => return Ok(false),
+            Err(error) => return Err(zk_error(error)),
+        };
+        let Some(holder) = queue_of(children).into_iter().next() else {
+            return Ok(false);
+        };
+        match session
+            .client
+            .delete(&format!("{parent}/{holder}"), None)
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(ZkError::NoNode) => Ok(false),
+            Err(error) => Err(zk_error(error)),
+        }
+    }
+
+    /// The live session, opening a new one if the current one ended.
+    async fn session(&self) -> Result<Session, LockError> {
+        let current = self.shared.current();
+        if !current.client.state().is_terminated() {
+            return Ok(current);
+        }
+        let _one = self.shared.reconnecting.lock().await;
+        let current = self.shared.current();
+        if !current.client.state().is_terminated() {
+            return Ok(current);
+        }
+        let fresh = open(&self.shared.hosts, self.shared.asked_timeout).await?;
+        tracing::warn!(
+            old = %current.id,
+            new = %fresh.id,
+            "distributed_lock: ZooKeeper session ended; its leases are lost; opened a new session"
+        );
+        // Nodes of the old session went with it: nothing of them is held any more.
+        self.shared
+            .held()
+            .retain(|_, held| held.session != current.id);
+        *self
+            .shared
+            .session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        Ok(fresh)
+    }
+
+    async fn acquire_on(
+        &self,
+        mut session: Session,
+        request: &AcquireRequest<'_>,
+        parent: String,
+    ) -> Result<Option<Acquired>, LockError> {
+        let now = Instant::now();
+        // A wait too long to add is a wait without end.
+        let deadline = now
+            .checked_add(request.wait)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
+        let mut retried = false;
+        let mut parent_missing = false;
+        if request.wait.is_zero() {
+            // A try that is sure to fail creates nothing: no churn of nodes and watches on a
+            // busy key.
+            loop {
+                match session.client.list_children(&parent).await {
+                    Ok(children) if children.iter().any(|c| sequence(c).is_some()) => {
+                        return Ok(None)
+                    }
+                    Ok(_) => break,
+                    Err(ZkError::NoNode) => {
+                        parent_missing = true;
+                        break;
+                    }
+                    Err(error) if !retried && is_retryable(&error) => {
+                        retried = true;
+                        session = self.session().await?;
+                    }
+                    Err(error) => return Err(zk_error(error)),
+                }
+            }
+        }
+        let mut node = LockNode::new(&session, parent, request.owner);
+        node.parent_missing = parent_missing;
+        loop {
+            match self.contend(&mut node, request.owner, deadline).await {
+                Ok(acquired) => return Ok(acquired),
+                Err(error) if !retried && is_retryable(&error) => {
+                    retried = true;
+                    let fresh = self.session().await?;
+                    if fresh.id != node.session {
+                        // Our node, if any, went with the old session.
+                        node.disarm();
+                        node = LockNode::new(&fresh, node.parent.clone(), request.owner);
+                    }
+                }
+                Err(error) => return Err(zk_error(error)),
+            }
+        }
+    }
+
+    /// Creates `node` if it does not exist yet and waits, watching its predecessor, until it is
+    /// the lowest (granted) or `deadline` passes (`None`, the node deleted).
+    async fn contend(
+        &self,
+        node: &mut LockNode,
+        owner: Owner,
+        deadline: Instant,
+    ) -> Result<Option<Acquired>, ZkError> {
+        let client = node.client.clone();
+        let mut listed: Option<(Vec<String>, Instant)> = None;
+        let mut parents_made = 0;
+        loop {
+            if node.name.is_none() && node.in_flight {
+                // A create whose reply was lost may have landed: find it by its owner prefix.
+                let children = list_or_empty(&client, &node.parent).await?;
+                if let Some(name) = children.iter().find(|c| node.is_ours(c)) {
+                    let path = format!("{}/{name}", node.parent);
+                    if let Some(stat) = client.check_stat(&path).await? {
+                        node.adopt(name.clone(), stat.czxid);
+                    }
+                }
+                node.in_flight = false;
+            }
+            if node.name.is_none() {
+                node.in_flight = true;
+                let sent_at = Instant::now();
+                // Pipelined, one round trip: the session's requests are served in order, so the
+                // create finds the parent made just before it (when it was seen missing), and
+                // the list includes the node the create makes.
+                let make_parent = node
+                    .parent_missing
+                    .then(|| client.create(&node.parent, &[], &PERSISTENT));
+                let create =
+                    client.create(&node.prefix, node.data.as_bytes(), &EPHEMERAL_SEQUENTIAL);
+                let list = client.list_children(&node.parent);
+                let make_parent = async move {
+                    match make_parent {
+                        Some(made) => made.await.map(drop),
+                        None => Ok(()),
+                    }
+                };
+                let (made, created, children) = tokio::join!(make_parent, create, list);
+                match created {
+                    Ok((stat, sequence)) => {
+                        node.adopt(format!("{}{sequence}", node.own_prefix), stat.czxid);
+                        listed = Some((children?, sent_at));
+                    }
+                    Err(ZkError::NoNode) if parents_made < PARENT_RETRIES => {
+                        // The parent is missing, or a release deleted it between our steps.
+                        node.in_flight = false;
+                        parents_made += 1;
+                        if node.parent_missing && matches!(made, Err(ZkError::NoNode)) {
+                            // The root itself is gone.
+                            client.mkdir(&node.parent, &PERSISTENT).await?;
+                        }
+                        node.parent_missing = true;
+                        continue;
+                    }
+                    Err(ZkError::NoNode) => {
+                        node.in_flight = false;
+                        return Err(ZkError::UnexpectedError(format!(
+                            "the parent {} kept vanishing",
+                            node.parent
+                        )));
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+            let (children, listed_at) = match listed.take() {
+                Some(listed) => listed,
+                None => {
+                    let sent_at = Instant::now();
+                    (list_or_empty(&client, &node.parent).await?, sent_at)
+                }
+            };
+            let queue = queue_of(children);
+            let Some(position) = queue.iter().position(|name| node.is(name)) else {
+                // Deleted from outside (an operator, or a forced release of a waiter).
+                node.name = None;
+                if Instant::now() >= deadline {
+                    node.disarm();
+                    return Ok(None);
+                }
+                continue;
+            };
+            if position == 0 {
+                let path = node.grant();
+                let fence = u64::try_from(node.fence).unwrap_or(0);
+                self.shared.held().insert(
+                    owner,
+                    Held {
+                        path,
+                        parent: node.parent.clone(),
+                        session: node.session,
+                    },
+                );
+                return Ok(Some(Acquired {
+                    fence,
+                    valid_from: listed_at,
+                }));
+            }
+            if Instant::now() >= deadline {
+                node.remove().await;
+                return Ok(None);
+            }
+            let predecessor = format!("{}/{}", node.parent, queue[position - 1]);
+            let (stat, watcher) = client.check_and_watch_stat(&predecessor).await?;
+            if stat.is_none() {
+                // Gone between the list and the watch: list again.
+                continue;
+            }
+            tokio::select! {
+                event = watcher.changed() => {
+                    if event.event_type == EventType::NodeDeleted {
+                        self.shared.watch_events.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // A session event ends the session's requests: the next one says so.
+                }
+                () = tokio::time::sleep_until(deadline.into()) => {}
+            }
+        }
+    }
+
+    fn check_ttl(&self, ttl: Duration, session: &Session) -> Result<(), LockError> {
+        if ttl > session.timeout {
+            return Err(LockError::InvalidOptions {
+                reason: format!(
+                    "ttl {ttl:?} is longer than the ZooKeeper session timeout of {:?} (asked {:?}): \
+                     the ensemble could end the session, and delete the lock node, while the \
+                     client still trusts the lease; lower the ttl, or raise the session timeout \
+                     with `ZookeeperBuilder::session_timeout` (within the server's maxSessionTimeout)",
+                    session.timeout, self.shared.asked_timeout
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Shared {
+    fn current(&self) -> Session {
+        self.session
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    fn held(&self) -> MutexGuard<'_, HashMap<Owner, Held>> {
+        // Nothing panics while the map is locked, and it is consistent between statements.
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn parent(&self, key: &str) -> Result<String, LockError> {
+        Ok(format!("{}/{}", self.base, node_name(key)?))
+    }
+}
+
+impl ZookeeperBuilder {
+    /// The path under which the per-key parents live (default `/dlock`), below the URL's chroot.
+    /// Created if missing.
+    pub fn root(mut self, root: impl Into<String>) -> Self {
+        self.root = root.into();
+        self
+    }
+
+    /// The session timeout to ask of the ensemble (default 30 s). The ensemble grants a value
+    /// within its `minSessionTimeout` and `maxSessionTimeout` (by default 2 and 20 tick times);
+    /// a lease's ttl may not exceed the granted value (see [`ZookeeperBackend`]).
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// Opens the session (so an unreachable ensemble is reported here) and creates the root.
+    pub async fn connect(self) -> Result<ZookeeperBackend, LockError> {
+        check_path(&self.root).map_err(|reason| LockError::InvalidOptions {
+            reason: format!("root {reason}"),
+        })?;
+        let base = format!("{}{}", self.chroot, self.root);
+        let session = open(&self.hosts, self.session_timeout).await?;
+        session
+            .client
+            .mkdir(&base, &PERSISTENT)
+            .await
+            .map_err(|error| {
+                LockError::backend(format!("cannot create ZooKeeper node {base}: {error}"))
+            })?;
+        Ok(ZookeeperBackend {
+            shared: Arc::new(Shared {
+                hosts: self.hosts,
+                base,
+                asked_timeout: self.session_timeout,
+                session: Mutex::new(session),
+                reconnecting: tokio::sync::Mutex::new(()),
+                held: Mutex::default(),
+                watch_events: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+impl Backend for ZookeeperBackend {
+    async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
+        let parent = self.shared.parent(request.key)?;
+        let session = self.session().await?;
+        self.check_ttl(request.ttl, &session)?;
+        let limit = request.wait.saturating_add(session.timeout);
+        match tokio::time::timeout(limit, self.acquire_on(session, request, parent)).await {
+            Ok(acquired) => acquired,
+            // The node guard of the dropped attempt deletes whatever it created.
+            Err(_) => Err(LockError::backend(format!(
+                "ZooKeeper did not answer within {limit:?}"
+            ))),
+        }
+    }
+
+    async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+        let _ = key; // the node is found by its owner
+        let Some(held) = self.shared.held().remove(&owner) else {
+            return Ok(false);
+        };
+        let session = self.shared.current();
+        if session.id != held.session || session.client.state().is_terminated() {
+            // The node went with its session.
+            return Ok(false);
+        }
+        let deleted = tokio::time::timeout(
+            session.timeout,
+            delete_node(&session.client, &held.path, &held.parent),
+        )
+        .await;
+        let error = match deleted {
+            Ok(Ok(existed)) => return Ok(existed),
+            Ok(Err(error)) if ends_session(&error) => return Ok(false),
+            Ok(Err(error)) => zk_error(error),
+            Err(_) => LockError::backend(format!(
+                "ZooKeeper did not answer a release within {:?}",
+                session.timeout
+            )),
+        };
+        // A node left behind would block the key for as long as the session lives.
+        background::spawn(delete_until_gone(session.client, held.path, held.parent));
+        Err(error)
+    }
+
+    async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+        let session = self.shared.current();
+        let live = !session.client.state().is_terminated();
+        let paths: Vec<Option<String>> = {
+            let held = self.shared.held();
+            leases
+                .iter()
+                .map(|lease| {
+                    held.get(&lease.owner)
+                        .filter(|h| live && h.session == session.id)
+                        .map(|h| h.path.clone())
+                })
+                .collect()
+        };
+        let asked: Vec<&str> = paths.iter().flatten().map(String::as_str).collect();
+        if asked.is_empty() {
+            return Ok(vec![false; leases.len()]);
+        }
+        // Every request is sent before any answer is awaited: one round trip in all.
+        let mut commits = Vec::new();
+        for chunk in asked.chunks(RENEW_CHUNK) {
+            let mut reader = session.client.new_multi_reader();
+            for path in chunk {
+                reader.add_get_data(path).map_err(zk_error)?;
+            }
+            commits.push(reader.commit());
+        }
+        let mut found = Vec::with_capacity(asked.len());
+        for commit in commits {
+            match commit.await {
+                Ok(results) => found.extend(results.into_iter().map(|result| {
+                    matches!(result, MultiReadResult::Data { stat, .. } if stat.ephemeral_owner == session.id.0)
+                })),
+                Err(error) if ends_session(&error) => return Ok(vec![false; leases.len()]),
+                Err(error) => return Err(zk_error(error)),
+            }
+        }
+        let mut found = found.into_iter();
+        Ok(paths
+            .iter()
+            .map(|path| path.is_some() && found.next().unwrap_or(false))
+            .collect())
+    }
+}
+
+/// The lock node of one acquisition in progress. Dropped before it was granted (the waiter
+/// gave up or its future was dropped), it deletes the node at once, from the background.
+struct LockNode {
+    client: Client,
+    session: SessionId,
+    parent: String,
+    /// `{owner}-`: the start of the node's name.
+    own_prefix: String,
+    /// `{parent}/{owner}-`: what the sequential create is given.
+    prefix: String,
+    /// The owner token, the node's data.
+    data: String,
+    /// The node's name, once created.
+    name: Option<String>,
+    fence: i64,
+    /// A create was sent whose answer has not been seen.
+    in_flight: bool,
+    /// The parent was seen missing: the create is preceded by one of the parent.
+    parent_missing: bool,
+    armed: bool,
+}
+
+impl LockNode {
+    fn new(session: &Session, parent: String, owner: Owner) -> Self {
+        let own_prefix = format!("{owner}-");
+        LockNode {
+            client: session.client.clone(),
+            session: session.id,
+            prefix: format!("{parent}/{own_prefix}"),
+            parent,
+            own_prefix,
+            data: owner.to_string(),
+            name: None,
+            fence: 0,
+            in_flight: false,
+            parent_missing: false,
+            armed: true,
+        }
+    }
+
+    fn is_ours(&self, name: &str) -> bool {
+        name.starts_with(&self.own_prefix) && sequence(name).is_some()
+    }
+
+    fn is(&self, name: &str) -> bool {
+        self.name.as_deref() == Some(name)
+    }
+
+    fn adopt(&mut self, name: String, czxid: i64) {
+        self.name = Some(name);
+        self.fence = czxid;
+        self.in_flight = false;
+    }
+
+    /// The node is the holder's now: the guard lets it be. Returns its path.
+    fn grant(&mut self) -> String {
+        self.armed = false;
+        format!(
+            "{}/{}",
+            self.parent,
+            self.name.as_deref().unwrap_or_default()
+        )
+    }
+
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    /// Deletes the node now; if that fails, dropping the guard tries again from the background.
+    async fn remove(&mut self) {
+        let Some(name) = &self.name else {
+            return;
+        };
+        let path = format!("{}/{name}", self.parent);
+        match delete_node(&self.client, &path, &self.parent).await {
+            Ok(_) => self.armed = false,
+            Err(error) if ends_session(&error) => self.armed = false,
+            Err(error) => {
+                tracing::debug!(%path, %error, "distributed_lock: deleting an abandoned ZooKeeper node failed; retrying");
+            }
+        }
+    }
+}
+
+impl Drop for LockNode {
+    fn drop(&mut self) {
+        if !self.armed || (self.name.is_none() && !self.in_flight) {
+            return;
+        }
+        let client = self.client.clone();
+        let parent = self.parent.clone();
+        let own_prefix = self.own_prefix.clone();
+        let name = self.name.clone();
+        background::spawn(async move {
+            if let Some(name) = name {
+                let _ = delete_node(&client, &format!("{parent}/{name}"), &parent).await;
+                return;
+            }
+            // The create's answer was never seen: find the node by its owner prefix. The list is
+            // served after the create, which was sent first on the same session.
+            let Ok(children) = client.list_children(&parent).await else {
+                return;
+            };
+            for name in children.iter().filter(|c| c.starts_with(&own_prefix)) {
+                let _ = delete_node(&client, &format!("{parent}/{name}"), &parent).await;
+            }
+        });
+    }
+}
+
+/// Deletes the lock node at `path` and, pipelined after it, its `parent` if that is left empty
+/// (the server refuses with `NotEmpty` otherwise). Returns whether the node existed.
+async fn delete_node(client: &Client, path: &str, parent: &str) -> Result<bool, ZkError> {
+    let node = client.delete(path, None);
+    let tidy = client.delete(parent, None);
+    let (node, _) = tokio::join!(node, tidy);
+    match node {
+        Ok(()) => Ok(true),
+        Err(ZkError::NoNode) => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
+/// Retries the delete of a release whose answer was lost, while the session lives.
+async fn delete_until_gone(client: Client, path: String, parent: String) {
+    for _ in 0..DELETE_RETRIES {
+        match delete_node(&client, &path, &parent).await {
+            Ok(_) => return,
+            Err(error) if ends_session(&error) => return,
+            Err(ZkError::ConnectionLoss) => tokio::time::sleep(Duration::from_millis(200)).await,
+            Err(error) => {
+                tracing::warn!(%path, %error, "distributed_lock: cannot delete a released ZooKeeper node; it stays until the session ends");
+                return;
+            }
+        }
+    }
+}
+
+async fn list_or_empty(client: &Client, parent: &str) -> Result<Vec<String>, ZkError> {
+    match client.list_children(parent).await {
+        Ok(children) => Ok(children),
+        Err(ZkError::NoNode) => Ok(Vec::new()),
+        Err(error) => Err(error),
+    }
+}
+
+/// Opens a session on `hosts`, asking for `timeout`.
+async fn open(hosts: &str, timeout: Duration) -> Result<Session, LockError> {
+    let connect = Client::connector()
+        .with_session_timeout(timeout)
+        // Report an unreachable ensemble once every host was tried, not after a session
+        // timeout of retries. (Reconnection within a session retries as long as it lives.)
+        .with_fail_eagerly()
+        .connect(hosts);
+    let client = with_spawner(connect).await.map_err(|error| {
+        LockError::backend(format!("cannot connect to ZooKeeper at {hosts}: {error}"))
+    })?;
+    Ok(Session {
+        id: client.session_id(),
+        timeout: client.session_timeout(),
+        client,
+    })
+}
+
+/// Starts the tasks zookeeper-client spawns (its session task, spawned by `connect`) on dlock's
+/// background runtime, so a session outlives the runtime of whichever caller opened it.
+struct BackgroundSpawner;
+
+impl spawns_core::Spawn for BackgroundSpawner {
+    fn spawn(&self, task: spawns_core::Task) {
+        drop(background::handle().spawn(Box::into_pin(task.future)));
+    }
+}
+
+static SPAWNER: BackgroundSpawner = BackgroundSpawner;
+
+/// Polls `future` with [`BackgroundSpawner`] as the thread's spawner.
+async fn with_spawner<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    poll_fn(|cx| {
+        let _scope = spawns_core::enter(&SPAWNER);
+        future.as_mut().poll(cx)
+    })
+    .await
+}
+
+/// The queue of a parent's children: the lock nodes, in sequence order.
+fn queue_of(children: Vec<String>) -> Vec<String> {
+    let mut nodes: Vec<(i64, String)> = children
+        .into_iter()
+        .filter_map(|name| sequence(&name).map(|n| (n, name)))
+        .collect();
+    nodes.sort_unstable();
+    nodes.into_iter().map(|(_, name)| name).collect()
+}
+
+/// The sequence number of a lock node's name, `{owner}-{sequence}`; `None` for other names.
+fn sequence(name: &str) -> Option<i64> {
+    let (owner, digits) = name.rsplit_once('-')?;
+    if owner.is_empty() || digits.len() < 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The parent's name for `key`: the key with `/`, `%` and what a znode name cannot hold
+/// percent-encoded, and `.` / `..` escaped.
+fn node_name(key: &str) -> Result<String, LockError> {
+    if key.is_empty() {
+        return Err(LockError::InvalidKey {
+            key: String::new(),
+            reason: "an empty key cannot name a ZooKeeper node".into(),
+        });
+    }
+    let mut name = String::with_capacity(key.len());
+    for c in key.chars() {
+        if c == '/' || c == '%' || !allowed_in_znode(c) {
+            let mut bytes = [0; 4];
+            for byte in c.encode_utf8(&mut bytes).bytes() {
+                let _ = write!(name, "%{byte:02X}");
+            }
+        } else {
+            name.push(c);
+        }
+    }
+    if name == "." || name == ".." {
+        name = name.replace('.', "%2E");
+    }
+    Ok(name)
+}
+
+/// Whether ZooKeeper accepts `c` in a node name (its `PathUtils.validatePath`).
+fn allowed_in_znode(c: char) -> bool {
+    let c = u32::from(c);
+    ![
+        0x0000..=0x001f,
+        0x007f..=0x009f,
+        0xd800..=0xf8ff,
+        0xfff0..=0xffff,
+    ]
+    .iter()
+    .any(|range| range.contains(&c))
+}
+
+/// Checks an absolute node path given as an option: `/a/b`, no empty, `.` or `..` segment, no
+/// trailing `/`, no character ZooKeeper refuses.
+fn check_path(path: &str) -> Result<(), String> {
+    let Some(rest) = path.strip_prefix('/') else {
+        return Err(format!("`{path}` must start with `/`"));
+    };
+    for segment in rest.split('/') {
+        if segment.is_empty() || segment == "." || segment == ".." {
+            return Err(format!(
+                "`{path}` must be `/`-separated names, none empty, `.` or `..`"
+            ));
+        }
+        if !segment.chars().all(allowed_in_znode) {
+            return Err(format!("`{path}` has a character ZooKeeper refuses"));
+        }
+    }
+    Ok(())
+}
+
+/// Errors after which the session can serve no request: its nodes are gone.
+fn ends_session(error: &ZkError) -> bool {
+    matches!(
+        error,
+        ZkError::SessionExpired
+            | ZkError::SessionMoved
+            | ZkError::ClientClosed
+            | ZkError::AuthFailed
+    )
+}
+
+/// Errors a second try may not meet: a lost connection (the client reconnects by itself) or an
+/// ended session (the backend opens a new one).
+fn is_retryable(error: &ZkError) -> bool {
+    matches!(error, ZkError::ConnectionLoss) || ends_session(error)
+}
+
+fn zk_error(error: ZkError) -> LockError {
+    LockError::backend(format!("ZooKeeper: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_path, node_name, queue_of, sequence, ZookeeperBackend};
+
+    #[test]
+    fn node_names_escape_what_a_znode_cannot_hold() {
+        assert_eq!(node_name("acct:a%3Ab").unwrap(), "acct:a%253Ab");
+        assert_eq!(node_name("a/b").unwrap(), "a%2Fb");
+        assert_eq!(node_name(".").unwrap(), "%2E");
+        assert_eq!(node_name("..").unwrap(), "%2E%2E");
+        assert_eq!(node_name("...").unwrap(), "...");
+        assert_eq!(node_name("tab\there").unwrap(), "tab%09here");
+        assert_eq!(node_name("\u{fff0}").unwrap(), "%EF%BF%B0");
+        assert_eq!(node_name("zookeeper").unwrap(), "zookeeper");
+        assert_eq!(node_name("ключ").unwrap(), "ключ");
+        assert!(node_name("").is_err());
+        // Injective: `%` is always an escape.
+        assert_ne!(node_name("a/b").unwrap(), node_name("a%2Fb").unwrap());
+        assert_ne!(node_name(".").unwrap(), node_name("%2E").unwrap());
+    }
+
+    #[test]
+    fn the_queue_is_in_sequence_order_and_skips_foreign_nodes() {
+        let children = vec![
+            "b-0000000010".to_owned(),
+            "a-0000000009".to_owned(),
+            "readme".to_owned(),
+            "c-2147483648000".to_owned(),
+            "-0000000001".to_owned(),
+        ];
+        assert_eq!(
+            queue_of(children),
+            vec!["a-0000000009", "b-0000000010", "c-2147483648000"]
+        );
+        assert_eq!(sequence("x-y-0000000003"), Some(3));
+        assert_eq!(sequence("x-003"), None);
+    }
+
+    #[test]
+    fn urls_and_paths_are_checked() {
+        assert!(ZookeeperBackend::builder("zk://127.0.0.1:2181").is_ok());
+        assert!(ZookeeperBackend::builder("zk://a:1,b:2/apps/locks").is_ok());
+        assert!(ZookeeperBackend::builder("zk://a:1/").is_ok());
+        for bad in [
+            "zk://",
+            "zk:///chroot",
+            "zk://a:1,,b:2",
+            "zk://a:1/x/",
+            "zk://a:1/x//y",
+            "redis://a:1",
+        ] {
+            assert!(ZookeeperBackend::builder(bad).is_err(), "{bad}");
+        }
+        assert!(check_path("/dlock").is_ok());
+        for bad in ["dlock", "/", "/a/../b", "/a/"] {
+            assert!(check_path(bad).is_err(), "{bad}");
+        }
+    }
+}

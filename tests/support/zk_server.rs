@@ -1,0 +1,290 @@
+//! A private ZooKeeper server for the tests: the Debian `zookeeper` package's jar, run as a
+//! standalone server on a free port of 127.0.0.1 with a data directory of its own.
+//!
+//! [`Partition`] is a proxy that cuts the network to it without closing connections.
+//!
+//! The server is started through a small shell that reads the test process's pipe: when the
+//! test process ends, however it ends, the pipe closes and the shell kills the server, so no JVM
+//! outlives its test binary — not even the one kept in a `static`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+const JAR: &str = "/usr/share/java/zookeeper.jar";
+
+/// How long a JVM may take to serve, on a loaded machine.
+const START_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// One standalone ZooKeeper server.
+pub struct ZkServer {
+    port: u16,
+    dir: PathBuf,
+    /// The shell that runs the server; `None` while stopped.
+    shell: Option<Child>,
+}
+
+impl ZkServer {
+    /// Starts a server on a free port with a fresh data directory, and waits until it serves.
+    ///
+    /// Its tick is 500 ms and it grants session timeouts from 1 s to 120 s, so tests may ask
+    /// for short sessions (to see them expire) and for leases of a minute.
+    pub fn start_new() -> ZkServer {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!(
+            "dlock-zk-{}-{}-{port}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        let config = format!(
+            "tickTime=500\n\
+             minSessionTimeout=1000\n\
+             maxSessionTimeout=120000\n\
+             dataDir={data}\n\
+             clientPort={port}\n\
+             clientPortAddress=127.0.0.1\n\
+             maxClientCnxns=0\n\
+             forceSync=no\n\
+             admin.enableServer=false\n\
+             4lw.commands.whitelist=srvr\n",
+            data = dir.join("data").display()
+        );
+        std::fs::write(dir.join("zoo.cfg"), config).unwrap();
+        let mut server = ZkServer {
+            port,
+            dir,
+            shell: None,
+        };
+        server.start();
+        server
+    }
+
+    /// The `zk://` URL of the server.
+    pub fn url(&self) -> String {
+        format!("zk://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the server again (same port, same data: sessions and nodes survive a restart,
+    /// as on a real ensemble) and waits until it serves.
+    pub fn start(&mut self) {
+        assert!(self.shell.is_none(), "the server is running");
+        assert!(
+            Path::new(JAR).exists(),
+            "ZooKeeper is not installed ({JAR} is missing): run scripts/test.sh, which installs \
+             the `zookeeper` package, or set DLOCK_ZK_URL"
+        );
+        // `read` returns when the test process writes a line or ends; then the server goes,
+        // and so does the data directory unless the line was `keep`.
+        let script = r#"
+            java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto \
+                -Dzookeeper.admin.enableServer=false \
+                -cp /etc/zookeeper/conf:/usr/share/java/zookeeper.jar \
+                org.apache.zookeeper.server.ZooKeeperServerMain "$1/zoo.cfg" >>"$1/server.log" 2>&1 &
+            server=$!
+            echo "$server"
+            read -r command
+            kill -9 "$server" 2>/dev/null
+            wait "$server" 2>/dev/null
+            [ "$command" = keep ] || rm -rf "$1"
+        "#;
+        let mut shell = Command::new("sh")
+            .args(["-c", script, "zk-server"])
+            .arg(&self.dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot run sh");
+        let mut pid = String::new();
+        BufReader::new(shell.stdout.take().unwrap())
+            .read_line(&mut pid)
+            .unwrap();
+        let pid = pid.trim().to_owned();
+        self.shell = Some(shell);
+        let started = Instant::now();
+        while !self.is_serving() {
+            let alive = Path::new(&format!("/proc/{pid}")).exists();
+            if !alive || started.elapsed() > START_TIMEOUT {
+                let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+                panic!(
+                    "ZooKeeper on port {} did not start within {:?}:\n{log}",
+                    self.port,
+                    started.elapsed()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills the server (as a crash would: no goodbye to its clients) and waits until it is
+    /// gone. The data directory stays for [`start`](Self::start).
+    pub fn stop(&mut self) {
+        if let Some(mut shell) = self.shell.take() {
+            let _ = shell.stdin.take().unwrap().write_all(b"keep\n");
+            let _ = shell.wait();
+        }
+    }
+
+    /// Whether the server serves clients: `srvr` answers its version once it does (`ruok`
+    /// answers `imok` before that).
+    fn is_serving(&self) -> bool {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut answer = String::new();
+        stream.write_all(b"srvr").is_ok()
+            && stream.read_to_string(&mut answer).is_ok()
+            && answer.starts_with("Zookeeper version")
+    }
+}
+
+impl Drop for ZkServer {
+    fn drop(&mut self) {
+        match self.shell.take() {
+            Some(mut shell) => {
+                // Closing the pipe without a command: the shell kills the server and removes
+                // the data directory.
+                drop(shell.stdin.take());
+                let _ = shell.wait();
+            }
+            None => {
+                let _ = std::fs::remove_dir_all(&self.dir);
+            }
+        }
+    }
+}
+
+/// The URL of the server the tests share: `DLOCK_ZK_URL` if set, else a private server started
+/// on first use and shared by every test of this process.
+pub async fn shared_url() -> String {
+    if let Ok(url) = std::env::var("DLOCK_ZK_URL") {
+        if !url.trim().is_empty() {
+            return url.trim().to_owned();
+        }
+    }
+    static SHARED: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
+    SHARED
+        .get_or_init(|| async {
+            static SERVER: OnceLock<ZkServer> = OnceLock::new();
+            let url = tokio::task::spawn_blocking(|| SERVER.get_or_init(ZkServer::start_new).url())
+                .await
+                .unwrap();
+            warm_up(&url).await;
+            url
+        })
+        .await
+        .clone()
+}
+
+/// Runs the server's write path a few hundred times, so its JIT has compiled it before a test
+/// measures anything: a cold JVM serves a lock several times slower than a warm one.
+#[cfg(feature = "zookeeper")]
+async fn warm_up(url: &str) {
+    use dlock::backend::ZookeeperBackend;
+    use dlock::{LockOptions, Locker};
+
+    let backend = ZookeeperBackend::builder(url)
+        .unwrap()
+        .root("/dlock-warm-up")
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend);
+    for i in 0..WARM_UP_LOCKS {
+        let lease = locker
+            .lock(format!("warm-up-{i}"), LockOptions::new().renew(false))
+            .await
+            .unwrap();
+        lease.release().await.unwrap();
+    }
+}
+
+#[cfg(not(feature = "zookeeper"))]
+async fn warm_up(_: &str) {}
+
+/// Lock-release cycles of the warm-up: each is four writes and two reads on the server.
+const WARM_UP_LOCKS: usize = 100;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A TCP proxy to a server that can cut the network without closing a connection: while it is
+/// frozen, bytes are held in both directions, as in a partition, so the server hears nothing
+/// from its clients and expires their sessions while they still think they are connected.
+pub struct Partition {
+    port: u16,
+    frozen: Arc<AtomicBool>,
+}
+
+impl Partition {
+    /// A proxy on a free port of 127.0.0.1 to the (first) server of `url`, forwarding until
+    /// frozen.
+    pub fn to(url: &str) -> Partition {
+        let hosts = url.trim_start_matches("zk://");
+        let target = hosts[..hosts.find([',', '/']).unwrap_or(hosts.len())].to_owned();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let frozen = Arc::new(AtomicBool::new(false));
+        let held = frozen.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(&target) else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (client2, server2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (up, down) = (held.clone(), held.clone());
+                std::thread::spawn(move || pump(client, server, &up));
+                std::thread::spawn(move || pump(server2, client2, &down));
+            }
+        });
+        Partition { port, frozen }
+    }
+
+    /// The `zk://` URL of the proxy.
+    pub fn url(&self) -> String {
+        format!("zk://127.0.0.1:{}", self.port)
+    }
+
+    /// Holds every byte from now on.
+    pub fn freeze(&self) {
+        self.frozen.store(true, Ordering::SeqCst);
+    }
+
+    /// Forwards again, what was held first.
+    pub fn thaw(&self) {
+        self.frozen.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Copies `from` to `to`, holding what it read while `frozen`.
+fn pump(mut from: TcpStream, mut to: TcpStream, frozen: &AtomicBool) {
+    let mut buffer = [0; 16 * 1024];
+    loop {
+        let read = match from.read(&mut buffer) {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        while frozen.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if to.write_all(&buffer[..read]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Write);
+}
