@@ -366,7 +366,13 @@ pub async fn fences_strictly_increase<S: Store>(store: &S) {
         let locker = if round % 2 == 0 { &a } else { &b };
         let lease = locker.lock(&*key, ttl(5_000)).await.unwrap();
         check(lease.fence(), "after a release");
-        let _ = b.lock(&*other, ttl(5_000)).await.unwrap();
+        // Acquisitions of another key in between must not disturb this key's order.
+        b.lock(&*other, ttl(5_000))
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
         lease.release().await.unwrap();
     }
     // After an expiry, and after a drop without release.
