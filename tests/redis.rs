@@ -686,3 +686,201 @@ async fn an_unresponsive_server_is_an_error_not_a_hang() {
         "20 calls took {elapsed:?}: each waited out its own attempt"
     );
 }
+
+/// One hand-off from a holder on `holder_locker` to a waiter on `waiter_locker`: the waiter's
+/// lease, the holder's fence, how many scripts the server ran from the release until the
+/// waiter's return, and how long after the waiter queued it returned.
+async fn hand_off_once(
+    redis: &Redis,
+    holder_locker: &Locker,
+    waiter_locker: &Locker,
+    ttl: Duration,
+) -> (dlock::Lease, u64, u64, Duration) {
+    let mut raw = redis.raw().await;
+    let key = unique_key("handed-off");
+    let holder = holder_locker
+        .lock(&*key, LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    let holder_fence = holder.fence();
+    let waiter = tokio::spawn({
+        let (locker, key) = (waiter_locker.clone(), key.clone());
+        async move {
+            locker
+                .lock(
+                    &*key,
+                    LockOptions::new().ttl(ttl).wait(Duration::from_secs(30)),
+                )
+                .await
+        }
+    });
+    wait_for_queue_length(&mut raw, &redis.names.queue_key(&key), 1).await;
+    let queued_at = Instant::now();
+    let scripts_before = script_calls(&mut raw).await;
+    holder.release().await.unwrap();
+    let lease = waiter.await.unwrap().unwrap();
+    let returned_after = queued_at.elapsed();
+    let scripts = script_calls(&mut raw).await - scripts_before;
+    (lease, holder_fence, scripts, returned_after)
+}
+
+/// Runs of a script (`EVALSHA` and `EVAL`) on the server so far.
+async fn script_calls(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(raw)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            line.strip_prefix("cmdstat_evalsha:calls=")
+                .or_else(|| line.strip_prefix("cmdstat_eval:calls="))
+        })
+        .filter_map(|rest| rest.split(',').next())
+        .map(|calls| calls.parse::<u64>().unwrap())
+        .sum()
+}
+
+/// A release hands the lock to the first waiter for the waiter's full ttl, with a fresh fence
+/// that travels with it: the waiter holds a valid lease the moment it returns, without another
+/// round trip — whether it waits on the releasing backend (woken in-process) or on another one
+/// (woken by the published message).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_off_lease_is_held_at_once_without_a_confirming_round_trip() {
+    let redis = Redis::start();
+    let ttl = Duration::from_secs(60);
+    let holder_locker = locker_on(&redis.server).await;
+    let other_locker = locker_on(&redis.server).await;
+    // Teaches the server both scripts, so that each run below is one EVALSHA.
+    for locker in [&holder_locker, &other_locker] {
+        let (lease, ..) = hand_off_once(&redis, locker, locker, ttl).await;
+        lease.release().await.unwrap();
+    }
+    for (waiter_locker, how) in [
+        (&holder_locker, "a waiter of the releasing locker"),
+        (&other_locker, "a waiter of another locker"),
+    ] {
+        // A waiter's first fallback poll comes at least 187 ms after it queued; a hand-off that
+        // took longer than that (a loaded machine) may have been found by that poll: run again.
+        let mut attempts = 0;
+        let (lease, holder_fence, scripts) = loop {
+            attempts += 1;
+            let (lease, holder_fence, scripts, returned_after) =
+                hand_off_once(&redis, &holder_locker, waiter_locker, ttl).await;
+            if returned_after < Duration::from_millis(150) || attempts == 5 {
+                break (lease, holder_fence, scripts);
+            }
+            lease.release().await.unwrap();
+        };
+        assert!(lease.is_held(), "{how}: the handed-off lease is not held");
+        assert!(
+            lease.fence() > holder_fence,
+            "{how}: fence {} after the holder's {holder_fence}",
+            lease.fence()
+        );
+        assert_eq!(
+            scripts, 1,
+            "{how}: the server ran {scripts} scripts for the hand-off, not the release alone"
+        );
+        // The server holds the key for the waiter's full ttl, not a confirmation window.
+        let mut raw = redis.raw().await;
+        let lock_key = redis.names.lock_key(lease.key());
+        let holder: String = raw.get(&lock_key).await.unwrap();
+        assert_eq!(holder, lease.owner().to_string(), "{how}");
+        let pttl: i64 = raw.pttl(&lock_key).await.unwrap();
+        assert!(
+            pttl > 50_000,
+            "{how}: the handed-off key expires in {pttl} ms"
+        );
+        lease.release().await.unwrap();
+    }
+}
+
+/// A waiter handed the lock long after its last look at the key — here its runtime stalls in
+/// between — cannot count the lease from that look (too little of it would be left): it
+/// confirms first, and gets a lease valid from after the hand-off, for nearly its full ttl.
+#[test]
+fn a_hand_off_long_after_the_last_busy_answer_is_confirmed() {
+    let redis = Redis::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(2);
+    let key = unique_key("stalled-waiter");
+    let holder_backend = runtime
+        .block_on(RedisBackend::connect(&redis.server.url()))
+        .unwrap();
+    let holder = Owner::random();
+    let holder_fence = runtime
+        .block_on(holder_backend.acquire(&AcquireRequest::new(
+            &key,
+            holder,
+            Duration::from_secs(60),
+            Duration::ZERO,
+        )))
+        .unwrap()
+        .expect("the key was busy")
+        .fence;
+
+    // The waiter, on a current-thread runtime of its own, which a second task can stall.
+    let (stall_tx, stall_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stalling_tx, stalling_rx) = std::sync::mpsc::channel::<()>();
+    let waiter_owner = Owner::random();
+    let waiter = std::thread::spawn({
+        let (url, key) = (redis.server.url(), key.clone());
+        move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let backend = RedisBackend::connect(&url).await.unwrap();
+                tokio::spawn(async move {
+                    if stall_rx.await.is_ok() {
+                        stalling_tx.send(()).unwrap();
+                        // Blocks the runtime, waiter and all: 0.6 ttl, so that of the 0.9 ttl
+                        // its last busy answer vouches for, less than half the ttl is left.
+                        std::thread::sleep(Duration::from_millis(1_200));
+                    }
+                });
+                let request = AcquireRequest::new(&key, waiter_owner, ttl, Duration::from_secs(30));
+                let acquired = backend.acquire(&request).await;
+                (acquired, Instant::now())
+            })
+        }
+    });
+
+    runtime.block_on(async {
+        let mut raw = redis.raw().await;
+        wait_for_queue_length(&mut raw, &redis.names.queue_key(&key), 1).await;
+        stall_tx.send(()).unwrap();
+        stalling_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the waiter's runtime did not stall");
+        let released_at = Instant::now();
+        assert!(holder_backend.release(&key, holder).await.unwrap());
+        let (acquired, returned_at) = tokio::task::spawn_blocking(move || waiter.join().unwrap())
+            .await
+            .unwrap();
+        let acquired = acquired
+            .unwrap()
+            .expect("the waiter was not handed the key");
+        assert!(acquired.fence > holder_fence, "{acquired:?}");
+        assert!(
+            acquired.valid_from >= released_at,
+            "the lease counts from {:?} before the release, from the waiter's last look: \
+             it was not confirmed",
+            released_at - acquired.valid_from
+        );
+        let left = (acquired.valid_from + ttl - ttl / 10).saturating_duration_since(returned_at);
+        assert!(left >= ttl / 2, "only {left:?} of validity left");
+        // Confirmed on the server too: the key is the waiter's, extended to its full ttl.
+        let lock_key = redis.names.lock_key(&key);
+        let stored: String = raw.get(&lock_key).await.unwrap();
+        assert_eq!(stored, waiter_owner.to_string());
+        let pttl: i64 = raw.pttl(&lock_key).await.unwrap();
+        assert!(pttl > 1_500, "the key expires in {pttl} ms");
+    });
+}

@@ -67,7 +67,11 @@ fn micros(d: Duration) -> String {
 /// A lock implementation under test: acquire waits up to `wait` (zero: try once).
 trait Contender: Clone + Send + Sync + 'static {
     type Guard: Send;
-    fn acquire(&self, key: String, wait: Duration) -> impl Future<Output = Option<Self::Guard>> + Send;
+    fn acquire(
+        &self,
+        key: String,
+        wait: Duration,
+    ) -> impl Future<Output = Option<Self::Guard>> + Send;
     fn release(&self, guard: Self::Guard) -> impl Future<Output = ()> + Send;
 }
 
@@ -77,7 +81,13 @@ struct Dlock(Locker);
 impl Contender for Dlock {
     type Guard = dlock::Lease;
     async fn acquire(&self, key: String, wait: Duration) -> Option<dlock::Lease> {
-        self.0.lock(key, LockOptions::new().ttl(Duration::from_secs(30)).wait(wait)).await.ok()
+        self.0
+            .lock(
+                key,
+                LockOptions::new().ttl(Duration::from_secs(30)).wait(wait),
+            )
+            .await
+            .ok()
     }
     async fn release(&self, lease: dlock::Lease) {
         lease.release().await.unwrap();
@@ -94,7 +104,10 @@ struct Raw {
 impl Raw {
     async fn connect() -> Raw {
         let client = redis::Client::open(url()).unwrap();
-        Raw { connection: client.get_multiplexed_async_connection().await.unwrap(), release: Arc::new(redis::Script::new(RELEASE)) }
+        Raw {
+            connection: client.get_multiplexed_async_connection().await.unwrap(),
+            release: Arc::new(redis::Script::new(RELEASE)),
+        }
     }
 }
 
@@ -105,8 +118,15 @@ impl Contender for Raw {
         let deadline = Instant::now() + wait;
         let mut connection = self.connection.clone();
         loop {
-            let set: Option<String> =
-                redis::cmd("SET").arg(&key).arg(&owner).arg("NX").arg("PX").arg(30_000).query_async(&mut connection).await.unwrap();
+            let set: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(&owner)
+                .arg("NX")
+                .arg("PX")
+                .arg(30_000)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
             if set.is_some() {
                 return Some((key, owner));
             }
@@ -118,7 +138,13 @@ impl Contender for Raw {
     }
     async fn release(&self, (key, owner): (String, String)) {
         let mut connection = self.connection.clone();
-        let _: i64 = self.release.key(key).arg(owner).invoke_async(&mut connection).await.unwrap();
+        let _: i64 = self
+            .release
+            .key(key)
+            .arg(owner)
+            .invoke_async(&mut connection)
+            .await
+            .unwrap();
     }
 }
 
@@ -155,21 +181,34 @@ async fn w1<C: Contender>(lock: &C, round: &str) -> (f64, Duration, Duration) {
     let started = Instant::now();
     for i in 0..W1_PAIRS {
         let t = Instant::now();
-        let guard = lock.acquire(format!("bench:w1:{round}:{i}"), Duration::ZERO).await.expect("uncontended key busy");
+        let guard = lock
+            .acquire(
+                format!("bench:{}:w1:{round}:{i}", std::process::id()),
+                Duration::ZERO,
+            )
+            .await
+            .expect("uncontended key busy");
         lock.release(guard).await;
         latencies.push(t.elapsed());
     }
     let rate = W1_PAIRS as f64 / started.elapsed().as_secs_f64();
     latencies.sort();
-    (rate, percentile(&latencies, 0.5), percentile(&latencies, 0.99))
+    (
+        rate,
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
+    )
 }
 
 async fn w1_all(flavour: &str) -> Vec<(String, f64)> {
     let dlock = Dlock(Locker::connect(&url()).await.unwrap());
     let raw = Raw::connect().await;
     let rslock = rslock_manager();
-    let mut best: Vec<(&str, (f64, Duration, Duration))> =
-        vec![("raw redis", (0.0, Duration::ZERO, Duration::ZERO)), ("dlock", (0.0, Duration::ZERO, Duration::ZERO)), ("rslock", (0.0, Duration::ZERO, Duration::ZERO))];
+    let mut best: Vec<(&str, (f64, Duration, Duration))> = vec![
+        ("raw redis", (0.0, Duration::ZERO, Duration::ZERO)),
+        ("dlock", (0.0, Duration::ZERO, Duration::ZERO)),
+        ("rslock", (0.0, Duration::ZERO, Duration::ZERO)),
+    ];
     // Interleaved rounds; each contender keeps its best.
     for round in 0..3 {
         let results = [
@@ -186,26 +225,50 @@ async fn w1_all(flavour: &str) -> Vec<(String, f64)> {
     println!("W1 uncontended, {W1_PAIRS} acquire+release pairs on distinct keys, {flavour} runtime (best of 3)");
     let raw_rate = best[0].1 .0;
     for (name, (rate, p50, p99)) in &best {
-        println!("  {name:<10} {rate:>7.0} pairs/s  {:.2}x raw  p50 {}  p99 {}", rate / raw_rate, micros(*p50), micros(*p99));
+        println!(
+            "  {name:<10} {rate:>7.0} pairs/s  {:.2}x raw  p50 {}  p99 {}",
+            rate / raw_rate,
+            micros(*p50),
+            micros(*p99)
+        );
     }
     best.iter().map(|(n, r)| (n.to_string(), r.0)).collect()
 }
 
 async fn w2<C: Contender>(name: &str, lock: C, counter_key: &str) {
-    let mut connection = redis::Client::open(url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let mut connection = redis::Client::open(url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
     let _: () = connection.set(counter_key, 0).await.unwrap();
     let done = Arc::new(AtomicU64::new(0));
     let waits = Arc::new(Mutex::new(Vec::with_capacity(W2_SECTIONS + W2_WORKERS)));
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..W2_WORKERS {
-        let (lock, done, waits, mut connection) = (lock.clone(), done.clone(), waits.clone(), connection.clone());
+        let (lock, done, waits, mut connection) = (
+            lock.clone(),
+            done.clone(),
+            waits.clone(),
+            connection.clone(),
+        );
         let counter_key = counter_key.to_owned();
         workers.push(tokio::spawn(async move {
             let mut mine = 0u64;
-            while done.load(Ordering::SeqCst) < W2_SECTIONS as u64 && started.elapsed() < Duration::from_secs(60) {
+            while done.load(Ordering::SeqCst) < W2_SECTIONS as u64
+                && started.elapsed() < Duration::from_secs(60)
+            {
                 let t = Instant::now();
-                let Some(guard) = lock.acquire("bench:w2".into(), Duration::from_secs(60)).await else { continue };
+                let Some(guard) = lock
+                    .acquire(
+                        format!("bench:{}:w2", std::process::id()),
+                        Duration::from_secs(60),
+                    )
+                    .await
+                else {
+                    continue;
+                };
                 waits.lock().unwrap().push(t.elapsed());
                 let value: u64 = connection.get(&counter_key).await.unwrap();
                 let _: () = connection.set(&counter_key, value + 1).await.unwrap();
@@ -261,52 +324,92 @@ impl Backend for CountingRenewals {
 
 fn cpu_time() -> Duration {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
     let ticks: u64 = fields.get(11).and_then(|u| u.parse().ok()).unwrap_or(0)
         + fields.get(12).and_then(|s| s.parse().ok()).unwrap_or(0);
     Duration::from_millis(ticks * 10)
 }
 
 async fn w3() {
-    let backend = CountingRenewals { inner: RedisBackend::connect(&url()).await.unwrap(), calls: Arc::default(), leases: Arc::default() };
+    let backend = CountingRenewals {
+        inner: RedisBackend::connect(&url()).await.unwrap(),
+        calls: Arc::default(),
+        leases: Arc::default(),
+    };
     let locker = Locker::with_backend(backend.clone());
     let ttl = Duration::from_secs(3);
     let before = LIVE_BYTES.load(Ordering::Relaxed);
     let mut leases = Vec::with_capacity(W3_LEASES);
     let held_bytes = (W3_LEASES * std::mem::size_of::<dlock::Lease>()) as isize;
     for i in 0..W3_LEASES {
-        leases.push(locker.lock(format!("bench:w3:{i}"), LockOptions::new().ttl(ttl)).await.unwrap());
+        leases.push(
+            locker
+                .lock(
+                    format!("bench:{}:w3:{i}", std::process::id()),
+                    LockOptions::new().ttl(ttl),
+                )
+                .await
+                .unwrap(),
+        );
     }
-    let per_lease = (LIVE_BYTES.load(Ordering::Relaxed) - before - held_bytes) as f64 / W3_LEASES as f64
+    let per_lease = (LIVE_BYTES.load(Ordering::Relaxed) - before - held_bytes) as f64
+        / W3_LEASES as f64
         + std::mem::size_of::<dlock::Lease>() as f64;
-    let (calls0, leases0, cpu0, t0) = (backend.calls.load(Ordering::SeqCst), backend.leases.load(Ordering::SeqCst), cpu_time(), Instant::now());
+    let (calls0, leases0, cpu0, t0) = (
+        backend.calls.load(Ordering::SeqCst),
+        backend.leases.load(Ordering::SeqCst),
+        cpu_time(),
+        Instant::now(),
+    );
     let ticks = 6; // six renewal periods of ttl/3
     tokio::time::sleep(ttl / 3 * ticks).await;
     let calls = backend.calls.load(Ordering::SeqCst) - calls0;
     let renewed = backend.leases.load(Ordering::SeqCst) - leases0;
     let cpu = cpu_time() - cpu0;
     let held = leases.iter().filter(|l| l.is_held()).count();
-    println!("W3 scale: {W3_LEASES} leases held, ttl 3 s, over {ticks} renewal periods ({:.1} s)", t0.elapsed().as_secs_f64());
+    println!(
+        "W3 scale: {W3_LEASES} leases held, ttl 3 s, over {ticks} renewal periods ({:.1} s)",
+        t0.elapsed().as_secs_f64()
+    );
     println!(
         "  {:.1} renewal round trips per tick ({calls} for {renewed} renewals), {held} leases held at the end",
         calls as f64 / ticks as f64
     );
-    println!("  client CPU {:.1}% of one core while holding; {per_lease:.0} bytes per held lease", 100.0 * cpu.as_secs_f64() / t0.elapsed().as_secs_f64());
+    println!(
+        "  client CPU {:.1}% of one core while holding; {per_lease:.0} bytes per held lease",
+        100.0 * cpu.as_secs_f64() / t0.elapsed().as_secs_f64()
+    );
     drop(leases);
 }
 
 async fn w2_all() {
     println!("W2 contended: {W2_WORKERS} tasks, one key, GET-then-SET counter, {W2_SECTIONS} critical sections");
     w2("raw poll", Raw::connect().await, "bench:w2:counter:raw").await;
-    w2("dlock", Dlock(Locker::connect(&url()).await.unwrap()), "bench:w2:counter:dlock").await;
+    w2(
+        "dlock",
+        Dlock(Locker::connect(&url()).await.unwrap()),
+        "bench:w2:counter:dlock",
+    )
+    .await;
     w2("rslock", rslock_manager(), "bench:w2:counter:rslock").await;
 }
 
 fn main() {
     println!("redis at {}\n", url());
-    let current = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let current = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     current.block_on(w1_all("current-thread"));
-    let multi = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     multi.block_on(w1_all("multi-thread"));
     println!();
     multi.block_on(w2_all());

@@ -2,7 +2,8 @@
 -- the lock is busy (refreshing this waiter's liveness), '0' to leave the queue instead.
 --
 -- Returns {1, fence} when the lock is this owner's, else {0, the lock's PTTL, 1 if this owner
--- heads the queue else 0}.
+-- heads the queue else 0, the last fence handed out for the lock}. A hand-off to this owner that
+-- carries a greater fence than a busy answer did happened after this call ran.
 local ttl, queue_if_busy = ARGV[5], ARGV[6] == '1'
 
 local holder = redis.call('GET', lock)
@@ -45,8 +46,8 @@ if queue_if_busy then
     redis.call('PEXPIRE', queue, keep)
   end
   local first = redis.call('LINDEX', queue, 0) == owner
-  return {0, redis.call('PTTL', lock), first and 1 or 0}
+  return {0, redis.call('PTTL', lock), first and 1 or 0, last_fence()}
 end
 
 leave()
-return {0, redis.call('PTTL', lock), 0}
+return {0, redis.call('PTTL', lock), 0, last_fence()}

@@ -36,23 +36,26 @@ local function live_head()
   end
 end
 
--- Hands the (free) lock to the first live waiter: the lock is set to its owner for its ttl but
--- no longer than the liveness window (its confirming acquire extends it to the full ttl, and a
--- waiter that died meanwhile blocks the key no longer than that), a fresh fence is recorded for
--- it, and the channel wakes it.
+-- Hands the (free) lock to the first live waiter, for that waiter's full ttl (from its waiter
+-- key): the lock is set to its owner, a fresh fence is recorded for it, and the channel names
+-- both (`<owner> <fence>`), so the waiter holds a valid lease without another round trip.
+-- Returns the waiter's owner and fence, or nothing where nobody waits.
 local function hand_off()
   local head, ttl = live_head()
   if not head then
-    return
+    return nil, nil
   end
   redis.call('LPOP', queue)
   redis.call('DEL', waiter_prefix .. head)
-  if tonumber(ttl) > tonumber(liveness) then
-    ttl = liveness
-  end
   redis.call('SET', lock, head, 'PX', ttl)
-  next_fence(head)
-  redis.call('PUBLISH', channel, head)
+  local n = next_fence(head)
+  redis.call('PUBLISH', channel, string.format('%s %d', head, n))
+  return head, n
+end
+
+-- The last fence handed out for this lock (0 before the first).
+local function last_fence()
+  return tonumber(redis.call('HGET', fence, 'n') or '0')
 end
 
 -- Takes this owner out of the queue.

@@ -11,7 +11,7 @@
 //! | `P{K}:fence` | hash, no expiry | `n`: the last fence handed out; `o`: the owner it went to |
 //! | `P{K}:q` | list, expires when idle | the owners waiting for the lock, in arrival order |
 //! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: its ttl in ms, kept alive while it waits |
-//! | `P{K}:ch` | pub/sub channel | names the owner a release handed the lock to |
+//! | `P{K}:ch` | pub/sub channel | `<owner> <fence>`: the owner a release handed the lock to, and its fence |
 //!
 //! So `redis-cli GET 'dlock:{acct:42}'` shows who holds `acct:42`. Rendered keys never contain
 //! `{` or `}` from placeholder values, which are percent-encoded; a brace written in a key
@@ -30,6 +30,9 @@
 //!   trip. It is idempotent for its owner: where the lock already holds the owner, it extends it
 //!   to the full ttl and answers the same fence, so a call retried after a lost reply is harmless.
 //! - Release is one script: compare-and-delete, hand-off to the first live waiter, `PUBLISH`.
+//!   A waiter handed the lock holds it when the message (or, in the releasing process, the
+//!   release's reply) reaches it: a contended hand-off costs the release's round trip and no
+//!   other.
 //! - Renewal is one compare-and-`PEXPIRE` script per lease, all leases of a `renew` call in one
 //!   pipeline: one round trip per watchdog tick, whatever the number of leases. (On a cluster,
 //!   one pipeline per hash slot, sent concurrently.)
@@ -41,35 +44,57 @@
 //!
 //! Waiters on a key are served in arrival order, and woken rather than polling:
 //!
-//! 1. A waiter first tries once (an uncontended acquire costs one round trip).
+//! 1. A waiter first tries once (an uncontended acquire costs one round trip), unless other
+//!    waiters of the same backend wait for the key already: it then goes straight to step 2,
+//!    whose first call takes a free key all the same.
 //! 2. If the key is busy, it subscribes to the key's channel on the backend's one pub/sub
 //!    connection (one `SUBSCRIBE` per channel, shared by all the backend's waiters on the key,
-//!    and an `UNSUBSCRIBE` when the last of them leaves), then runs the acquire script in queueing mode, which appends its owner to the
-//!    key's queue and sets its waiter key (its ttl, with a PX of the *liveness window*).
-//! 3. A release deletes the lock and hands it straight to the first live waiter: the lock is set
-//!    to that waiter's owner, a fresh fence is recorded for it, and its owner is published on the
+//!    and an `UNSUBSCRIBE` when the last of them leaves), then runs the acquire script in
+//!    queueing mode, which appends its owner to the key's queue and sets its waiter key (its
+//!    ttl, with a PX of the *liveness window*).
+//! 3. A release deletes the lock and hands it straight to the first live waiter, for that
+//!    waiter's full ttl (read from its waiter key): the lock is set to the waiter's owner with
+//!    that PX, a fresh fence is recorded for it, and `<owner> <fence>` is published on the
 //!    channel. Waiters whose waiter key expired (their process died) are skipped and dropped.
-//! 4. The waiter that reads its own owner on the channel confirms with one more acquire call,
-//!    which finds the lock already its own, extends it to the full ttl and answers its fence.
-//!    The client counts the lease's validity from that call's send time, which is no later than
-//!    the moment the server started the ttl.
+//!    The release script answers the owner and fence it handed the lock to; where that owner
+//!    waits on the releasing backend (the same process), it is woken at once, in-process, with
+//!    the fence, ahead of the message, which then finds nothing new to tell it.
+//! 4. The waiter told of a hand-off to its owner returns the lease at once, with the fence it
+//!    was given. The lease's validity counts from the send time of the waiter's last acquire
+//!    call, the one that answered busy: every busy answer carries the last fence handed out for
+//!    the key, and a hand-off whose fence is greater ran after that call, so the server started
+//!    the ttl after the call was sent. A hand-off whose fence is not greater (its message was
+//!    overtaken by a later look at the key, and its lease may be gone), or one that would leave
+//!    the lease less than half its ttl of validity counted from that send time (the waiter was
+//!    slow to run), is confirmed first by one more acquire call, which finds the lock already
+//!    the owner's, extends it to the full ttl and answers its fence; the validity then counts
+//!    from that call's send time.
 //!
-//! A hand-off sets the lock for no longer than the liveness window, so a waiter that died just
-//! before its turn blocks the key no longer than that. While waiting, a waiter re-runs the
-//! acquire script on a timer — jittered exponential back-off up to a third of the liveness
-//! window — which keeps its waiter key alive and is the fallback for a missed message. The head
-//! of the queue also wakes when the holder's PTTL runs out, since a holder that expired without
-//! releasing hands nothing on; any acquire call that finds the lock free with live waiters hands
-//! it to the first of them. A waiter that gives up (its `wait` ran out) makes a last attempt and
-//! leaves the queue in the same script; a waiter whose future is dropped leaves the queue (or,
-//! if the lock was handed to it meanwhile, releases it with hand-off) from dlock's background
-//! runtime.
+//! While waiting, a waiter re-runs the acquire script on a timer — jittered exponential back-off
+//! up to a third of the liveness window — which keeps its waiter key alive and is the fallback
+//! for a missed message: it finds the lock its owner's and takes it as in step 4's confirmation.
+//! The head of the queue also wakes when the holder's PTTL runs out, since a holder that expired
+//! without releasing hands nothing on; any acquire call that finds the lock free with live
+//! waiters hands it to the first of them. A waiter that gives up (its `wait` ran out) makes a
+//! last attempt and leaves the queue in the same script; a waiter whose future is dropped leaves
+//! the queue (or, if the lock was handed to it meanwhile, releases it with hand-off) from dlock's
+//! background runtime. A waiter whose process died within the liveness window before its turn
+//! is handed the lock all the same, which then stays blocked for that waiter's ttl, as it would
+//! for a holder that died.
+//!
+//! Messages from a release by an older dlock name the owner alone: the waiter confirms them
+//! with one acquire call. A waiter of an older dlock does not recognise `<owner> <fence>` and
+//! finds the hand-off at its next fallback poll.
 //!
 //! # Connections
 //!
-//! Each backend has one multiplexed command connection and one pub/sub connection, both made on
-//! dlock's own background runtime (their driver tasks live there), so a backend in a `static`
-//! serves every tokio runtime of the process. When a call finds its connection broken (the
+//! Each backend has one pub/sub connection, made on dlock's own background runtime, and one
+//! multiplexed command connection per tokio runtime that calls it: a connection's driver task
+//! runs on the runtime that made it, so a caller's requests never hop threads (on a
+//! current-thread runtime the hop costs more than the round trip), while dlock's own work — the
+//! watchdog, releases queued by `Drop` — uses a connection of the background runtime. A backend
+//! in a `static` so serves every runtime of the process; the connections of runtimes that ended
+//! are dropped, oldest first, beyond the last eight. When a call finds its connection broken (the
 //! server restarted, say), the connection is replaced and the call retried once on the fresh
 //! one: every call is idempotent for its owner, and the first call after a restart succeeds.
 //! Connection and response timeouts are [builder](RedisBackendBuilder) options (3 s each by
@@ -121,7 +146,7 @@ use self::conn::{Conn, Connection, Timeouts};
 use self::subscriber::{Subscriber, Subscription};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::locker::mask_password;
-use crate::{background, LockError, Owner};
+use crate::{background, clock, LockError, Owner};
 
 const DEFAULT_PREFIX: &str = "dlock:";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -475,10 +500,21 @@ impl RedisBackend {
             .conn
             .run("release", |conn| eval(conn, &RELEASE, &script_keys, &args))
             .await?;
-        match reply {
-            Value::Int(held) => Ok(held == 1),
-            other => Err(self.inner.conn.error("release", unexpected(&other))),
+        let released =
+            parse_release(reply).map_err(|reason| self.inner.conn.error("release", reason))?;
+        if let Some((head, fence)) = &released.handed_to {
+            // A waiter of this process need not wait for the published message. It holds the
+            // lock now: let it run before this caller goes on (to queue for the key again, say),
+            // so that its first request is not sent behind the caller's.
+            if self
+                .inner
+                .subscriber
+                .grant_local(&keys.channel, head, *fence)
+            {
+                tokio::task::yield_now().await;
+            }
         }
+        Ok(released.held)
     }
 
     /// Waits for a busy key in its queue, until it is handed over or `deadline` passes.
@@ -523,7 +559,7 @@ impl RedisBackend {
                     guard.armed = false;
                     return Ok(None);
                 }
-                Attempt::Busy { pttl, first } => {
+                Attempt::Busy { pttl, first, fence } => {
                     let now = Instant::now();
                     let mut until = (now + backoff.next()).min(deadline);
                     if let (true, Some(pttl)) = (first, pttl) {
@@ -534,10 +570,46 @@ impl RedisBackend {
                         () = subscription.woken() => {}
                         () = tokio::time::sleep_until(until.into()) => {}
                     }
+                    // A hand-off to this owner with a greater fence than this answer saw ran
+                    // after this call, and started the lease's ttl later than `sent_at`: the
+                    // lease is ours and valid from then, with no more round trips.
+                    let granted = subscription.granted();
+                    let now = Instant::now();
+                    if let Some(acquired) = handed_over(granted, (sent_at, fence), request.ttl, now)
+                    {
+                        guard.armed = false;
+                        return Ok(Some(acquired));
+                    }
+                    // Else the next acquire call looks again, and confirms a hand-off that leaves
+                    // too little validity (or whose message was missed): it finds the lock its
+                    // owner's, extends it to the full ttl and answers the fence.
                 }
             }
         }
     }
+}
+
+/// The lease a hand-off gave this waiter without another round trip, where it can be trusted.
+/// `last_busy` is the send time of the waiter's last acquire call, which answered busy, and the
+/// last fence handed out for the key when it ran. Where `granted` (the fence a hand-off to this
+/// owner carried) is greater, the hand-off ran after that call, and its ttl started after the
+/// call's send time, which is then the lease's `valid_from`. `None` (confirm with an acquire
+/// call) when there is no such hand-off — none came, or the one that came is older than that
+/// call, and its lease may be gone — or when less than half the ttl of validity, counted from
+/// that send time, would remain.
+fn handed_over(
+    granted: Option<u64>,
+    last_busy: (Instant, u64),
+    ttl: Duration,
+    now: Instant,
+) -> Option<Acquired> {
+    let (fence, (valid_from, seen)) = (granted?, last_busy);
+    if fence <= seen {
+        return None;
+    }
+    let valid_until = valid_from + ttl.saturating_sub(clock::safety_margin(ttl));
+    (valid_until.saturating_duration_since(now) >= ttl / 2)
+        .then_some(Acquired { fence, valid_from })
 }
 
 /// The Redis names of one lock, for one owner.
@@ -556,11 +628,43 @@ struct LockKeys {
 enum Attempt {
     Granted(u64),
     /// Busy; `pttl` is the holder's remaining ttl where it has one, `first` whether this owner
-    /// heads the queue.
+    /// heads the queue, `fence` the last fence handed out for the key when the call ran.
     Busy {
         pttl: Option<Duration>,
         first: bool,
+        fence: u64,
     },
+}
+
+/// What one run of the release script said.
+#[derive(Debug)]
+struct Released {
+    /// Whether the owner held the lock.
+    held: bool,
+    /// The owner the lock was handed to, and that hand-off's fence.
+    handed_to: Option<(String, u64)>,
+}
+
+fn parse_release(reply: Value) -> Result<Released, redis::RedisError> {
+    let Value::Array(items) = &reply else {
+        return Err(unexpected(&reply));
+    };
+    let [Value::Int(held), head, Value::Int(fence)] = items.as_slice() else {
+        return Err(unexpected(&reply));
+    };
+    let head = match head {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| unexpected(&reply))?,
+        Value::SimpleString(text) => text.as_str(),
+        _ => return Err(unexpected(&reply)),
+    };
+    let handed_to = match (head, u64::try_from(*fence)) {
+        ("", _) | (_, Err(_) | Ok(0)) => None,
+        (head, Ok(fence)) => Some((head.to_owned(), fence)),
+    };
+    Ok(Released {
+        held: *held == 1,
+        handed_to,
+    })
 }
 
 fn parse_attempt(reply: Value) -> Result<Attempt, redis::RedisError> {
@@ -587,11 +691,15 @@ fn parse_attempt(reply: Value) -> Result<Attempt, redis::RedisError> {
                 .map_err(|_| unexpected(&reply)),
             _ => Err(unexpected(&reply)),
         },
-        [granted, pttl, first] if int(granted) == Some(0) => {
+        [granted, pttl, first, fence] if int(granted) == Some(0) => {
             let pttl = int(pttl).ok_or_else(|| unexpected(&reply))?;
+            let fence = int(fence)
+                .and_then(|fence| u64::try_from(fence).ok())
+                .ok_or_else(|| unexpected(&reply))?;
             Ok(Attempt::Busy {
                 pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
                 first: int(first) == Some(1),
+                fence,
             })
         }
         _ => Err(unexpected(&reply)),
@@ -763,6 +871,12 @@ impl Backend for RedisBackend {
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
         let keys = self.lock_keys(request.key, request.owner);
         let deadline = Instant::now() + request.wait;
+        if !request.wait.is_zero() && self.inner.subscriber.is_subscribed(&keys.channel) {
+            // Other waiters of this backend wait for the key: it is most likely busy, so queue
+            // up in the first call, which spares a round trip. The channel is subscribed
+            // already, so the hand-off's message cannot come before it.
+            return self.wait_in_queue(&keys, request, deadline).await;
+        }
         let sent_at = Instant::now();
         // First without queueing: an uncontended acquire is one round trip, and `wait = 0`
         // never leaves anything behind.
@@ -953,6 +1067,56 @@ mod tests {
             "{delays:?}"
         );
         assert!(delays[7] >= Duration::from_millis(750), "{delays:?}");
+    }
+
+    #[test]
+    fn a_hand_off_counts_from_the_last_busy_answer_only_where_it_came_after_it() {
+        let ttl = Duration::from_secs(10);
+        let busy_sent = Instant::now();
+        let soon = busy_sent + Duration::from_millis(5);
+        // A hand-off after the busy answer (which saw fence 7): valid from the answer's send time.
+        assert_eq!(
+            handed_over(Some(8), (busy_sent, 7), ttl, soon),
+            Some(Acquired {
+                fence: 8,
+                valid_from: busy_sent
+            })
+        );
+        // No hand-off, or one that ran before the busy answer: its lease may be gone; confirm.
+        assert_eq!(handed_over(None, (busy_sent, 7), ttl, soon), None);
+        assert_eq!(handed_over(Some(7), (busy_sent, 7), ttl, soon), None);
+        assert_eq!(handed_over(Some(3), (busy_sent, 7), ttl, soon), None);
+        // Half the ttl of validity left (9 s from the answer, 4 s in): still taken as it is.
+        let four_in = busy_sent + Duration::from_secs(4);
+        assert!(handed_over(Some(8), (busy_sent, 7), ttl, four_in).is_some());
+        // Less than half left: confirm.
+        let four_and_a_bit_in = four_in + Duration::from_millis(1);
+        assert_eq!(
+            handed_over(Some(8), (busy_sent, 7), ttl, four_and_a_bit_in),
+            None
+        );
+        assert_eq!(
+            handed_over(Some(8), (busy_sent, 7), ttl, busy_sent + ttl * 2),
+            None
+        );
+    }
+
+    #[test]
+    fn release_replies_name_the_waiter_handed_the_lock() {
+        let reply = |held: i64, head: &str, fence: i64| {
+            Value::Array(vec![
+                Value::Int(held),
+                Value::BulkString(head.as_bytes().to_vec()),
+                Value::Int(fence),
+            ])
+        };
+        let released = parse_release(reply(1, "abc", 9)).unwrap();
+        assert!(released.held);
+        assert_eq!(released.handed_to, Some(("abc".to_owned(), 9)));
+        let released = parse_release(reply(0, "", 0)).unwrap();
+        assert!(!released.held);
+        assert_eq!(released.handed_to, None);
+        assert!(parse_release(Value::Int(1)).is_err());
     }
 
     #[cfg(feature = "redis-cluster")]
