@@ -399,6 +399,35 @@ async fn w2_all() {
     w2("rslock", rslock_manager(), "bench:w2:counter:rslock").await;
 }
 
+/// Deletes what this run left in Redis: the baselines' keys and dlock's fence hashes, which
+/// never expire by design.
+async fn clean_up() {
+    let mut connection = redis::Client::open(url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let pid = std::process::id();
+    for pattern in [
+        format!("bench:{pid}:*"),
+        format!("dlock:{{bench:{pid}:*"),
+        "bench:w2:counter:*".to_owned(),
+    ] {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(&pattern)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        for chunk in keys.chunks(1_000) {
+            let _: () = redis::cmd("DEL")
+                .arg(chunk)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+        }
+    }
+}
+
 fn main() {
     println!("redis at {}\n", url());
     let current = tokio::runtime::Builder::new_current_thread()
@@ -415,4 +444,5 @@ fn main() {
     multi.block_on(w2_all());
     println!();
     multi.block_on(w3());
+    multi.block_on(clean_up());
 }
