@@ -7,7 +7,9 @@
 //! - [`Lease`] / [`LeaseInfo`] (`lease`) — one acquisition, its fence, its client-side validity.
 //! - `reentry` — the task-local stack of held leases that lets nested calls re-enter.
 //! - `watchdog` — one renewal driver per `Locker`, batching every lease into one call per tick.
-//! - [`backend`] — the small trait a store implements, and the stores themselves.
+//! - [`backend`] — the small trait a store implements, and the stores: `memory`, `redis` (and
+//!   `redis-cluster`, `redis-tls`), `mysql`, `zookeeper`, each behind its cargo feature.
+//! - `background` — dlock's own small runtime, for the work no caller waits on.
 //! - [`LockError`] / [`FromLockError`] (`error`) — failures, and how a locked fn returns them.
 #![warn(missing_docs)]
 
