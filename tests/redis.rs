@@ -44,23 +44,11 @@ impl support::Store for Redis {
     }
 
     async fn take_away(&self, key: &str) {
-        let mut raw = self.raw().await;
-        let taken: Option<String> = redis::cmd("SET")
-            .arg(self.names.lock_key(key))
-            .arg("a-stranger")
-            .arg("XX")
-            .arg("PX")
-            .arg(3_600_000)
-            .query_async(&mut raw)
-            .await
-            .unwrap();
-        assert!(taken.is_some(), "`{key}` was not held");
+        support::redis_server::steal_lock(&mut self.raw().await, &self.names.lock_key(key)).await;
     }
 
     async fn expire(&self, key: &str) {
-        let mut raw = self.raw().await;
-        let deleted: u64 = raw.del(self.names.lock_key(key)).await.unwrap();
-        assert_eq!(deleted, 1, "`{key}` was not held");
+        support::redis_server::delete_lock(&mut self.raw().await, &self.names.lock_key(key)).await;
     }
 }
 

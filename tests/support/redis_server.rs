@@ -385,3 +385,28 @@ fn answers(port: u16, request: &[u8], expected: &[u8], patience: Duration) -> bo
     }
     false
 }
+
+/// Gives `lock_key` to a stranger for an hour from outside, as a split-brain takeover would;
+/// asserts it was held.
+pub async fn steal_lock(connection: &mut impl redis::aio::ConnectionLike, lock_key: &str) {
+    let taken: Option<String> = redis::cmd("SET")
+        .arg(lock_key)
+        .arg("a-stranger")
+        .arg("XX")
+        .arg("PX")
+        .arg(3_600_000)
+        .query_async(connection)
+        .await
+        .unwrap();
+    assert!(taken.is_some(), "`{lock_key}` was not held");
+}
+
+/// Deletes `lock_key` from outside, as its expiry would; asserts it was held.
+pub async fn delete_lock(connection: &mut impl redis::aio::ConnectionLike, lock_key: &str) {
+    let deleted: u64 = redis::cmd("DEL")
+        .arg(lock_key)
+        .query_async(connection)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "`{lock_key}` was not held");
+}
