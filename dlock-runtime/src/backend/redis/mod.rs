@@ -456,20 +456,11 @@ impl RedisBackend {
         queue: bool,
     ) -> Result<Attempt, LockError> {
         let liveness_ms = self.inner.liveness.as_millis().to_string();
-        let args = [
-            keys.owner.as_str(),
-            keys.waiter_prefix.as_str(),
-            keys.channel.as_str(),
-            liveness_ms.as_str(),
-            &ttl.as_millis().max(1).to_string(),
-            if queue { "1" } else { "0" },
-        ];
-        let script_keys = [
-            keys.lock.as_str(),
-            keys.fence.as_str(),
-            keys.queue.as_str(),
-            keys.me.as_str(),
-        ];
+        let [owner, waiter_prefix, channel, liveness] = keys.common_args(&liveness_ms);
+        let ttl_ms = ttl.as_millis().max(1).to_string();
+        let queue = if queue { "1" } else { "0" };
+        let args = [owner, waiter_prefix, channel, liveness, &ttl_ms, queue];
+        let script_keys = keys.script_keys();
         let reply = self
             .inner
             .conn
@@ -483,18 +474,8 @@ impl RedisBackend {
     async fn release_or_leave(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
         let keys = self.lock_keys(key, owner);
         let liveness_ms = self.inner.liveness.as_millis().to_string();
-        let args = [
-            keys.owner.as_str(),
-            keys.waiter_prefix.as_str(),
-            keys.channel.as_str(),
-            liveness_ms.as_str(),
-        ];
-        let script_keys = [
-            keys.lock.as_str(),
-            keys.fence.as_str(),
-            keys.queue.as_str(),
-            keys.me.as_str(),
-        ];
+        let args = keys.common_args(&liveness_ms);
+        let script_keys = keys.script_keys();
         let reply = self
             .inner
             .conn
@@ -621,6 +602,18 @@ struct LockKeys {
     waiter_prefix: String,
     channel: String,
     owner: String,
+}
+
+impl LockKeys {
+    /// `KEYS` of the acquire and release scripts (see common.lua).
+    fn script_keys(&self) -> [&str; 4] {
+        [&self.lock, &self.fence, &self.queue, &self.me]
+    }
+
+    /// The `ARGV` both scripts start with (see common.lua).
+    fn common_args<'a>(&'a self, liveness_ms: &'a str) -> [&'a str; 4] {
+        [&self.owner, &self.waiter_prefix, &self.channel, liveness_ms]
+    }
 }
 
 /// What one run of the acquire script said.
