@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use dlock::backend::ZookeeperBackend;
 use dlock::{distributed_lock, LockError, LockOptions, Locker, Owner};
-use support::zk_server::{self, Partition, ZkServer};
+use support::fault_proxy::{Direction, FaultProxy};
+use support::zk_server::{self, ZkServer};
 use support::{unique_key, Gauge};
 
 /// The tests' root, so a shared server's `/dlock` is left alone.
@@ -280,9 +281,9 @@ async fn idle_key_cleanup_never_breaks_a_concurrent_acquirer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_partition_the_client_gives_its_leases_up_before_the_ensemble_deletes_their_nodes() {
     let zk = Zookeeper::shared().await;
-    let partition = Partition::to(&zk.url);
+    let (partition, url) = FaultProxy::in_front_of(&zk.url);
     let session = Duration::from_secs(4);
-    let backend = backend_at(&partition.url(), session).await;
+    let backend = backend_at(&url, session).await;
     assert_eq!(backend.session_timeout(), session);
     let locker = Locker::with_backend(backend);
     let keys = [unique_key("partition-a"), unique_key("partition-b")];
@@ -293,7 +294,7 @@ async fn in_a_partition_the_client_gives_its_leases_up_before_the_ensemble_delet
 
     // The server hears nothing from the client, and the client nothing from the server, but
     // no connection closes.
-    partition.freeze();
+    partition.stall(Direction::Both);
     let frozen_at = Instant::now();
     let deadline = frozen_at + Duration::from_secs(60);
     for key in &keys {
@@ -322,7 +323,7 @@ async fn in_a_partition_the_client_gives_its_leases_up_before_the_ensemble_delet
 
     // When the network comes back, the client learns that its session expired and later calls
     // run on a new session.
-    partition.thaw();
+    partition.resume(Direction::Both);
     drop(leases);
     for key in &keys {
         let lease = tokio::time::timeout(Duration::from_secs(30), locker.lock(&**key, ttl(4)))

@@ -2,6 +2,8 @@
 //! tests runs on every backend, a counting backend wrapper, and small helpers.
 #![allow(dead_code)]
 
+pub mod fault_proxy;
+pub mod history;
 pub mod properties;
 pub mod redis_server;
 pub mod zk_server;

@@ -1,5 +1,5 @@
-//! A private `redis-server` for one test: on a free port, without persistence, stoppable and
-//! restartable on the same port, killed on drop. Never the shared server on 6379.
+//! A private `redis-server` for one test: on a free port, without persistence unless asked,
+//! stoppable and restartable on the same port, killed on drop. Never the shared server on 6379.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -12,6 +12,8 @@ pub struct RedisServer {
     child: Option<Child>,
     /// For a TLS server: the directory of its certificates.
     tls: Option<std::path::PathBuf>,
+    /// For a persistent server: the directory of its append-only file.
+    aof: Option<std::path::PathBuf>,
 }
 
 impl RedisServer {
@@ -25,12 +27,31 @@ impl RedisServer {
         Self::start_with(Some(password.to_owned()))
     }
 
+    /// Starts a server that writes every command to an append-only file before answering
+    /// (`--appendfsync always`), so a restart keeps every key and its expiry: the configuration
+    /// a lock needs to survive a restart of its server.
+    pub fn start_persistent() -> RedisServer {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("dlock-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut server = RedisServer {
+            port,
+            password: None,
+            child: None,
+            tls: None,
+            aof: Some(dir),
+        };
+        server.spawn();
+        server
+    }
+
     fn start_with(password: Option<String>) -> RedisServer {
         let mut server = RedisServer {
             port: free_port(),
             password,
             child: None,
             tls: None,
+            aof: None,
         };
         server.spawn();
         server
@@ -106,6 +127,7 @@ impl RedisServer {
             password: None,
             child: None,
             tls: Some(dir),
+            aof: None,
         };
         server.spawn();
         server
@@ -143,8 +165,8 @@ impl RedisServer {
         }
     }
 
-    /// Stops the server if it runs, and starts it again on the same port (empty: nothing is
-    /// saved).
+    /// Stops the server if it runs, and starts it again on the same port: empty, unless it was
+    /// started [persistent](Self::start_persistent).
     pub fn restart(&mut self) {
         self.stop();
         self.spawn();
@@ -171,8 +193,14 @@ impl RedisServer {
                 .arg("--tls-ca-cert-file")
                 .arg(dir.join("ca.pem")),
         };
-        command.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
-        command.args(["--dir", &std::env::temp_dir().to_string_lossy()]);
+        command.args(["--bind", "127.0.0.1", "--save", ""]);
+        match &self.aof {
+            None => command.args(["--appendonly", "no"]).arg("--dir").arg(std::env::temp_dir()),
+            Some(dir) => command
+                .args(["--appendonly", "yes", "--appendfsync", "always"])
+                .arg("--dir")
+                .arg(dir),
+        };
         if let Some(password) = &self.password {
             command.args(["--requirepass", password]);
         }
@@ -237,7 +265,7 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
-        if let Some(dir) = &self.tls {
+        for dir in self.tls.iter().chain(&self.aof) {
             let _ = std::fs::remove_dir_all(dir);
         }
     }

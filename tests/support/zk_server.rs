@@ -1,8 +1,6 @@
 //! A private ZooKeeper server for the tests: the Debian `zookeeper` package's jar, run as a
 //! standalone server on a free port of 127.0.0.1 with a data directory of its own.
 //!
-//! [`Partition`] is a proxy that cuts the network to it without closing connections.
-//!
 //! The server is started through a small shell that reads the test process's pipe: when the
 //! test process ends, however it ends, the pipe closes and the shell kills the server, so no JVM
 //! outlives its test binary — not even the one kept in a `static`.
@@ -11,8 +9,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 const JAR: &str = "/usr/share/java/zookeeper.jar";
@@ -218,73 +216,4 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// A TCP proxy to a server that can cut the network without closing a connection: while it is
-/// frozen, bytes are held in both directions, as in a partition, so the server hears nothing
-/// from its clients and expires their sessions while they still think they are connected.
-pub struct Partition {
-    port: u16,
-    frozen: Arc<AtomicBool>,
-}
-
-impl Partition {
-    /// A proxy on a free port of 127.0.0.1 to the (first) server of `url`, forwarding until
-    /// frozen.
-    pub fn to(url: &str) -> Partition {
-        let hosts = url.trim_start_matches("zk://");
-        let target = hosts[..hosts.find([',', '/']).unwrap_or(hosts.len())].to_owned();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let frozen = Arc::new(AtomicBool::new(false));
-        let held = frozen.clone();
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { continue };
-                let Ok(server) = TcpStream::connect(&target) else {
-                    continue;
-                };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                let (client2, server2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let (up, down) = (held.clone(), held.clone());
-                std::thread::spawn(move || pump(client, server, &up));
-                std::thread::spawn(move || pump(server2, client2, &down));
-            }
-        });
-        Partition { port, frozen }
-    }
-
-    /// The `zk://` URL of the proxy.
-    pub fn url(&self) -> String {
-        format!("zk://127.0.0.1:{}", self.port)
-    }
-
-    /// Holds every byte from now on.
-    pub fn freeze(&self) {
-        self.frozen.store(true, Ordering::SeqCst);
-    }
-
-    /// Forwards again, what was held first.
-    pub fn thaw(&self) {
-        self.frozen.store(false, Ordering::SeqCst);
-    }
-}
-
-/// Copies `from` to `to`, holding what it read while `frozen`.
-fn pump(mut from: TcpStream, mut to: TcpStream, frozen: &AtomicBool) {
-    let mut buffer = [0; 16 * 1024];
-    loop {
-        let read = match from.read(&mut buffer) {
-            Ok(0) | Err(_) => break,
-            Ok(read) => read,
-        };
-        while frozen.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        if to.write_all(&buffer[..read]).is_err() {
-            break;
-        }
-    }
-    let _ = to.shutdown(std::net::Shutdown::Write);
 }

@@ -1,0 +1,265 @@
+//! A TCP proxy between a client and its server that injects network faults, per direction:
+//! latency, stalls (bytes held, connection kept open, as in a partition), cuts of every open
+//! connection, random cuts, and refusing new connections (a server that is down).
+//!
+//! Each connection is served by two reader threads (one per direction), each feeding a writer
+//! thread through a queue stamped with the time a chunk may leave, so latency delays bytes
+//! without slowing the stream down to one chunk per latency.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Which way bytes travel through the proxy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// From the client to the server.
+    ToServer,
+    /// From the server to the client.
+    ToClient,
+    /// Both ways.
+    Both,
+}
+
+impl Direction {
+    /// The indices of [`Faults`]' per-direction settings this direction names.
+    fn indices(self) -> &'static [usize] {
+        match self {
+            Direction::ToServer => &[0],
+            Direction::ToClient => &[1],
+            Direction::Both => &[0, 1],
+        }
+    }
+}
+
+/// The faults in force now, read by every pump on every chunk.
+#[derive(Default)]
+struct Faults {
+    stalled: [AtomicBool; 2],
+    latency_micros: [AtomicU64; 2],
+    /// Chance, in millionths, that forwarding a chunk cuts its connection.
+    cut_chance_ppm: AtomicU64,
+    refusing: AtomicBool,
+    cuts: AtomicU64,
+    rng: Mutex<u64>,
+    open: Mutex<Vec<Arc<Connection>>>,
+}
+
+impl Faults {
+    /// A uniform draw in `0..1_000_000` (splitmix64: quality enough to place faults).
+    fn draw_ppm(&self) -> u64 {
+        let mut state = self.rng.lock().unwrap();
+        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) % 1_000_000
+    }
+}
+
+/// One proxied connection: both sockets, so a cut can close them from any thread.
+struct Connection {
+    client: TcpStream,
+    server: TcpStream,
+    closed: AtomicBool,
+}
+
+impl Connection {
+    /// Closes both sockets; false if the connection was closed already.
+    fn cut(&self) -> bool {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        let _ = self.client.shutdown(Shutdown::Both);
+        let _ = self.server.shutdown(Shutdown::Both);
+        true
+    }
+}
+
+/// The proxy; it serves until the test process ends.
+pub struct FaultProxy {
+    port: u16,
+    faults: Arc<Faults>,
+}
+
+impl FaultProxy {
+    /// A proxy on a free port of 127.0.0.1 forwarding to `target` (`host:port`), with no faults.
+    pub fn start(target: &str) -> FaultProxy {
+        let target: SocketAddr = target.parse().expect("target must be an ip:port");
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let faults = Arc::new(Faults {
+            rng: Mutex::new(u64::from(port) ^ std::process::id() as u64),
+            ..Faults::default()
+        });
+        let shared = faults.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                if shared.refusing.load(Ordering::SeqCst) {
+                    drop(client); // closed at once: as good as a refused connection
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(target) else {
+                    continue;
+                };
+                serve(client, server, &shared);
+            }
+        });
+        FaultProxy { port, faults }
+    }
+
+    /// A proxy to the server `url` names (`scheme://[user@]host:port[/…]`), and the same URL
+    /// pointing at the proxy instead.
+    pub fn in_front_of(url: &str) -> (FaultProxy, String) {
+        let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+        let authority_end = rest.find(['/', '?', ',']).unwrap_or(rest.len());
+        let (authority, path) = rest.split_at(authority_end);
+        let (user, host_port) = match authority.rsplit_once('@') {
+            Some((user, host_port)) => (format!("{user}@"), host_port),
+            None => (String::new(), authority),
+        };
+        let host_port = host_port.replace("localhost", "127.0.0.1");
+        let proxy = FaultProxy::start(&host_port);
+        let redirected = format!("{scheme}://{user}127.0.0.1:{}{path}", proxy.port);
+        (proxy, redirected)
+    }
+
+    /// The port the proxy listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Holds every byte going `direction` from now on, keeping the connections open.
+    pub fn stall(&self, direction: Direction) {
+        for &i in direction.indices() {
+            self.faults.stalled[i].store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Forwards `direction` again, the held bytes first.
+    pub fn resume(&self, direction: Direction) {
+        for &i in direction.indices() {
+            self.faults.stalled[i].store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Stalls `direction` for `period`, then resumes it (in the background).
+    pub fn stall_for(&self, direction: Direction, period: Duration) {
+        self.stall(direction);
+        let faults = self.faults.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(period);
+            for &i in direction.indices() {
+                faults.stalled[i].store(false, Ordering::SeqCst);
+            }
+        });
+    }
+
+    /// Delays every chunk going `direction` by `latency`.
+    pub fn set_latency(&self, direction: Direction, latency: Duration) {
+        for &i in direction.indices() {
+            self.faults.latency_micros[i].store(latency.as_micros() as u64, Ordering::SeqCst);
+        }
+    }
+
+    /// Closes every open connection now, both ways, as a crashed server or a reset would.
+    pub fn cut_all(&self) {
+        for connection in self.faults.open.lock().unwrap().drain(..) {
+            if connection.cut() {
+                self.faults.cuts.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// From now on, forwarding a chunk cuts its connection with chance `chance` (0 to 1).
+    pub fn cut_randomly(&self, chance: f64) {
+        let ppm = (chance.clamp(0.0, 1.0) * 1_000_000.0) as u64;
+        self.faults.cut_chance_ppm.store(ppm, Ordering::SeqCst);
+    }
+
+    /// While `refusing`, new connections are closed as soon as they are accepted.
+    pub fn refuse_connections(&self, refusing: bool) {
+        self.faults.refusing.store(refusing, Ordering::SeqCst);
+    }
+
+    /// How many connections the proxy has cut so far.
+    pub fn cuts(&self) -> u64 {
+        self.faults.cuts.load(Ordering::SeqCst)
+    }
+}
+
+/// Starts the four threads of one connection.
+fn serve(client: TcpStream, server: TcpStream, faults: &Arc<Faults>) {
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let connection = Arc::new(Connection {
+        client: client.try_clone().unwrap(),
+        server: server.try_clone().unwrap(),
+        closed: AtomicBool::new(false),
+    });
+    {
+        let mut open = faults.open.lock().unwrap();
+        open.retain(|c| !c.closed.load(Ordering::SeqCst));
+        open.push(connection.clone());
+    }
+    let to_server = (client.try_clone().unwrap(), server.try_clone().unwrap());
+    pump(to_server.0, to_server.1, 0, faults.clone(), connection.clone());
+    pump(server, client, 1, faults.clone(), connection);
+}
+
+/// Copies `from` to `to` through a queue, applying the faults of direction `index`.
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    index: usize,
+    faults: Arc<Faults>,
+    connection: Arc<Connection>,
+) {
+    let (queue, chunks) = mpsc::channel::<(Instant, Vec<u8>)>();
+    let reader_faults = faults.clone();
+    std::thread::spawn(move || {
+        let mut buffer = vec![0; 16 * 1024];
+        loop {
+            match from.read(&mut buffer) {
+                Ok(0) | Err(_) => break,
+                Ok(read) => {
+                    let latency = reader_faults.latency_micros[index].load(Ordering::SeqCst);
+                    let due = Instant::now() + Duration::from_micros(latency);
+                    if queue.send((due, buffer[..read].to_vec())).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    std::thread::spawn(move || {
+        for (due, chunk) in chunks {
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+            while faults.stalled[index].load(Ordering::SeqCst) {
+                if connection.closed.load(Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if to.write_all(&chunk).is_err() {
+                break;
+            }
+            let chance = faults.cut_chance_ppm.load(Ordering::SeqCst);
+            if chance > 0 && faults.draw_ppm() < chance {
+                if connection.cut() {
+                    faults.cuts.fetch_add(1, Ordering::SeqCst);
+                }
+                return;
+            }
+        }
+        // The source closed: pass the end on, as TCP would.
+        let _ = to.shutdown(Shutdown::Write);
+    });
+}

@@ -1,0 +1,250 @@
+//! The history of a fault scenario and the checker that judges it.
+//!
+//! Every worker appends one line per event to a log of its own: `<event> <key> <fence> <micros>
+//! <worker>`, where `micros` is read from one clock every worker shares (the `TIME` of the
+//! scenario's data server), so the lines of different processes can be merged. The events:
+//!
+//! - `enter`: the body started (taken inside the body, after the lock was acquired);
+//! - `exit`: the body finished, its counter increment written (taken before the release);
+//! - `lost`: the call returned `LockError::Lost`, the body dropped at its last await;
+//! - `accepted` / `rejected`: a fenced write was taken / refused by the data store.
+//!
+//! A line is one `write` to a file opened for appending, so lines of concurrent tasks never mix.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+use std::sync::Mutex;
+
+/// One line of a log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub kind: String,
+    pub key: String,
+    pub fence: u64,
+    pub micros: i64,
+    pub worker: String,
+}
+
+/// A log being written by one worker.
+pub struct Log {
+    file: Mutex<File>,
+    worker: String,
+}
+
+impl Log {
+    pub fn create(path: &Path, worker: &str) -> Log {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+        Log {
+            file: Mutex::new(file),
+            worker: worker.to_owned(),
+        }
+    }
+
+    pub fn record(&self, kind: &str, key: &str, fence: u64, micros: i64) {
+        let line = format!("{kind} {key} {fence} {micros} {}\n", self.worker);
+        self.file
+            .lock()
+            .unwrap()
+            .write_all(line.as_bytes())
+            .expect("cannot write the history");
+    }
+}
+
+/// Every event in the logs at `paths`, in no particular order. A log may be missing (a worker
+/// killed before it wrote) and its last line cut short (killed mid-write): both are skipped.
+pub fn read(paths: &[impl AsRef<Path>]) -> Vec<Event> {
+    let mut events = Vec::new();
+    for path in paths {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        for line in text.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let [kind, key, fence, micros, worker] = fields[..] else {
+                continue;
+            };
+            let (Ok(fence), Ok(micros)) = (fence.parse(), micros.parse()) else {
+                continue;
+            };
+            events.push(Event {
+                kind: kind.into(),
+                key: key.into(),
+                fence,
+                micros,
+                worker: worker.into(),
+            });
+        }
+    }
+    events
+}
+
+/// One run of a body: from its `enter` to its `exit` or `lost`; `end` is `None` when neither
+/// came (the worker was killed), and the checker then takes the time of the kill.
+#[derive(Clone, Debug)]
+pub struct Section {
+    pub key: String,
+    pub fence: u64,
+    pub worker: String,
+    pub start: i64,
+    pub end: Option<i64>,
+    pub finished: bool,
+}
+
+/// Pairs the `enter` events with their ends.
+pub fn sections(events: &[Event]) -> Vec<Section> {
+    let mut open: BTreeMap<(String, u64, String), usize> = BTreeMap::new();
+    let mut sections = Vec::new();
+    for event in events.iter().filter(|e| e.kind == "enter") {
+        open.insert(
+            (event.key.clone(), event.fence, event.worker.clone()),
+            sections.len(),
+        );
+        sections.push(Section {
+            key: event.key.clone(),
+            fence: event.fence,
+            worker: event.worker.clone(),
+            start: event.micros,
+            end: None,
+            finished: false,
+        });
+    }
+    for event in events {
+        if event.kind != "exit" && event.kind != "lost" {
+            continue;
+        }
+        if let Some(&index) = open.get(&(event.key.clone(), event.fence, event.worker.clone())) {
+            sections[index].end = Some(event.micros);
+            sections[index].finished = event.kind == "exit";
+        }
+    }
+    sections
+}
+
+/// What the checker found.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    /// Bodies that ran (entered), and of those, finished.
+    pub entered: usize,
+    pub finished: usize,
+    /// Pairs of bodies of one key that ran at the same time, described.
+    pub overlaps: Vec<String>,
+    /// Bodies entered after another of the same key but holding a smaller or equal fence.
+    pub fence_inversions: Vec<String>,
+    /// Increments of a counter that were written and then overwritten.
+    pub lost_updates: u64,
+    /// Counters that ended higher than any history allows (a write no body made).
+    pub impossible_counts: Vec<String>,
+}
+
+impl Verdict {
+    /// Panics, saying everything found, unless the history is clean.
+    pub fn assert_clean(&self, scenario: &str) {
+        assert!(
+            self.overlaps.is_empty()
+                && self.fence_inversions.is_empty()
+                && self.lost_updates == 0
+                && self.impossible_counts.is_empty(),
+            "{scenario}: the history is not safe:\n{self}"
+        );
+        assert!(self.finished > 0, "{scenario}: no body ever finished");
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} entered, {} finished, {} overlaps, {} fence inversions, {} lost updates",
+            self.entered,
+            self.finished,
+            self.overlaps.len(),
+            self.fence_inversions.len(),
+            self.lost_updates
+        )?;
+        for line in self
+            .overlaps
+            .iter()
+            .chain(&self.fence_inversions)
+            .chain(&self.impossible_counts)
+            .take(20)
+        {
+            writeln!(f, "  {line}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Judges a history: `killed` gives, per killed worker, the time of the kill (its unfinished
+/// body ended then at the latest); `counters` the final value of each key's counter, which
+/// every finished body incremented by one (a read, a pause, a write).
+pub fn check(
+    sections: &[Section],
+    killed: &BTreeMap<String, i64>,
+    counters: &BTreeMap<String, u64>,
+) -> Verdict {
+    let mut verdict = Verdict {
+        entered: sections.len(),
+        finished: sections.iter().filter(|s| s.finished).count(),
+        ..Verdict::default()
+    };
+    let mut by_key: BTreeMap<&str, Vec<&Section>> = BTreeMap::new();
+    for section in sections {
+        by_key.entry(&section.key).or_default().push(section);
+    }
+    for (key, mut runs) in by_key {
+        runs.sort_by_key(|s| (s.start, s.fence));
+        // The body that, of those started so far, ends last: a later start before its end is
+        // an overlap, however many bodies lie between.
+        let mut latest: Option<(&Section, i64)> = None;
+        for pair in runs.windows(2) {
+            if pair[1].fence <= pair[0].fence {
+                verdict.fence_inversions.push(format!(
+                    "{key}: {} entered at {} with fence {} after {} entered at {} with fence {}",
+                    pair[1].worker, pair[1].start, pair[1].fence, pair[0].worker, pair[0].start,
+                    pair[0].fence
+                ));
+            }
+        }
+        for run in &runs {
+            if let Some((previous, end)) = latest {
+                if run.start < end {
+                    verdict.overlaps.push(format!(
+                        "{key}: {} (fence {}) entered at {}, {} µs before {} (fence {}) left",
+                        run.worker,
+                        run.fence,
+                        run.start,
+                        end - run.start,
+                        previous.worker,
+                        previous.fence
+                    ));
+                }
+            }
+            let end = run
+                .end
+                .or_else(|| killed.get(&run.worker).copied())
+                .unwrap_or(i64::MAX);
+            if latest.is_none_or(|(_, latest_end)| end > latest_end) {
+                latest = Some((run, end));
+            }
+        }
+        if let Some(&counter) = counters.get(key) {
+            let finished = runs.iter().filter(|s| s.finished).count() as u64;
+            // An unfinished body may have written its increment before it was stopped.
+            let unfinished = runs.len() as u64 - finished;
+            if counter < finished {
+                verdict.lost_updates += finished - counter;
+            } else if counter > finished + unfinished {
+                verdict.impossible_counts.push(format!(
+                    "{key}: counter {counter}, but only {finished} bodies finished and \
+                     {unfinished} were stopped"
+                ));
+            }
+        }
+    }
+    verdict
+}
