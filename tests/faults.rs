@@ -37,6 +37,7 @@ const RENEW_PERIOD: Duration = Duration::from_millis(667);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Backend {
+    Memory,
     Redis,
     Mysql,
     Zookeeper,
@@ -45,6 +46,7 @@ enum Backend {
 impl Backend {
     fn name(self) -> &'static str {
         match self {
+            Backend::Memory => "memory",
             Backend::Redis => "redis",
             Backend::Mysql => "mysql",
             Backend::Zookeeper => "zookeeper",
@@ -53,6 +55,7 @@ impl Backend {
 
     fn parse(name: &str) -> Backend {
         match name {
+            "memory" => Backend::Memory,
             "redis" => Backend::Redis,
             "mysql" => Backend::Mysql,
             "zookeeper" => Backend::Zookeeper,
@@ -220,6 +223,7 @@ async fn connect(spec: &WorkerSpec) -> Locker {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let attempt = match spec.backend {
+            Backend::Memory => panic!("the memory store cannot be shared between processes"),
             Backend::Redis => Locker::redis(&spec.lock_url).await,
             Backend::Mysql => match MysqlBackend::builder(&spec.lock_url) {
                 Ok(builder) => builder
@@ -264,33 +268,43 @@ async fn run_worker(spec: WorkerSpec) {
     let mut tasks = tokio::task::JoinSet::new();
     for task in 0..spec.tasks {
         let (locker, context, spec) = (locker.clone(), context.clone(), spec.clone());
-        tasks.spawn(async move {
-            let mut entered_bodies = 0;
-            let mut turn = task;
-            while Instant::now() < deadline && entered_bodies < spec.sections {
-                let key = &spec.keys[turn % spec.keys.len()];
-                turn += 1;
-                let entered = AtomicU64::new(0);
-                let result = if spec.fenced {
-                    write_fenced(&locker, key, &context, &entered).await
-                } else {
-                    count(&locker, key, &context, &entered).await
-                };
-                let fence = entered.load(Ordering::SeqCst);
-                if fence != 0 {
-                    entered_bodies += 1;
-                }
-                match result {
-                    Ok(()) => {}
-                    Err(LockError::Lost { .. }) => context.record("lost", key, fence).await,
-                    // Busy after `wait`, or the store unreachable: try again, as a service would.
-                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-                }
-            }
-        });
+        tasks.spawn(async move { run_bodies(&locker, &context, &spec, task, deadline).await });
     }
     while let Some(task) = tasks.join_next().await {
         task.unwrap();
+    }
+}
+
+/// One task of a worker: bodies on the keys in turn, from the `first`, until `deadline` or
+/// `spec.sections` bodies entered.
+async fn run_bodies(
+    locker: &Locker,
+    context: &Context,
+    spec: &WorkerSpec,
+    first: usize,
+    deadline: Instant,
+) {
+    let mut entered_bodies = 0;
+    let mut turn = first;
+    while Instant::now() < deadline && entered_bodies < spec.sections {
+        let key = &spec.keys[turn % spec.keys.len()];
+        turn += 1;
+        let entered = AtomicU64::new(0);
+        let result = if spec.fenced {
+            write_fenced(locker, key, context, &entered).await
+        } else {
+            count(locker, key, context, &entered).await
+        };
+        let fence = entered.load(Ordering::SeqCst);
+        if fence != 0 {
+            entered_bodies += 1;
+        }
+        match result {
+            Ok(()) => {}
+            Err(LockError::Lost { .. }) => context.record("lost", key, fence).await,
+            // Busy after `wait`, or the store unreachable: try again, as a service would.
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
     }
 }
 
@@ -326,11 +340,14 @@ enum LockServer {
     /// The shared MariaDB (never restarted): a table of the scenario's own.
     Mysql { table: String },
     Zookeeper(ZkServer),
+    /// The memory store lives in the test process.
+    None,
 }
 
 impl LockServer {
     fn start(backend: Backend) -> LockServer {
         match backend {
+            Backend::Memory => LockServer::None,
             Backend::Redis => LockServer::Redis(RedisServer::start_persistent()),
             Backend::Mysql => LockServer::Mysql {
                 table: format!("dlock_faults_{}", &Owner::random().to_string()[..12]),
@@ -344,6 +361,7 @@ impl LockServer {
             LockServer::Redis(server) => server.url(),
             LockServer::Mysql { .. } => mysql_url(),
             LockServer::Zookeeper(server) => server.url(),
+            LockServer::None => "memory://".into(),
         }
     }
 }
@@ -572,19 +590,24 @@ impl Scenario {
             }
         }
         let sections = history::sections(&self.events());
+        let counters = self.counters();
+        let verdict = history::check(&sections, &self.killed, &counters);
+        (sections, verdict)
+    }
+
+    /// The final value of each key's counter (fenced scenarios keep none).
+    fn counters(&mut self) -> BTreeMap<String, u64> {
         let mut counters = BTreeMap::new();
         for key in self.keys.clone() {
             let value: Option<u64> = redis::cmd("GET")
                 .arg(format!("counter:{key}"))
                 .query(&mut self.data)
                 .unwrap();
-            // Fenced scenarios keep no counter.
             if let Some(value) = value {
                 counters.insert(key, value);
             }
         }
-        let verdict = history::check(&sections, &self.killed, &counters);
-        (sections, verdict)
+        counters
     }
 
     /// Prints the scenario's row of the README's results table.
@@ -683,6 +706,7 @@ fn restart_under_load(backend: Backend) {
             std::thread::sleep(Duration::from_secs(1));
             server.start();
         }
+        LockServer::None => unreachable!("processes cannot share the memory store"),
         LockServer::Mysql { .. } => {
             for worker in &scenario.workers {
                 worker.proxy.refuse_connections(true);
@@ -743,6 +767,19 @@ fn stalled_holder(backend: Backend, name: &'static str, wrapper: &[&str]) -> i64
     );
     margin
 }
+
+/// The stalled holder again, its clock two hours ahead and running 5 % slow (`faketime`): a
+/// wall-clock offset means nothing to dlock, which only measures intervals; a slow clock eats
+/// into the safety margin (ttl/10) but, at 5 %, leaves it positive.
+fn skewed_clock_holder(backend: Backend) {
+    assert!(
+        Path::new(FAKETIME).exists(),
+        "{FAKETIME} is missing: install Debian's `faketime` package (scripts/test.sh does)"
+    );
+    stalled_holder(backend, "skewed-clock", &[FAKETIME, "-m", "-f", "+2h x0.95"]);
+}
+
+const FAKETIME: &str = "/usr/bin/faketime";
 
 /// A holder is killed (SIGKILL) in its body: the next process gets in once its lease has
 /// expired — not before, and within a second after.
@@ -819,8 +856,86 @@ fn paused_holder_is_fenced_off(backend: Backend) {
     );
 }
 
+/// The in-process store: tasks sharing one memory `Locker` run bodies on two keys while, every
+/// 20 ms, one of them is aborted (cancelled mid-body, as a dropped request would be) and
+/// replaced by a new task.
+async fn memory_with_aborted_tasks(run_for: Duration) {
+    let mut scenario = Scenario::new("aborted-tasks", Backend::Memory, 2);
+    let locker = Locker::memory();
+    let data = redis::Client::open(scenario.data_server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let log = scenario.dir.join("tasks.log");
+    let deadline = Instant::now() + run_for;
+    let template = scenario.spec("t", run_for);
+    let start_task = |index: usize| {
+        let name = format!("t{index}");
+        let context = Context {
+            data: data.clone(),
+            log: Log::create(&log, &name),
+            work: Duration::from_millis(2),
+            worker: name.clone(),
+        };
+        let spec = template.clone();
+        let locker = locker.clone();
+        let task = tokio::spawn(async move {
+            run_bodies(&locker, &context, &spec, index, deadline).await;
+        });
+        (name, task)
+    };
+    let mut tasks: Vec<_> = (0..6).map(start_task).collect();
+    let mut started = tasks.len();
+    let mut aborted = 0;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let victim = started % tasks.len();
+        // The body ends when its task is dropped, between this reading and the end of the
+        // abort; its lease is released at that drop and the next body may enter at once, before
+        // a reading taken after the abort reaches the data server. So the end is read first: the
+        // body can act after it only by finishing a poll already under way, whose commands
+        // reach the data server before the release lets anyone in.
+        let at = scenario.now();
+        let (name, task) = std::mem::replace(&mut tasks[victim], start_task(started));
+        started += 1;
+        task.abort();
+        let _ = task.await;
+        aborted += 1;
+        scenario.killed.insert(name, at);
+    }
+    for (_, task) in tasks {
+        task.await.unwrap();
+    }
+    let events = history::read(&[&log]);
+    let sections = history::sections(&events);
+    let counters = scenario.counters();
+    let verdict = history::check(&sections, &scenario.killed, &counters);
+    scenario.report(
+        &verdict,
+        &format!(
+            "{aborted} tasks aborted mid-body; longest pause {:?}",
+            longest_pause(&sections)
+        ),
+    );
+    verdict.assert_clean(scenario.name);
+    assert!(
+        sections.iter().any(|s| !s.finished),
+        "no body was aborted mid-way: the scenario tested nothing"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // The tests
+
+mod with_memory {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tasks_aborted_mid_body_lose_nothing() {
+        memory_with_aborted_tasks(Duration::from_secs(5)).await;
+    }
+}
 
 /// How long the random-cut runs last: `DLOCK_FAULT_SECONDS`, else 30 s.
 fn cut_run() -> Duration {
@@ -850,6 +965,11 @@ macro_rules! scenarios {
                 #[test]
                 fn a_stalled_holder_is_cancelled_before_anyone_enters() {
                     stalled_holder($variant, "stalled-holder", &[]);
+                }
+
+                #[test]
+                fn a_holder_whose_clock_is_off_and_slow_still_leaves_first() {
+                    skewed_clock_holder($variant);
                 }
 
                 #[test]
