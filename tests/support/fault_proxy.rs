@@ -207,7 +207,13 @@ fn serve(client: TcpStream, server: TcpStream, faults: &Arc<Faults>) {
         open.push(connection.clone());
     }
     let to_server = (client.try_clone().unwrap(), server.try_clone().unwrap());
-    pump(to_server.0, to_server.1, 0, faults.clone(), connection.clone());
+    pump(
+        to_server.0,
+        to_server.1,
+        0,
+        faults.clone(),
+        connection.clone(),
+    );
     pump(server, client, 1, faults.clone(), connection);
 }
 

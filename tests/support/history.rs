@@ -205,7 +205,11 @@ pub fn check(
             if pair[1].fence <= pair[0].fence {
                 verdict.fence_inversions.push(format!(
                     "{key}: {} entered at {} with fence {} after {} entered at {} with fence {}",
-                    pair[1].worker, pair[1].start, pair[1].fence, pair[0].worker, pair[0].start,
+                    pair[1].worker,
+                    pair[1].start,
+                    pair[1].fence,
+                    pair[0].worker,
+                    pair[0].start,
                     pair[0].fence
                 ));
             }

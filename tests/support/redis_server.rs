@@ -195,7 +195,10 @@ impl RedisServer {
         };
         command.args(["--bind", "127.0.0.1", "--save", ""]);
         match &self.aof {
-            None => command.args(["--appendonly", "no"]).arg("--dir").arg(std::env::temp_dir()),
+            None => command
+                .args(["--appendonly", "no"])
+                .arg("--dir")
+                .arg(std::env::temp_dir()),
             Some(dir) => command
                 .args(["--appendonly", "yes", "--appendfsync", "always"])
                 .arg("--dir")
