@@ -64,6 +64,37 @@ impl Backend {
     }
 }
 
+/// What a worker's bodies do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Body {
+    /// [`count`]: read, pause, write plus one, under the lock.
+    Count,
+    /// [`write_fenced`]: pause, then a fenced write, running on after a loss.
+    WriteFenced,
+    /// [`count_unlocked`]: the counting body without the lock — the control that shows the
+    /// checker sees what a broken lock would do.
+    CountUnlocked,
+}
+
+impl Body {
+    fn name(self) -> &'static str {
+        match self {
+            Body::Count => "count",
+            Body::WriteFenced => "write-fenced",
+            Body::CountUnlocked => "count-unlocked",
+        }
+    }
+
+    fn parse(name: &str) -> Body {
+        match name {
+            "count" => Body::Count,
+            "write-fenced" => Body::WriteFenced,
+            "count-unlocked" => Body::CountUnlocked,
+            other => panic!("unknown body {other}"),
+        }
+    }
+}
+
 /// What one worker process does; passed to it in `DLOCK_FAULT_WORKER` as `name=value` words.
 #[derive(Clone, Debug)]
 struct WorkerSpec {
@@ -83,8 +114,7 @@ struct WorkerSpec {
     sections: usize,
     /// The pause between reading and writing the counter.
     work: Duration,
-    /// A fenced write to the data server instead of the counter, with `on_lost = "continue"`.
-    fenced: bool,
+    body: Body,
     log: PathBuf,
 }
 
@@ -92,7 +122,7 @@ impl WorkerSpec {
     fn encode(&self) -> String {
         format!(
             "name={} backend={} lock_url={} table={} data_url={} keys={} tasks={} run_ms={} \
-             sections={} work_ms={} fenced={} log={}",
+             sections={} work_ms={} body={} log={}",
             self.name,
             self.backend.name(),
             self.lock_url,
@@ -103,7 +133,7 @@ impl WorkerSpec {
             self.run_for.as_millis(),
             self.sections,
             self.work.as_millis(),
-            self.fenced,
+            self.body.name(),
             self.log.display()
         )
     }
@@ -126,7 +156,7 @@ impl WorkerSpec {
             run_for: millis("run_ms"),
             sections: field("sections").parse().unwrap(),
             work: millis("work_ms"),
-            fenced: field("fenced") == "true",
+            body: Body::parse(field("body")),
             log: field("log").into(),
         }
     }
@@ -190,6 +220,29 @@ async fn count(
         .unwrap();
     context.record("exit", key, fence).await;
     Ok(())
+}
+
+/// [`count`]'s body with no lock: fences are made up, one per body, increasing per process only.
+async fn count_unlocked(key: &str, context: &Context, entered: &AtomicU64) {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let fence = NEXT.fetch_add(1, Ordering::SeqCst);
+    entered.store(fence, Ordering::SeqCst);
+    context.record("enter", key, fence).await;
+    let counter = format!("counter:{key}");
+    let mut data = context.data.clone();
+    let value: Option<u64> = redis::cmd("GET")
+        .arg(&counter)
+        .query_async(&mut data)
+        .await
+        .unwrap();
+    tokio::time::sleep(context.work).await;
+    let () = redis::cmd("SET")
+        .arg(&counter)
+        .arg(value.unwrap_or(0) + 1)
+        .query_async(&mut data)
+        .await
+        .unwrap();
+    context.record("exit", key, fence).await;
 }
 
 /// The fenced body: pause, then write with the fence; a holder that lost its lease meanwhile
@@ -294,10 +347,13 @@ async fn run_bodies(
         let key = &spec.keys[turn % spec.keys.len()];
         turn += 1;
         let entered = AtomicU64::new(0);
-        let result = if spec.fenced {
-            write_fenced(locker, key, context, &entered).await
-        } else {
-            count(locker, key, context, &entered).await
+        let result = match spec.body {
+            Body::Count => count(locker, key, context, &entered).await,
+            Body::WriteFenced => write_fenced(locker, key, context, &entered).await,
+            Body::CountUnlocked => {
+                count_unlocked(key, context, &entered).await;
+                Ok(())
+            }
         };
         let fence = entered.load(Ordering::SeqCst);
         if fence != 0 {
@@ -455,7 +511,7 @@ impl Scenario {
             run_for,
             sections: usize::MAX,
             work: Duration::from_millis(5),
-            fenced: false,
+            body: Body::Count,
             log: self.dir.join(format!("{name}.log")),
         }
     }
@@ -848,14 +904,14 @@ fn paused_holder_is_fenced_off(backend: Backend) {
     let mut scenario = Scenario::new("fenced-pause", backend, 1);
     let mut holder = scenario.spec("holder", Duration::from_secs(60));
     holder.sections = 1;
-    holder.fenced = true;
+    holder.body = Body::WriteFenced;
     holder.work = Duration::from_millis(500);
     let holder = scenario.spawn(holder, &[]);
     let entered = scenario.wait_for(holder, "enter", Duration::from_secs(60));
     scenario.signal(holder, "STOP");
     let mut next = scenario.spec("next", Duration::from_secs(60));
     next.sections = 1;
-    next.fenced = true;
+    next.body = Body::WriteFenced;
     let next = scenario.spawn(next, &[]);
     let accepted = scenario.wait_for(next, "accepted", Duration::from_secs(30));
     scenario.signal(holder, "CONT");
@@ -954,6 +1010,22 @@ async fn memory_with_aborted_tasks(run_for: Duration) {
 
 // ---------------------------------------------------------------------------------------------
 // The tests
+
+/// The control: the same workers without the lock. The checker must see overlaps and lost
+/// updates, or the scenarios' clean verdicts would prove nothing.
+#[test]
+fn without_the_lock_the_checker_sees_overlaps_and_lost_updates() {
+    let mut scenario = Scenario::new("no-lock", Backend::Redis, 1);
+    for name in ["a", "b", "c"] {
+        let mut spec = scenario.spec(name, Duration::from_secs(2));
+        spec.body = Body::CountUnlocked;
+        scenario.spawn(spec, &[]);
+    }
+    let (_, verdict) = scenario.finish(Duration::from_secs(60));
+    scenario.report(&verdict, "(no lock: the control)");
+    assert!(!verdict.overlaps.is_empty(), "{verdict}");
+    assert!(verdict.lost_updates > 0, "{verdict}");
+}
 
 mod with_memory {
     use super::*;
