@@ -202,30 +202,18 @@ async fn count(
     entered: &AtomicU64,
 ) -> Result<(), LockError> {
     let fence = dlock::current_lease().expect("inside the body").fence();
-    entered.store(fence, Ordering::SeqCst);
-    context.record("enter", key, fence).await;
-    let counter = format!("counter:{key}");
-    let mut data = context.data.clone();
-    let value: Option<u64> = redis::cmd("GET")
-        .arg(&counter)
-        .query_async(&mut data)
-        .await
-        .unwrap();
-    tokio::time::sleep(context.work).await;
-    let () = redis::cmd("SET")
-        .arg(&counter)
-        .arg(value.unwrap_or(0) + 1)
-        .query_async(&mut data)
-        .await
-        .unwrap();
-    context.record("exit", key, fence).await;
+    increment(key, fence, context, entered).await;
     Ok(())
 }
 
 /// [`count`]'s body with no lock: fences are made up, one per body, increasing per process only.
 async fn count_unlocked(key: &str, context: &Context, entered: &AtomicU64) {
     static NEXT: AtomicU64 = AtomicU64::new(1);
-    let fence = NEXT.fetch_add(1, Ordering::SeqCst);
+    increment(key, NEXT.fetch_add(1, Ordering::SeqCst), context, entered).await;
+}
+
+/// Logs the entry, reads `key`'s counter, pauses, writes it back plus one, logs the exit.
+async fn increment(key: &str, fence: u64, context: &Context, entered: &AtomicU64) {
     entered.store(fence, Ordering::SeqCst);
     context.record("enter", key, fence).await;
     let counter = format!("counter:{key}");
