@@ -796,10 +796,12 @@ fn restart_under_load(backend: Backend) {
     verdict.assert_clean(scenario.name);
 }
 
-/// A holder's connection stalls (bytes held both ways, connection open) for longer than the
-/// ttl: it must be cancelled with `Lost` before a waiter in another process gets in. `wrapper`
+/// A holder's connection stalls (bytes held both ways, connection open) for twice the ttl: it
+/// must be cancelled with `Lost` before a waiter in another process gets in. When the stall
+/// ends, the held bytes arrive late — the holder's renewals and its release — while the waiter
+/// still holds the key: a third process must not get in before the waiter leaves. `wrapper`
 /// runs the holder under another clock (`faketime`).
-fn stalled_holder(backend: Backend, name: &'static str, wrapper: &[&str]) -> i64 {
+fn stalled_holder(backend: Backend, name: &'static str, wrapper: &[&str]) {
     let mut scenario = Scenario::new(name, backend, 1);
     let mut holder = scenario.spec("holder", Duration::from_secs(60));
     holder.sections = 1;
@@ -808,11 +810,15 @@ fn stalled_holder(backend: Backend, name: &'static str, wrapper: &[&str]) -> i64
     let entered = scenario.wait_for(holder, "enter", Duration::from_secs(60));
     let mut waiter = scenario.spec("waiter", Duration::from_secs(60));
     waiter.sections = 1;
+    waiter.work = 2 * TTL;
     let waiter = scenario.spawn(waiter, &[]);
     std::thread::sleep(Duration::from_millis(300));
-    scenario.proxy(holder).stall(Direction::Both);
+    scenario.proxy(holder).stall_for(Direction::Both, 2 * TTL);
     let lost = scenario.wait_for(holder, "lost", Duration::from_secs(30));
     let next = scenario.wait_for(waiter, "enter", Duration::from_secs(30));
+    let mut third = scenario.spec("third", Duration::from_secs(60));
+    third.sections = 1;
+    scenario.spawn(third, &[]);
     let (_, verdict) = scenario.finish(Duration::from_secs(60));
     let margin = next.micros - lost.micros;
     scenario.report(
@@ -824,12 +830,15 @@ fn stalled_holder(backend: Backend, name: &'static str, wrapper: &[&str]) -> i64
         ),
     );
     verdict.assert_clean(scenario.name);
+    assert_eq!(
+        verdict.finished, 2,
+        "the waiter and the third finish\n{verdict}"
+    );
     assert!(
         margin > 0,
         "the waiter entered {} before the stalled holder was cancelled",
         millis(-margin)
     );
-    margin
 }
 
 /// The stalled holder again, its clock two hours ahead and running 5 % slow (`faketime`): a
