@@ -70,13 +70,19 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Segment>, String> {
 fn parse_placeholder(body: &str) -> Result<Segment, String> {
     let mut parts = body.split('.');
     let root = parts.next().unwrap_or_default();
+    // Exactly the identifiers Rust's lexer takes (`char::is_alphabetic` also takes marks such as
+    // U+0345, which no identifier may start with), bar `_`, which names nothing; and tuple
+    // indices that fit the `u32` a field index is. Anything else would reach `Ident::new` in
+    // `expand` and panic instead of giving this message.
     let is_ident = |s: &str| {
         let mut cs = s.chars();
-        cs.next().is_some_and(|c| c == '_' || c.is_alphabetic())
-            && cs.all(|c| c == '_' || c.is_alphanumeric())
+        s != "_"
+            && cs.next().is_some_and(|c| c == '_' || unicode_ident::is_xid_start(c))
+            && cs.all(unicode_ident::is_xid_continue)
     };
-    let is_field =
-        |s: &str| is_ident(s) || (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()));
+    let is_field = |s: &str| {
+        is_ident(s) || (s.bytes().all(|b| b.is_ascii_digit()) && s.parse::<u32>().is_ok())
+    };
     let path: Vec<String> = parts.map(str::to_owned).collect();
     if !is_ident(root) || !path.iter().all(|p| is_field(p)) {
         return Err(format!(
@@ -145,6 +151,10 @@ mod tests {
             parse("ключ:<id>").unwrap(),
             vec![lit("ключ:"), ph("id", &[])]
         );
+        assert_eq!(
+            parse("<ключ._x.4294967295>").unwrap(),
+            vec![ph("ключ", &["_x", "4294967295"])]
+        );
     }
 
     #[test]
@@ -159,6 +169,12 @@ mod tests {
             ("<a.>", "not a placeholder"),
             ("<1a>", "not a placeholder"),
             ("<a><b>", "separator"),
+            // Found by the `key_template` fuzz target (they made the expansion panic).
+            ("<b.4294967296>", "not a placeholder"),
+            ("<b.\u{345}>", "not a placeholder"),
+            ("<\u{345}>", "not a placeholder"),
+            ("<_>", "not a placeholder"),
+            ("<b._>", "not a placeholder"),
             ("<a>-x<b>", "separator"),
             ("<a>%<b>", "separator"),
         ];

@@ -1,6 +1,6 @@
 //! Fuzzes the key template of `#[distributed_lock(key = "…")]`.
 //!
-//! For any text and any placeholder values:
+//! For any text and any placeholder values (the input is `template\0value\0value…`):
 //! - neither the template parser nor the whole attribute expansion panics (a panicking proc macro
 //!   leaves the user with "proc macro panicked" instead of a message at their key);
 //! - a rejected template comes with a non-empty message;
@@ -36,8 +36,17 @@ use template::Segment;
 /// How many alternative value tuples one input may try, to keep each execution short.
 const MAX_SPLITS: usize = 64;
 
-fuzz_target!(|input: (&str, Vec<&str>)| {
-    let (text, values) = input;
+// The input is plain text, so that seeds and crashes read as they are: the template, then the
+// placeholder values, each after a NUL byte.
+fuzz_target!(|data: &[u8]| {
+    let mut parts = data.split(|&b| b == 0);
+    let Ok(text) = std::str::from_utf8(parts.next().unwrap_or_default()) else {
+        return;
+    };
+    let values: Vec<String> = parts
+        .map(|part| String::from_utf8_lossy(part).into_owned())
+        .collect();
+    let values: Vec<&str> = values.iter().map(String::as_str).collect();
     check_expansion(text);
     match template::parse(text) {
         Err(message) => assert!(!message.is_empty(), "empty error for {text:?}"),
