@@ -125,7 +125,7 @@ fn canonical_forms(millis: u64) -> Vec<String> {
         split.push_str("0ms");
     }
     let mut forms = vec![split, format!("{millis}ms"), format!("000{millis}ms")];
-    if millis % 1_000 == 0 {
+    if millis.is_multiple_of(1_000) {
         forms.push(format!("{}s", millis / 1_000));
     }
     forms
@@ -135,6 +135,8 @@ fn canonical_forms(millis: u64) -> Vec<String> {
 /// without panicking.
 fn check_expansion(text: &str) {
     let lit = syn::LitStr::new(text, Span::call_site());
-    let item: TokenStream = quote!(async fn handle(id: u64) {});
+    let item: TokenStream = quote!(
+        async fn handle(id: u64) {}
+    );
     let _ = expand::distributed_lock(quote!(key = "job:<id>", ttl = #lit, wait = #lit), item);
 }

@@ -99,7 +99,10 @@ fn check_shape(segments: &[Segment]) {
         match segment {
             Segment::Literal(literal) => {
                 assert!(!literal.is_empty(), "empty literal: {segments:?}");
-                assert!(!literal.contains(['<', '>']), "bracket in literal: {segments:?}");
+                assert!(
+                    !literal.contains(['<', '>']),
+                    "bracket in literal: {segments:?}"
+                );
             }
             Segment::Placeholder { root, path } => {
                 assert!(!root.is_empty(), "{segments:?}");
@@ -155,16 +158,10 @@ fn check_injective(segments: &[Segment], values: &[&str]) {
                 continue;
             }
         };
-        let joined = format!(
-            "{}{between}{}",
-            first[placeholder],
-            first[placeholder + 1]
-        );
+        let joined = format!("{}{between}{}", first[placeholder], first[placeholder + 1]);
         let original = first[placeholder].len();
         for cut in (0..=joined.len()).filter(|&cut| {
-            cut != original
-                && joined.is_char_boundary(cut)
-                && joined[cut..].starts_with(between)
+            cut != original && joined.is_char_boundary(cut) && joined[cut..].starts_with(between)
         }) {
             tries += 1;
             if tries > MAX_SPLITS {
