@@ -413,9 +413,9 @@ mod tests {
         );
     }
 
-    // Found by the `key_template` fuzz target: a placeholder path that `template::parse`
-    // accepted but that is no Rust field made `Ident::new` panic, and the user saw only
-    // "proc macro panicked". Each must be a spanned error instead.
+    // Regression (the `key_template` fuzz target's "never panics"): a placeholder path that
+    // `template::parse` accepted but that is no Rust field made `Ident::new` panic, and the user
+    // saw only "proc macro panicked". Each must be a spanned error instead.
     #[test]
     fn placeholder_paths_rust_cannot_spell_are_errors_not_panics() {
         for key in ["k:<b.4294967296>", "k:<b.\u{345}>", "k:<\u{345}>"] {
