@@ -25,3 +25,68 @@ impl support::Store for Memory {
 }
 
 lock_properties!(Memory::default());
+
+/// Key rendering through the attribute itself: the generated code, field and tuple paths
+/// included, on any Unicode values.
+mod rendered_keys {
+    use dlock::{current_lease, distributed_lock, LockError, Locker};
+    use proptest::prelude::*;
+
+    struct User {
+        name: String,
+    }
+
+    #[distributed_lock(key = "acct:<id>/<user.name>:<pair.1>", locker = locker)]
+    async fn key_of(
+        locker: &Locker,
+        id: &str,
+        user: &User,
+        pair: (u8, &str),
+    ) -> Result<String, LockError> {
+        Ok(current_lease().unwrap().key().to_owned())
+    }
+
+    fn render(values: [&str; 3]) -> String {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let user = User {
+            name: values[1].to_owned(),
+        };
+        runtime
+            .block_on(key_of(&Locker::memory(), values[0], &user, (0, values[2])))
+            .unwrap()
+    }
+
+    proptest! {
+        #[test]
+        fn different_arguments_never_share_a_key(
+            a in proptest::array::uniform3(any::<String>()),
+            b in proptest::array::uniform3("[a/:%3A é]{0,3}"),
+        ) {
+            let a = [a[0].as_str(), a[1].as_str(), a[2].as_str()];
+            let b = [b[0].as_str(), b[1].as_str(), b[2].as_str()];
+            let key = render(a);
+            prop_assert!(key.bytes().all(|byte| byte.is_ascii_graphic()), "{}", key);
+            prop_assert_eq!(key == render(b), a == b);
+        }
+
+        /// The separators moved from one value into the next: ("x/y", "z") against ("x", "y/z").
+        #[test]
+        fn a_separator_inside_a_value_is_not_a_separator(
+            x in "[a-z%]{0,3}",
+            y in "[a-z%]{0,3}",
+            z in "[a-z%]{0,3}",
+        ) {
+            prop_assert_ne!(
+                render([&format!("{x}/{y}"), &z, "t"]),
+                render([&x, &format!("{y}/{z}"), "t"])
+            );
+            prop_assert_ne!(
+                render(["i", &format!("{x}:{y}"), &z]),
+                render(["i", &x, &format!("{y}:{z}")])
+            );
+        }
+    }
+}

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dlock::backend::ZookeeperBackend;
+use dlock::backend::{ZookeeperBackend, ZOOKEEPER_MAX_PATH_BYTES};
 use dlock::{distributed_lock, LockError, LockOptions, Locker, Owner};
 use support::fault_proxy::{Direction, FaultProxy};
 use support::zk_server::{self, ZkServer};
@@ -355,6 +355,34 @@ async fn a_ttl_longer_than_the_session_timeout_is_refused() {
     );
     let lease = locker.lock(&*key, ttl(4)).await.unwrap();
     assert!(lease.is_held());
+}
+
+/// ZooKeeper answers a request over its `jute.maxbuffer` (1 MiB by default) by dropping the
+/// connection, so a key whose lock node path would pass `ZOOKEEPER_MAX_PATH_BYTES` is refused up
+/// front, whole; the longest key allowed is served; neither disturbs the session's other leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_longest_key_is_served_and_a_longer_one_refused_naming_the_limit() {
+    let zk = Zookeeper::shared().await;
+    let locker = Locker::with_backend(zk.backend().await);
+    let bystander = locker.lock(unique_key("bystander"), ttl(10)).await.unwrap();
+    // root + "/" + key + "/" + owner (32) + "-" + sequence (up to 11).
+    let longest = ZOOKEEPER_MAX_PATH_BYTES - zk.admin.root().len() - 1 - 45;
+    let prefix = unique_key("longest");
+    let key = format!("{prefix}{}", "k".repeat(longest - prefix.len()));
+    let lease = locker.lock(&*key, ttl(10)).await.unwrap();
+    assert_eq!(lease.key().len(), longest);
+    assert_eq!(zk.queue(&key).await.len(), 1);
+    lease.release().await.unwrap();
+    let longer = format!("{key}k");
+    match locker.lock(&*longer, ttl(10)).await {
+        Err(LockError::InvalidKey { key, reason }) => {
+            assert_eq!(key, longer, "the refused key was cut");
+            assert!(reason.contains("1000000"), "{reason}");
+        }
+        other => panic!("expected InvalidKey, got {:?}", other.map(|l| l.fence())),
+    }
+    assert!(bystander.is_held());
+    bystander.release().await.unwrap();
 }
 
 async fn until_set(flag: &AtomicBool) {

@@ -43,6 +43,8 @@ pub(crate) fn parse_millis(text: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::parse_millis;
 
     #[test]
@@ -73,5 +75,38 @@ mod tests {
         assert!(parse_millis("18446744073709551615ms1ms")
             .unwrap_err()
             .contains("too large"));
+    }
+
+    proptest! {
+        #[test]
+        fn a_sum_of_parts_parses_to_the_sum_or_to_too_large(
+            parts in proptest::collection::vec((any::<u64>(), 0..4usize), 1..5),
+        ) {
+            let scales = [("h", 3_600_000u128), ("m", 60_000), ("s", 1_000), ("ms", 1)];
+            let text: String = parts
+                .iter()
+                .map(|&(n, unit)| format!("{n}{}", scales[unit].0))
+                .collect();
+            let total: u128 = parts.iter().map(|&(n, unit)| u128::from(n) * scales[unit].1).sum();
+            match u64::try_from(total) {
+                Ok(total) => prop_assert_eq!(parse_millis(&text), Ok(total)),
+                Err(_) => prop_assert!(parse_millis(&text).unwrap_err().contains("too large")),
+            }
+        }
+
+        #[test]
+        fn canonical_forms_round_trip(ms in any::<u64>()) {
+            let (h, rest) = (ms / 3_600_000, ms % 3_600_000);
+            let canonical = format!("{h}h{}m{}s{}ms", rest / 60_000, rest % 60_000 / 1_000, rest % 1_000);
+            prop_assert_eq!(parse_millis(&canonical), Ok(ms));
+            prop_assert_eq!(parse_millis(&format!("{ms}ms")), Ok(ms));
+        }
+
+        #[test]
+        fn never_panics_and_always_explains(text in prop_oneof![any::<String>(), "[0-9hms]{0,30}"]) {
+            if let Err(message) = parse_millis(&text) {
+                prop_assert!(message.contains("e.g.") || message.contains("too large"), "{}", message);
+            }
+        }
     }
 }

@@ -412,4 +412,20 @@ mod tests {
                 || out.contains(":: app :: dlock :: __private :: locked")
         );
     }
+
+    // Regression (the `key_template` fuzz target's "never panics"): a placeholder path that
+    // `template::parse` accepted but that is no Rust field made `Ident::new` panic, and the user
+    // saw only "proc macro panicked". Each must be a spanned error instead.
+    #[test]
+    fn placeholder_paths_rust_cannot_spell_are_errors_not_panics() {
+        for key in ["k:<b.4294967296>", "k:<b.\u{345}>", "k:<\u{345}>"] {
+            let out = expand(
+                quote!(key = #key),
+                quote!(
+                    async fn f(b: (u8, u8)) {}
+                ),
+            );
+            assert!(out.contains("compile_error"), "{key:?}: {out}");
+        }
+    }
 }

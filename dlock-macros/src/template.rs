@@ -70,13 +70,21 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Segment>, String> {
 fn parse_placeholder(body: &str) -> Result<Segment, String> {
     let mut parts = body.split('.');
     let root = parts.next().unwrap_or_default();
+    // Exactly the identifiers Rust's lexer takes (`char::is_alphabetic` also takes marks such as
+    // U+0345, which no identifier may start with), bar `_`, which names nothing; and tuple
+    // indices that fit the `u32` a field index is. Anything else would reach `Ident::new` in
+    // `expand` and panic instead of giving this message.
     let is_ident = |s: &str| {
         let mut cs = s.chars();
-        cs.next().is_some_and(|c| c == '_' || c.is_alphabetic())
-            && cs.all(|c| c == '_' || c.is_alphanumeric())
+        s != "_"
+            && cs
+                .next()
+                .is_some_and(|c| c == '_' || unicode_ident::is_xid_start(c))
+            && cs.all(unicode_ident::is_xid_continue)
     };
-    let is_field =
-        |s: &str| is_ident(s) || (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()));
+    let is_field = |s: &str| {
+        is_ident(s) || (s.bytes().all(|b| b.is_ascii_digit()) && s.parse::<u32>().is_ok())
+    };
     let path: Vec<String> = parts.map(str::to_owned).collect();
     if !is_ident(root) || !path.iter().all(|p| is_field(p)) {
         return Err(format!(
@@ -113,6 +121,9 @@ fn check_separators(segments: &[Segment]) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    use dlock_runtime::__private::KeyBuilder;
+    use proptest::prelude::*;
+
     use super::{parse, Segment};
 
     fn lit(s: &str) -> Segment {
@@ -145,6 +156,10 @@ mod tests {
             parse("ключ:<id>").unwrap(),
             vec![lit("ключ:"), ph("id", &[])]
         );
+        assert_eq!(
+            parse("<ключ._x.4294967295>").unwrap(),
+            vec![ph("ключ", &["_x", "4294967295"])]
+        );
     }
 
     #[test]
@@ -159,6 +174,12 @@ mod tests {
             ("<a.>", "not a placeholder"),
             ("<1a>", "not a placeholder"),
             ("<a><b>", "separator"),
+            // Regressions: these passed and made the expansion panic (see `fuzz/`).
+            ("<b.4294967296>", "not a placeholder"),
+            ("<b.\u{345}>", "not a placeholder"),
+            ("<\u{345}>", "not a placeholder"),
+            ("<_>", "not a placeholder"),
+            ("<b._>", "not a placeholder"),
             ("<a>-x<b>", "separator"),
             ("<a>%<b>", "separator"),
         ];
@@ -172,5 +193,122 @@ mod tests {
     fn accepts_separated_placeholders() {
         assert!(parse("<a>:<b>").is_ok());
         assert!(parse("<a>/x/<b>").is_ok());
+    }
+
+    /// The template text back from its segments.
+    fn serialise(segments: &[Segment]) -> String {
+        segments
+            .iter()
+            .map(|segment| match segment {
+                Segment::Literal(text) => text.clone(),
+                Segment::Placeholder { root, path } => {
+                    let fields: String = path.iter().map(|f| format!(".{f}")).collect();
+                    format!("<{root}{fields}>")
+                }
+            })
+            .collect()
+    }
+
+    /// Renders `segments` the way the generated code does, with `values` for the placeholders.
+    fn render(segments: &[Segment], values: &[String]) -> String {
+        let mut builder = KeyBuilder::with_capacity(0);
+        let mut values = values.iter();
+        for segment in segments {
+            match segment {
+                Segment::Literal(text) => builder.push_literal(text),
+                Segment::Placeholder { .. } => builder.push_display(values.next().unwrap()),
+            }
+        }
+        builder.finish()
+    }
+
+    /// The value tuples that differ from `values` only in where the literal between two
+    /// neighbouring placeholders falls: their raw concatenations equal that of `values`.
+    fn resplits(segments: &[Segment], values: &[String]) -> Vec<Vec<String>> {
+        let mut found = Vec::new();
+        let mut index = 0;
+        for (i, segment) in segments.iter().enumerate() {
+            if !matches!(segment, Segment::Placeholder { .. }) {
+                continue;
+            }
+            if let (Some(Segment::Literal(between)), Some(Segment::Placeholder { .. })) =
+                (segments.get(i + 1), segments.get(i + 2))
+            {
+                let joined = format!("{}{between}{}", values[index], values[index + 1]);
+                for (cut, _) in joined.match_indices(between.as_str()) {
+                    if cut != values[index].len() {
+                        let mut other = values.to_vec();
+                        other[index] = joined[..cut].to_owned();
+                        other[index + 1] = joined[cut + between.len()..].to_owned();
+                        found.push(other);
+                    }
+                }
+            }
+            index += 1;
+        }
+        found
+    }
+
+    /// Templates made of pieces that matter to the separator rule: characters escaping keeps
+    /// (`-`, `.`, `@`, letters), `%`, which escaping produces, and real separators.
+    fn template() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("<a>"),
+            Just("<b.0>"),
+            Just("<c.x>"),
+            Just(":"),
+            Just("/"),
+            Just("-"),
+            Just("."),
+            Just("@"),
+            Just("%"),
+            Just("%3A"),
+            Just("x"),
+            Just("é"),
+            Just(" "),
+        ];
+        proptest::collection::vec(piece, 1..7).prop_map(|pieces| pieces.concat())
+    }
+
+    /// Values over an alphabet that collides easily with the pieces above once concatenated.
+    fn values() -> impl Strategy<Value = Vec<String>> {
+        proptest::collection::vec("[a:%3A/.-]{0,4}", 6)
+    }
+
+    proptest! {
+        #[test]
+        fn accepted_templates_render_injectively(
+            text in template(),
+            first in values(),
+            second in values(),
+        ) {
+            if let Ok(segments) = parse(&text) {
+                let count = segments
+                    .iter()
+                    .filter(|s| matches!(s, Segment::Placeholder { .. }))
+                    .count();
+                let (first, second) = (&first[..count], &second[..count]);
+                let key = render(&segments, first);
+                prop_assert_eq!(
+                    key == render(&segments, second),
+                    first == second,
+                    "{:?} with {:?} and {:?}", text, first, second
+                );
+                // Random tuples seldom collide; the attack escaping must defeat is moving the
+                // text between two placeholders into a value: `<a>-<b>` with ("x-y", "z") and
+                // ("x", "y-z"). Try every such re-split.
+                for other in resplits(&segments, first) {
+                    prop_assert_ne!(&key, &render(&segments, &other), "{:?}: {:?} vs {:?}", text, first, other);
+                }
+            }
+        }
+
+        #[test]
+        fn parsing_never_panics_and_round_trips(text in prop_oneof![template(), any::<String>(), "[<>a-c.:_0-9%]{0,12}"]) {
+            match parse(&text) {
+                Ok(segments) => prop_assert_eq!(serialise(&segments), text),
+                Err(message) => prop_assert!(!message.is_empty()),
+            }
+        }
     }
 }

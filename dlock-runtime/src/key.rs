@@ -87,6 +87,42 @@ mod tests {
         builder.finish()
     }
 
+    /// A value whose `Display` writes `text` in pieces cut at the given char boundaries.
+    struct Pieces<'a>(&'a str, Vec<usize>);
+
+    impl std::fmt::Display for Pieces<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            let mut from = 0;
+            for &cut in &self.1 {
+                f.write_str(&self.0[from..cut])?;
+                from = cut;
+            }
+            f.write_str(&self.0[from..])
+        }
+    }
+
+    /// What rendering must produce for `value`: one byte per readable byte, `%XX` per other.
+    fn expected_len(value: &str) -> usize {
+        value
+            .bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-_.@".contains(&b) {
+                    1
+                } else {
+                    3
+                }
+            })
+            .sum()
+    }
+
+    #[test]
+    fn a_megabyte_value_renders_whole() {
+        let value = "é:".repeat(350_000);
+        let key = render(&[&value]);
+        assert_eq!(key.len(), "acct:".len() + 9 * 350_000);
+        assert!(key.ends_with("%C3%A9%3A"));
+    }
+
     #[test]
     fn escapes_everything_but_the_readable_set() {
         assert_eq!(render(&["a:b"]), "acct:a%3Ab");
@@ -108,6 +144,26 @@ mod tests {
             let key = render(&[&value]);
             prop_assert!(key.bytes().all(|b| b.is_ascii_graphic()));
             prop_assert!(key.len() <= "acct:".len() + 3 * value.len());
+        }
+
+        #[test]
+        fn rendered_length_is_exact_so_nothing_is_ever_cut(value in any::<String>()) {
+            prop_assert_eq!(render(&[&value]).len(), "acct:".len() + expected_len(&value));
+        }
+
+        #[test]
+        fn escaping_does_not_depend_on_how_display_splits_its_output(
+            value in any::<String>(),
+            cuts in proptest::collection::vec(any::<proptest::sample::Index>(), 0..6),
+        ) {
+            let boundaries: Vec<usize> =
+                value.char_indices().map(|(i, _)| i).chain([value.len()]).collect();
+            let mut cuts: Vec<usize> = cuts.iter().map(|c| *c.get(&boundaries)).collect();
+            cuts.sort_unstable();
+            let mut builder = KeyBuilder::with_capacity(0);
+            builder.push_literal("acct:");
+            builder.push_display(&Pieces(&value, cuts));
+            prop_assert_eq!(builder.finish(), render(&[&value]));
         }
 
         #[test]

@@ -24,6 +24,7 @@ mod zookeeper;
 pub use zookeeper::{
     ZookeeperBackend, ZookeeperBuilder, DEFAULT_ROOT as ZOOKEEPER_DEFAULT_ROOT,
     DEFAULT_SESSION_TIMEOUT as ZOOKEEPER_DEFAULT_SESSION_TIMEOUT,
+    MAX_PATH_BYTES as ZOOKEEPER_MAX_PATH_BYTES,
 };
 
 #[cfg(feature = "redis")]

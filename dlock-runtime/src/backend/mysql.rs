@@ -514,7 +514,11 @@ impl Jitter {
 
 #[cfg(test)]
 mod tests {
-    use super::{check_key, quote_table};
+    use proptest::prelude::*;
+
+    use super::{check_key, quote_table, MAX_KEY_BYTES};
+    use crate::key::KeyBuilder;
+    use crate::LockError;
 
     #[test]
     fn table_names_are_checked_and_quoted() {
@@ -529,5 +533,48 @@ mod tests {
     fn keys_longer_than_the_column_are_rejected() {
         assert!(check_key(&"k".repeat(255)).is_ok());
         assert!(check_key(&"k".repeat(256)).is_err());
+    }
+
+    /// The limit counts bytes of the rendered key, after escaping: `é` renders as `%C3%A9`.
+    #[test]
+    fn the_limit_applies_to_the_rendered_key() {
+        let rendered = |value: &str| {
+            let mut builder = KeyBuilder::with_capacity(0);
+            builder.push_literal("acct:");
+            builder.push_display(value);
+            builder.finish()
+        };
+        assert!(check_key(&rendered(&"a".repeat(250))).is_ok());
+        assert!(check_key(&rendered(&"a".repeat(251))).is_err());
+        // 5 + 6 × 41 = 251 bytes; 5 + 6 × 42 = 257.
+        assert!(check_key(&rendered(&"é".repeat(41))).is_ok());
+        assert!(check_key(&rendered(&"é".repeat(42))).is_err());
+    }
+
+    proptest! {
+        /// Exactly the keys of at most 255 bytes pass, whatever their characters' widths; a
+        /// longer one is refused whole, with its length and the limit in the message, never cut
+        /// to fit (two keys cut alike would be one lock).
+        #[test]
+        fn the_key_limit_is_exactly_the_column_width_in_bytes(
+            key in proptest::collection::vec(prop_oneof![Just('k'), Just('é'), Just('€'), Just('𝄞'), any::<char>()], 60..260)
+                .prop_map(|chars| chars.into_iter().collect::<String>())
+                .prop_map(|key| {
+                    // Most keys land near the limit: cut at a char boundary in 250..=260 bytes.
+                    let end = (250..=260.min(key.len())).rev().find(|&i| key.is_char_boundary(i));
+                    end.map_or(key.clone(), |end| key[..end].to_owned())
+                }),
+        ) {
+            match check_key(&key) {
+                Ok(()) => prop_assert!(key.len() <= MAX_KEY_BYTES, "{} bytes passed", key.len()),
+                Err(LockError::InvalidKey { key: refused, reason }) => {
+                    prop_assert!(key.len() > MAX_KEY_BYTES);
+                    prop_assert_eq!(refused, key.clone());
+                    prop_assert!(reason.contains(&format!("{} bytes", key.len())), "{}", reason);
+                    prop_assert!(reason.contains("255"), "{}", reason);
+                }
+                Err(other) => prop_assert!(false, "unexpected {other:?}"),
+            }
+        }
     }
 }

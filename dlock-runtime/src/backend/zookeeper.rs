@@ -15,7 +15,8 @@
 //!   cannot hold (controls, `U+007F`–`U+009F`, `U+D800`–`U+F8FF`, `U+FFF0`–`U+FFFF`)
 //!   percent-encoded as UTF-8 bytes, and the names `.` and `..` written `%2E` and `%2E%2E`. `%`
 //!   is always an escape, so the mapping is injective: two keys never share a parent. Keys
-//!   rendered by `#[distributed_lock]` are already escaped, so they appear as they are.
+//!   rendered by `#[distributed_lock]` are already escaped, so they appear as they are. A key
+//!   whose lock node path would pass [`MAX_PATH_BYTES`] is refused with `InvalidKey`, whole.
 //! - **Lock node**: `EPHEMERAL_SEQUENTIAL`, named `{owner}-{sequence}` and holding the owner
 //!   token. The owner in the name makes creation *protected* (Curator's term): when the reply to
 //!   a create is lost with the connection, the node is found again by its prefix, so a retried or
@@ -106,6 +107,19 @@ use crate::{background, LockError, Owner};
 /// The root under which the per-key parents live, unless [`ZookeeperBuilder::root`] says
 /// otherwise.
 pub const DEFAULT_ROOT: &str = "/dlock";
+
+/// The longest lock node path dlock asks ZooKeeper for, in bytes (chroot, root, the escaped key
+/// and the node's own name). The server answers a request larger than its `jute.maxbuffer` (by
+/// default 1 MiB less one byte) by dropping the connection: every call in flight on the session
+/// fails, and nothing says why. A lock node's create request is its path and about a hundred
+/// bytes more, so a key whose path would be longer than this is refused up front with
+/// [`LockError::InvalidKey`] naming the limit, and never cut to fit: two keys cut alike would be
+/// one lock.
+pub const MAX_PATH_BYTES: usize = 1_000_000;
+
+/// `/{owner}-{sequence}` after the parent: 32 hex digits, and a sequence of ten digits (eleven
+/// once the server's 32-bit counter wraps negative).
+const LOCK_NODE_NAME_BYTES: usize = 1 + 32 + 1 + 11;
 
 /// The session timeout asked of the ensemble, unless [`ZookeeperBuilder::session_timeout`] says
 /// otherwise. Leases may be as long as the timeout the ensemble grants.
@@ -523,7 +537,7 @@ impl Shared {
     }
 
     fn parent(&self, key: &str) -> Result<String, LockError> {
-        Ok(format!("{}/{}", self.base, node_name(key)?))
+        parent_path(&self.base, key)
     }
 }
 
@@ -865,6 +879,28 @@ fn sequence(name: &str) -> Option<i64> {
     digits.parse().ok()
 }
 
+/// The path of `key`'s parent under `base`, or [`LockError::InvalidKey`] when the lock nodes
+/// under it would be longer than [`MAX_PATH_BYTES`].
+fn parent_path(base: &str, key: &str) -> Result<String, LockError> {
+    parent_path_within(base, key, MAX_PATH_BYTES)
+}
+
+fn parent_path_within(base: &str, key: &str, max_path_bytes: usize) -> Result<String, LockError> {
+    let parent = format!("{base}/{}", node_name(key)?);
+    let len = parent.len() + LOCK_NODE_NAME_BYTES;
+    if len > max_path_bytes {
+        return Err(LockError::InvalidKey {
+            key: key.to_owned(),
+            reason: format!(
+                "its ZooKeeper lock node path would be {len} bytes, longer than the \
+                 {max_path_bytes} dlock sends (the server's jute.maxbuffer, 1 MiB by default, \
+                 caps a whole request)"
+            ),
+        });
+    }
+    Ok(parent)
+}
+
 /// The parent's name for `key`: the key with `/`, `%` and what a znode name cannot hold
 /// percent-encoded, and `.` / `..` escaped.
 fn node_name(key: &str) -> Result<String, LockError> {
@@ -946,7 +982,30 @@ fn zk_error(error: ZkError) -> LockError {
 
 #[cfg(test)]
 mod tests {
-    use super::{check_path, node_name, queue_of, sequence, ZookeeperBackend};
+    use proptest::prelude::*;
+
+    use super::{
+        check_path, node_name, parent_path, parent_path_within, queue_of, sequence,
+        ZookeeperBackend, MAX_PATH_BYTES,
+    };
+    use crate::LockError;
+
+    #[test]
+    fn the_path_limit_is_exact() {
+        // "/dlock" + "/" + key + "/" + 32 + "-" + 11 bytes.
+        let longest = MAX_PATH_BYTES - 6 - 1 - 45;
+        assert!(parent_path("/dlock", &"k".repeat(longest)).is_ok());
+        let error = parent_path("/dlock", &"k".repeat(longest + 1)).unwrap_err();
+        assert!(
+            matches!(&error, LockError::InvalidKey { reason, .. }
+                if reason.contains("1000001 bytes") && reason.contains("1000000")),
+            "{error}"
+        );
+        // The limit counts the escaped name: `/` becomes `%2F`.
+        let slashes = "/".repeat(longest / 3);
+        assert!(parent_path("/dlock", &format!("{slashes}{}", "k".repeat(longest % 3))).is_ok());
+        assert!(parent_path("/dlock", &format!("{slashes}/")).is_err());
+    }
 
     #[test]
     fn node_names_escape_what_a_znode_cannot_hold() {
@@ -1000,6 +1059,33 @@ mod tests {
         assert!(check_path("/dlock").is_ok());
         for bad in ["dlock", "/", "/a/../b", "/a/"] {
             assert!(check_path(bad).is_err(), "{bad}");
+        }
+    }
+
+    proptest! {
+        /// A key is refused exactly when its path would pass the limit, and one that is taken is
+        /// taken whole. (With a small limit, so that each case is quick; `the_path_limit_is_exact`
+        /// checks the real one.)
+        #[test]
+        fn keys_near_the_path_limit_are_taken_whole_or_refused(
+            base in "(/[a-z]{1,8}){1,3}",
+            key in "[k/é\u{1}%.]{1,60}",
+        ) {
+            const LIMIT: usize = 120;
+            let len = base.len() + 1 + node_name(&key).unwrap().len() + 45;
+            match parent_path_within(&base, &key, LIMIT) {
+                Ok(parent) => {
+                    prop_assert!(len <= LIMIT);
+                    prop_assert_eq!(parent, format!("{base}/{}", node_name(&key).unwrap()));
+                }
+                Err(LockError::InvalidKey { key: refused, reason }) => {
+                    prop_assert!(len > LIMIT);
+                    prop_assert!(refused == key, "the refused key was cut");
+                    prop_assert!(reason.contains(&format!("{len} bytes")), "{}", reason);
+                    prop_assert!(reason.contains(&format!("the {LIMIT} dlock sends")), "{}", reason);
+                }
+                Err(other) => prop_assert!(false, "unexpected {other}"),
+            }
         }
     }
 }
