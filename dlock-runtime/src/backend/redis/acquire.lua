@@ -1,10 +1,17 @@
--- Acquire: one round trip. After common.lua; ARGV[5] the ttl in ms, ARGV[6] '1' to queue up when
--- the lock is busy (refreshing this waiter's liveness), '0' to leave the queue instead.
+-- Acquire: one round trip. After common.lua; ARGV[2] the ttl in ms; ARGV[3], where given, the
+-- liveness window in ms: queue up when the lock is busy (refreshing this waiter's liveness).
+-- Without it, leave the queue instead.
 --
--- Returns {1, fence} when the lock is this owner's, else {0, the lock's PTTL, 1 if this owner
--- heads the queue else 0, the last fence handed out for the lock}. A hand-off to this owner that
--- carries a greater fence than a busy answer did happened after this call ran.
-local ttl, queue_if_busy = ARGV[5], ARGV[6] == '1'
+-- Returns the fence (an integer) when the lock is this owner's, else {the lock's PTTL, 1 if this
+-- owner heads the queue else 0, the last fence handed out for the lock}. A hand-off to this owner
+-- that carries a greater fence than a busy answer did happened after this call ran.
+local ttl, liveness = ARGV[2], ARGV[3]
+
+-- Nobody holds the lock and nobody waits for it, so this owner is in no queue either: the
+-- uncontended path, three commands.
+if redis.call('EXISTS', lock, queue) == 0 then
+  return grant(owner, ttl)
+end
 
 local holder = redis.call('GET', lock)
 if holder == owner then
@@ -12,42 +19,35 @@ if holder == owner then
   -- Idempotent: extend to the full ttl and answer the same fence.
   redis.call('PEXPIRE', lock, ttl)
   leave()
-  local last = redis.call('HMGET', fence, 'o', 'n')
-  if last[1] == owner then
-    return {1, last[2]}
+  local fence = redis.call('GET', counter)
+  if fence then
+    return tonumber(fence)
   end
-  return {1, next_fence(owner)}
+  -- The counter was deleted from outside: a fresh fence at least names this grant.
+  return grant(owner, ttl)
 end
 
 if not holder then
-  local head = live_head()
-  if not head then
-    -- Nobody waits, so this owner is in no queue: the uncontended path, with nothing to leave.
-    redis.call('SET', lock, owner, 'PX', ttl)
-    return {1, next_fence(owner)}
+  -- Free, but the queue exists: serve its first live waiter, which may be this owner.
+  local head, head_ttl = pop_live_head()
+  if not head or head == owner then
+    return grant(owner, ttl)
   end
-  if head == owner then
-    leave()
-    redis.call('SET', lock, owner, 'PX', ttl)
-    return {1, next_fence(owner)}
-  end
-  -- Free, but others came first (the holder expired without a release to hand it on).
-  hand_off()
+  -- Others came first (the holder expired without a release to hand it on).
+  hand_to(head, head_ttl)
 end
 
-if queue_if_busy then
-  if not redis.call('LPOS', queue, owner) then
-    redis.call('RPUSH', queue, owner)
+local last = tonumber(redis.call('GET', counter) or '0')
+if liveness then
+  local position = redis.call('LPOS', queue, owner)
+  if not position then
+    position = redis.call('RPUSH', queue, owner) - 1
   end
-  redis.call('SET', me, ttl, 'PX', liveness)
+  redis.call('SET', waiter_key(owner), ttl, 'PX', liveness)
   -- A queue whose waiters all died goes away by itself.
-  local keep = 2 * tonumber(liveness)
-  if redis.call('PTTL', queue) < keep then
-    redis.call('PEXPIRE', queue, keep)
-  end
-  local first = redis.call('LINDEX', queue, 0) == owner
-  return {0, redis.call('PTTL', lock), first and 1 or 0, last_fence()}
+  redis.call('PEXPIRE', queue, 2 * tonumber(liveness))
+  return {redis.call('PTTL', lock), position == 0 and 1 or 0, last}
 end
 
 leave()
-return {0, redis.call('PTTL', lock), 0, last_fence()}
+return {redis.call('PTTL', lock), 0, last}

@@ -8,7 +8,7 @@
 //! | Redis key | type | what |
 //! | --- | --- | --- |
 //! | `P{K}` | string, with PX | the holder's owner token (32 hex digits); the lease's ttl is its PTTL |
-//! | `P{K}:fence` | hash, no expiry | `n`: the last fence handed out; `o`: the owner it went to |
+//! | `P{K}:fences` | integer, no expiry | the last fence handed out (`INCR`); while `P{K}` holds an owner, the fence of that owner's grant |
 //! | `P{K}:q` | list, expires when idle | the owners waiting for the lock, in arrival order |
 //! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: its ttl in ms, kept alive while it waits |
 //! | `P{K}:ch` | pub/sub channel | `<owner> <fence>`: the owner a release handed the lock to, and its fence |
@@ -19,17 +19,21 @@
 //! locks never share a key), but the hash tag then ends at the first `}`. A prefix that holds a
 //! hash tag itself (say `{dlock}:`) puts every lock in one slot.
 //!
-//! The fence hash never expires, so that fences keep increasing across releases, expiries and
+//! The fence counter never expires, so that fences keep increasing across releases, expiries and
 //! restarts of clients: it costs one small key per distinct lock key ever used. Run Redis with a
 //! `maxmemory-policy` that never evicts keys without a ttl (`noeviction` or a `volatile-*`
 //! policy), and with persistence if fences must survive a restart of Redis itself.
 //!
 //! # Round trips
 //!
-//! - Acquire is one Lua script (`SET NX PX` in effect, plus the fence's `HINCRBY`): one round
-//!   trip. It is idempotent for its owner: where the lock already holds the owner, it extends it
-//!   to the full ttl and answers the same fence, so a call retried after a lost reply is harmless.
+//! - Acquire is one Lua script (`SET NX PX` in effect, plus the fence's `INCR`): one round trip.
+//!   Uncontended, it runs three commands: an `EXISTS` of the lock and its queue together, the
+//!   `INCR` and the `SET`. It is idempotent for its owner: where the lock already holds the owner,
+//!   it extends it to the full ttl and answers the same fence (the counter's value: every grant
+//!   counts its fence and sets the lock in one step), so a call retried after a lost reply is
+//!   harmless.
 //! - Release is one script: compare-and-delete, hand-off to the first live waiter, `PUBLISH`.
+//!   Where nobody waits, that is a `GET`, an `LPOP` that finds no queue, and a `DEL`.
 //!   A waiter handed the lock holds it when the message (or, in the releasing process, the
 //!   release's reply) reaches it: a contended hand-off costs the release's round trip and no
 //!   other.
@@ -38,7 +42,7 @@
 //!   one pipeline per hash slot, sent concurrently.)
 //!
 //! Scripts are sent by `EVALSHA`, falling back to `EVAL` where the server has not seen them yet
-//! (after a restart, say). They need Redis 6.0.6 or later (`LPOS`).
+//! (after a restart, say). They need Redis 6.2 or later (`GETDEL`, `LPOS`).
 //!
 //! # Waiting
 //!
@@ -52,10 +56,10 @@
 //!    and an `UNSUBSCRIBE` when the last of them leaves), then runs the acquire script in
 //!    queueing mode, which appends its owner to the key's queue and sets its waiter key (its
 //!    ttl, with a PX of the *liveness window*).
-//! 3. A release deletes the lock and hands it straight to the first live waiter, for that
-//!    waiter's full ttl (read from its waiter key): the lock is set to the waiter's owner with
-//!    that PX, a fresh fence is recorded for it, and `<owner> <fence>` is published on the
-//!    channel. Waiters whose waiter key expired (their process died) are skipped and dropped.
+//! 3. A release hands the lock straight to the first live waiter, for that waiter's full ttl
+//!    (read from its waiter key): the lock is set to the waiter's owner with that PX, a fresh
+//!    fence is counted for it, and `<owner> <fence>` is published on the channel. (Where nobody
+//!    waits, the lock is deleted.) Waiters whose waiter key expired (their process died) are skipped and dropped.
 //!    The release script answers the owner and fence it handed the lock to; where that owner
 //!    waits on the releasing backend (the same process), it is woken at once, in-process, with
 //!    the fence, ahead of the message, which then finds nothing new to tell it.
@@ -128,7 +132,7 @@
 //! one subscriber connection per node; it is not used.)
 //!
 //! Redis replicates asynchronously: a lock granted by a primary that fails before replicating it
-//! can be granted again by the promoted replica, and a fence hash that had not reached the
+//! can be granted again by the promoted replica, and a fence counter that had not reached the
 //! replica counts again from an older value. Mutual exclusion holds as long as the store keeps
 //! its writes; fences are what protect the data when it does not — pass them to the protected
 //! store.
@@ -396,16 +400,16 @@ impl RedisBackend {
         format!("{}{{{key}}}", self.inner.prefix)
     }
 
-    /// The Redis key that holds the fence counter of `key` (a hash: `n` the last fence handed
-    /// out, `o` the owner it went to). It never expires.
+    /// The Redis key that counts the fences of `key`: an integer, the last fence handed out. It
+    /// never expires.
     ///
     /// ```
     /// let backend = dlock::backend::RedisBackend::builder("redis://127.0.0.1").build()?;
-    /// assert_eq!(backend.fence_key("acct:42"), "dlock:{acct:42}:fence");
+    /// assert_eq!(backend.fence_key("acct:42"), "dlock:{acct:42}:fences");
     /// # Ok::<(), dlock::LockError>(())
     /// ```
     pub fn fence_key(&self, key: &str) -> String {
-        format!("{}:fence", self.lock_key(key))
+        format!("{}{COUNTER_SUFFIX}", self.lock_key(key))
     }
 
     /// The Redis key that queues the waiters of `key`, in arrival order.
@@ -416,7 +420,7 @@ impl RedisBackend {
     /// # Ok::<(), dlock::LockError>(())
     /// ```
     pub fn queue_key(&self, key: &str) -> String {
-        format!("{}:q", self.lock_key(key))
+        format!("{}{QUEUE_SUFFIX}", self.lock_key(key))
     }
 
     /// Checks that the server answers (and accepted the credentials).
@@ -434,16 +438,11 @@ impl RedisBackend {
 
     fn lock_keys(&self, key: &str, owner: Owner) -> LockKeys {
         let lock = self.lock_key(key);
-        let owner = owner.to_string();
-        let waiter_prefix = format!("{lock}:w:");
         LockKeys {
-            fence: format!("{lock}:fence"),
-            queue: format!("{lock}:q"),
-            me: format!("{waiter_prefix}{owner}"),
-            channel: format!("{lock}:ch"),
+            counter: format!("{lock}{COUNTER_SUFFIX}"),
+            queue: format!("{lock}{QUEUE_SUFFIX}"),
             lock,
-            waiter_prefix,
-            owner,
+            owner: owner.to_string(),
         }
     }
 
@@ -455,16 +454,19 @@ impl RedisBackend {
         ttl: Duration,
         queue: bool,
     ) -> Result<Attempt, LockError> {
-        let liveness_ms = self.inner.liveness.as_millis().to_string();
-        let [owner, waiter_prefix, channel, liveness] = keys.common_args(&liveness_ms);
         let ttl_ms = ttl.as_millis().max(1).to_string();
-        let queue = if queue { "1" } else { "0" };
-        let args = [owner, waiter_prefix, channel, liveness, &ttl_ms, queue];
+        let liveness_ms;
+        let queueing = [keys.owner.as_str(), &ttl_ms, {
+            liveness_ms = self.inner.liveness.as_millis().to_string();
+            &liveness_ms
+        }];
+        // The liveness window, passed only to queue up, is what says to.
+        let args = if queue { &queueing[..] } else { &queueing[..2] };
         let script_keys = keys.script_keys();
         let reply = self
             .inner
             .conn
-            .run("acquire", |conn| eval(conn, &ACQUIRE, &script_keys, &args))
+            .run("acquire", |conn| eval(conn, &ACQUIRE, &script_keys, args))
             .await?;
         parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason))
     }
@@ -473,8 +475,7 @@ impl RedisBackend {
     /// queue.
     async fn release_or_leave(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
         let keys = self.lock_keys(key, owner);
-        let liveness_ms = self.inner.liveness.as_millis().to_string();
-        let args = keys.common_args(&liveness_ms);
+        let args = [keys.owner.as_str()];
         let script_keys = keys.script_keys();
         let reply = self
             .inner
@@ -490,7 +491,7 @@ impl RedisBackend {
             if self
                 .inner
                 .subscriber
-                .grant_local(&keys.channel, head, *fence)
+                .grant_local(&keys.channel(), head, *fence)
             {
                 tokio::task::yield_now().await;
             }
@@ -508,7 +509,7 @@ impl RedisBackend {
         let mut subscription: Subscription = self
             .inner
             .subscriber
-            .register(keys.channel.clone(), keys.owner.clone());
+            .register(keys.channel(), keys.owner.clone());
         // Leaves the queue (or releases a key handed over meanwhile) if this future is dropped
         // or fails.
         let mut guard = LeaveGuard {
@@ -593,26 +594,29 @@ fn handed_over(
         .then_some(Acquired { fence, valid_from })
 }
 
-/// The Redis names of one lock, for one owner.
+/// The suffixes that name a lock's other keys after its own. The scripts name the waiter keys
+/// (`:w:<owner>`) and the channel (`:ch`) themselves (see common.lua).
+const COUNTER_SUFFIX: &str = ":fences";
+const QUEUE_SUFFIX: &str = ":q";
+const CHANNEL_SUFFIX: &str = ":ch";
+
+/// The Redis names one call of the scripts needs, for one owner. The channel, which only a waiter
+/// needs, is named on demand.
 struct LockKeys {
     lock: String,
-    fence: String,
+    counter: String,
     queue: String,
-    me: String,
-    waiter_prefix: String,
-    channel: String,
     owner: String,
 }
 
 impl LockKeys {
     /// `KEYS` of the acquire and release scripts (see common.lua).
-    fn script_keys(&self) -> [&str; 4] {
-        [&self.lock, &self.fence, &self.queue, &self.me]
+    fn script_keys(&self) -> [&str; 3] {
+        [&self.lock, &self.counter, &self.queue]
     }
 
-    /// The `ARGV` both scripts start with (see common.lua).
-    fn common_args<'a>(&'a self, liveness_ms: &'a str) -> [&'a str; 4] {
-        [&self.owner, &self.waiter_prefix, &self.channel, liveness_ms]
+    fn channel(&self) -> String {
+        format!("{}{CHANNEL_SUFFIX}", self.lock)
     }
 }
 
@@ -639,60 +643,47 @@ struct Released {
 }
 
 fn parse_release(reply: Value) -> Result<Released, redis::RedisError> {
-    let Value::Array(items) = &reply else {
-        return Err(unexpected(&reply));
+    let held = |held: i64| match held {
+        0 | 1 => Ok(held == 1),
+        _ => Err(unexpected(&reply)),
     };
-    let [Value::Int(held), head, Value::Int(fence)] = items.as_slice() else {
-        return Err(unexpected(&reply));
-    };
-    let head = match head {
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| unexpected(&reply))?,
-        Value::SimpleString(text) => text.as_str(),
-        _ => return Err(unexpected(&reply)),
-    };
-    let handed_to = match (head, u64::try_from(*fence)) {
-        ("", _) | (_, Err(_) | Ok(0)) => None,
-        (head, Ok(fence)) => Some((head.to_owned(), fence)),
-    };
-    Ok(Released {
-        held: *held == 1,
-        handed_to,
-    })
+    match &reply {
+        // Nobody was handed the lock: the common case, a bare integer.
+        Value::Int(n) => Ok(Released {
+            held: held(*n)?,
+            handed_to: None,
+        }),
+        Value::Array(items) => {
+            let [Value::Int(n), Value::BulkString(head), Value::Int(fence)] = items.as_slice()
+            else {
+                return Err(unexpected(&reply));
+            };
+            let head = std::str::from_utf8(head).map_err(|_| unexpected(&reply))?;
+            let fence = u64::try_from(*fence).map_err(|_| unexpected(&reply))?;
+            Ok(Released {
+                held: held(*n)?,
+                handed_to: Some((head.to_owned(), fence)),
+            })
+        }
+        _ => Err(unexpected(&reply)),
+    }
 }
 
 fn parse_attempt(reply: Value) -> Result<Attempt, redis::RedisError> {
-    let Value::Array(items) = &reply else {
-        return Err(unexpected(&reply));
-    };
-    let int = |value: &Value| -> Option<i64> {
-        match value {
-            Value::Int(n) => Some(*n),
-            Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
-            Value::SimpleString(text) => text.parse().ok(),
-            _ => None,
-        }
-    };
-    match items.as_slice() {
-        [granted, fence] if int(granted) == Some(1) => match fence {
-            Value::BulkString(bytes) => std::str::from_utf8(bytes)
-                .ok()
-                .and_then(|text| text.parse::<u64>().ok())
-                .map(Attempt::Granted)
-                .ok_or_else(|| unexpected(&reply)),
-            Value::Int(n) => u64::try_from(*n)
-                .map(Attempt::Granted)
-                .map_err(|_| unexpected(&reply)),
-            _ => Err(unexpected(&reply)),
-        },
-        [granted, pttl, first, fence] if int(granted) == Some(0) => {
-            let pttl = int(pttl).ok_or_else(|| unexpected(&reply))?;
-            let fence = int(fence)
-                .and_then(|fence| u64::try_from(fence).ok())
-                .ok_or_else(|| unexpected(&reply))?;
+    match &reply {
+        // Granted: the fence, a bare integer.
+        Value::Int(fence) => u64::try_from(*fence)
+            .map(Attempt::Granted)
+            .map_err(|_| unexpected(&reply)),
+        Value::Array(items) => {
+            let [Value::Int(pttl), Value::Int(first), Value::Int(fence)] = items.as_slice() else {
+                return Err(unexpected(&reply));
+            };
             Ok(Attempt::Busy {
-                pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-                first: int(first) == Some(1),
-                fence,
+                // Negative where the lock has no ttl (-1) or was just handed on and is gone (-2).
+                pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                first: *first == 1,
+                fence: u64::try_from(*fence).map_err(|_| unexpected(&reply))?,
             })
         }
         _ => Err(unexpected(&reply)),
@@ -864,7 +855,7 @@ impl Backend for RedisBackend {
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
         let keys = self.lock_keys(request.key, request.owner);
         let deadline = Instant::now() + request.wait;
-        if !request.wait.is_zero() && self.inner.subscriber.is_subscribed(&keys.channel) {
+        if !request.wait.is_zero() && self.inner.subscriber.is_subscribed(&keys.channel()) {
             // Other waiters of this backend wait for the key: it is most likely busy, so queue
             // up in the first call, which spares a round trip. The channel is subscribed
             // already, so the hand-off's message cannot come before it.
@@ -1003,13 +994,7 @@ mod tests {
     fn keys_of_one_lock_share_the_hash_tag() {
         let backend = RedisBackend::builder("redis://127.0.0.1").build().unwrap();
         let keys = backend.lock_keys("acct:42", Owner::random());
-        for name in [
-            &keys.lock,
-            &keys.fence,
-            &keys.queue,
-            &keys.me,
-            &keys.channel,
-        ] {
+        for name in [&keys.lock, &keys.counter, &keys.queue, &keys.channel()] {
             assert!(name.starts_with("dlock:{acct:42}"), "{name}");
         }
     }
@@ -1106,10 +1091,39 @@ mod tests {
         let released = parse_release(reply(1, "abc", 9)).unwrap();
         assert!(released.held);
         assert_eq!(released.handed_to, Some(("abc".to_owned(), 9)));
-        let released = parse_release(reply(0, "", 0)).unwrap();
+        let released = parse_release(reply(0, "abc", 3)).unwrap();
         assert!(!released.held);
-        assert_eq!(released.handed_to, None);
-        assert!(parse_release(Value::Int(1)).is_err());
+        assert_eq!(released.handed_to, Some(("abc".to_owned(), 3)));
+        for (reply, held) in [(Value::Int(1), true), (Value::Int(0), false)] {
+            let released = parse_release(reply).unwrap();
+            assert_eq!(released.held, held);
+            assert_eq!(released.handed_to, None);
+        }
+        assert!(parse_release(Value::Int(2)).is_err());
+        assert!(parse_release(Value::Array(vec![Value::Int(1)])).is_err());
+    }
+
+    #[test]
+    fn acquire_replies_are_a_fence_or_a_busy_answer() {
+        assert!(matches!(
+            parse_attempt(Value::Int(7)).unwrap(),
+            Attempt::Granted(7)
+        ));
+        let busy = Value::Array(vec![Value::Int(1500), Value::Int(1), Value::Int(7)]);
+        let Attempt::Busy { pttl, first, fence } = parse_attempt(busy).unwrap() else {
+            panic!("not busy");
+        };
+        assert_eq!(
+            (pttl, first, fence),
+            (Some(Duration::from_millis(1500)), true, 7)
+        );
+        let gone = Value::Array(vec![Value::Int(-2), Value::Int(0), Value::Int(7)]);
+        assert!(matches!(
+            parse_attempt(gone).unwrap(),
+            Attempt::Busy { pttl: None, .. }
+        ));
+        assert!(parse_attempt(Value::Int(-1)).is_err());
+        assert!(parse_attempt(Value::Nil).is_err());
     }
 
     #[cfg(feature = "redis-cluster")]

@@ -1,18 +1,24 @@
 -- Release, and leaving the queue: one round trip. After common.lua.
 --
--- Where this owner holds the lock, deletes it and hands it to the first live waiter. Else takes
--- this owner out of the queue, and hands on a lock that nobody holds (it may have been this
--- waiter's turn, or its holder expired). Returns {1 where this owner held the lock else 0, the
--- owner the lock was handed to or '', that hand-off's fence or 0}.
-if redis.call('GET', lock) == owner then
+-- Where this owner holds the lock, hands it to the first live waiter, or deletes it where nobody
+-- waits. Else takes this owner out of the queue, and hands on a lock that nobody holds (it may
+-- have been this waiter's turn, or its holder expired). Returns 1 where this owner held the lock,
+-- else 0; where the lock was handed on, {that 1 or 0, the owner it went to, its fence}.
+local holder = redis.call('GET', lock)
+if holder == owner then
   -- A holder is in no queue: it left it when it was granted the lock.
-  redis.call('DEL', lock)
-  local head, n = hand_off()
-  return {1, head or '', n or 0}
+  local head, ttl = pop_live_head()
+  if not head then
+    redis.call('DEL', lock)
+    return 1
+  end
+  return {1, head, hand_to(head, ttl)}
 end
 leave()
-if redis.call('EXISTS', lock) == 0 then
-  local head, n = hand_off()
-  return {0, head or '', n or 0}
+if not holder then
+  local head, ttl = pop_live_head()
+  if head then
+    return {0, head, hand_to(head, ttl)}
+  end
 end
-return {0, '', 0}
+return 0
