@@ -1,17 +1,27 @@
--- Acquire: one round trip. After common.lua; ARGV[2] the ttl in ms; ARGV[3], where given, the
--- liveness window in ms: queue up when the lock is busy (refreshing this waiter's liveness).
--- Without it, leave the queue instead.
+-- Acquire: one round trip.
 --
--- Returns the fence (an integer) when the lock is this owner's, else {the lock's PTTL, 1 if this
--- owner heads the queue else 0, the last fence handed out for the lock}. A hand-off to this owner
--- that carries a greater fence than a busy answer did happened after this call ran.
-local ttl, liveness = ARGV[2], ARGV[3]
+-- KEYS: the lock, its fence counter, its queue (see common.lua).
+-- ARGV[1] this owner; ARGV[2] the ttl in ms; then, for a waiter's calls, ARGV[3] the liveness
+-- window in ms and ARGV[4] the id of the waiter's backend: queue up when the lock is busy
+-- (refreshing this waiter's liveness), or, where the window is 0, leave the queue. A first try
+-- (no ARGV[3]) is in no queue.
+--
+-- Returns the fence (an integer) when the lock is this owner's, else {the lock's PTTL where this
+-- owner heads the queue, else -1; 1 if it heads the queue, else 0; the last fence handed out for
+-- the lock}. A hand-off to this owner that carries a greater fence than a busy answer did happened
+-- after this call ran.
+local lock, counter, queue = KEYS[1], KEYS[2], KEYS[3]
+local owner, ttl, liveness, instance = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
--- Nobody holds the lock and nobody waits for it, so this owner is in no queue either: the
--- uncontended path, three commands.
-if redis.call('EXISTS', lock, queue) == 0 then
-  return grant(owner, ttl)
+-- The uncontended path, on its own: nobody holds the lock and nobody waits for it. Three
+-- commands. A waiter's calls, which expect a busy lock, go straight on.
+if not liveness and redis.call('EXISTS', lock, queue) == 0 then
+  local fence = redis.call('INCR', counter)
+  redis.call('SET', lock, owner, 'PX', ttl)
+  return fence
 end
+
+--!common
 
 local holder = redis.call('GET', lock)
 if holder == owner then
@@ -28,26 +38,35 @@ if holder == owner then
 end
 
 if not holder then
-  -- Free, but the queue exists: serve its first live waiter, which may be this owner.
-  local head, head_ttl = pop_live_head()
+  -- Free: serve the first live waiter, which may be this owner; nobody waits, this owner.
+  local head, waiter = pop_live_head()
   if not head or head == owner then
     return grant(owner, ttl)
   end
   -- Others came first (the holder expired without a release to hand it on).
-  hand_to(head, head_ttl)
+  hand_to(head, waiter, nil)
 end
 
 local last = tonumber(redis.call('GET', counter) or '0')
-if liveness then
-  local position = redis.call('LPOS', queue, owner)
-  if not position then
-    position = redis.call('RPUSH', queue, owner) - 1
-  end
-  redis.call('SET', waiter_key(owner), ttl, 'PX', liveness)
-  -- A queue whose waiters all died goes away by itself.
-  redis.call('PEXPIRE', queue, 2 * tonumber(liveness))
-  return {redis.call('PTTL', lock), position == 0 and 1 or 0, last}
+if not liveness then
+  return {-1, 0, last}
 end
-
-leave()
-return {redis.call('PTTL', lock), 0, last}
+if liveness == '0' then
+  leave()
+  return {-1, 0, last}
+end
+-- This owner's waiter key tells whether it is queued already: while the key lives, so does its
+-- entry. (A waiter whose key expired queues again; its older entry is found dead and dropped.)
+local queued = redis.call('SET', waiter_key(owner), ttl .. ' ' .. instance, 'PX', liveness, 'GET')
+local first
+if queued then
+  first = redis.call('LINDEX', queue, 0) == owner
+else
+  first = redis.call('RPUSH', queue, owner) == 1
+end
+-- A queue whose waiters all died goes away by itself.
+redis.call('PEXPIRE', queue, 2 * tonumber(liveness))
+if first then
+  return {redis.call('PTTL', lock), 1, last}
+end
+return {-1, 0, last}

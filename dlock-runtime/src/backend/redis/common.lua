@@ -1,19 +1,23 @@
--- Shared head of acquire.lua and release.lua.
+-- The functions acquire.lua and release.lua share, spliced into each where it says `--!common`:
+-- after the script's uncontended path, which needs none of them (defining them costs each call
+-- that runs past the splice).
 --
--- KEYS[1] the lock: a string holding its holder's owner, with the lease's PX
--- KEYS[2] the fence counter: the last fence handed out for the lock (INCR); never expires
--- KEYS[3] the queue of waiting owners, in arrival order; it exists only while someone waits
--- ARGV[1] this owner
+-- The scripts' names, declared before the splice:
+-- `lock`    KEYS[1], the lock: a string holding its holder's owner, with the lease's PX
+-- `counter` KEYS[2], the fence counter: the last fence handed out for the lock (INCR); it never
+--           expires
+-- `queue`   KEYS[3], the owners waiting for the lock, in arrival order; it exists only while
+--           someone waits
+-- `owner`   ARGV[1], the owner the call is for
 --
 -- Every grant counts its fence and sets the lock to its owner in one step, so while the lock
 -- holds an owner, the counter holds the fence of that owner's grant: an owner's fence is read
 -- back from the counter rather than stored a second time.
 --
--- A waiter's key, `<lock>:w:<owner>`, holds the waiter's ttl in ms, with a PX of the liveness
--- window; the lock's channel is `<lock>:ch`. Both share the lock's hash slot, and are named here
--- from the lock's name rather than passed, which keeps the uncontended calls short.
-local lock, counter, queue = KEYS[1], KEYS[2], KEYS[3]
-local owner = ARGV[1]
+-- A waiter's key, `<lock>:w:<owner>`, holds `<ttl in ms> <instance>` (the waiter's ttl and the id
+-- of the backend it waits on), with a PX of the liveness window; the lock's channel is
+-- `<lock>:ch`. Both share the lock's hash slot, and are named here from the lock's name rather
+-- than passed, which keeps the uncontended calls short.
 
 local function waiter_key(who)
   return lock .. ':w:' .. who
@@ -27,26 +31,31 @@ local function grant(who, ttl)
   return n
 end
 
--- Takes the first live waiter off the queue, with its waiter key: its owner and ttl. Dead
--- waiters (their waiter key expired) before it are dropped.
+-- Takes the first live waiter off the queue, with its waiter key: its owner and the waiter key's
+-- value. Dead waiters (their waiter key expired) before it are dropped.
 local function pop_live_head()
   while true do
     local head = redis.call('LPOP', queue)
     if not head then
       return nil, nil
     end
-    local ttl = redis.call('GETDEL', waiter_key(head))
-    if ttl then
-      return head, ttl
+    local waiter = redis.call('GETDEL', waiter_key(head))
+    if waiter then
+      return head, waiter
     end
   end
 end
 
--- Hands the (free) lock to waiter `head` for its full ttl, and publishes `<owner> <fence>` on the
--- channel, so the waiter holds a valid lease without another round trip. Returns the fence.
-local function hand_to(head, ttl)
+-- Hands the (free) lock to waiter `head`, whose waiter key held `waiter`, for its full ttl, and
+-- tells it `<owner> <fence>` on the channel, so that it holds a valid lease without another round
+-- trip. The message is left out where the waiter waits on backend `skip_publish_for`: the caller,
+-- which wakes it in-process. Returns the fence.
+local function hand_to(head, waiter, skip_publish_for)
+  local ttl, instance = string.match(waiter, '^(%d+) ?(.*)$')
   local n = grant(head, ttl)
-  redis.call('PUBLISH', lock .. ':ch', string.format('%s %d', head, n))
+  if instance == '' or instance ~= skip_publish_for then
+    redis.call('PUBLISH', lock .. ':ch', string.format('%s %d', head, n))
+  end
   return n
 end
 

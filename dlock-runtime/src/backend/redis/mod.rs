@@ -10,7 +10,7 @@
 //! | `P{K}` | string, with PX | the holder's owner token (32 hex digits); the lease's ttl is its PTTL |
 //! | `P{K}:fences` | integer, no expiry | the last fence handed out (`INCR`); while `P{K}` holds an owner, the fence of that owner's grant |
 //! | `P{K}:q` | list, expires when idle | the owners waiting for the lock, in arrival order |
-//! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: its ttl in ms, kept alive while it waits |
+//! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: `<ttl in ms> <backend id>`, kept alive while it waits |
 //! | `P{K}:ch` | pub/sub channel | `<owner> <fence>`: the owner a release handed the lock to, and its fence |
 //!
 //! So `redis-cli GET 'dlock:{acct:42}'` shows who holds `acct:42`. Rendered keys never contain
@@ -33,7 +33,11 @@
 //!   counts its fence and sets the lock in one step), so a call retried after a lost reply is
 //!   harmless.
 //! - Release is one script: compare-and-delete, hand-off to the first live waiter, `PUBLISH`.
-//!   Where nobody waits, that is a `GET`, an `LPOP` that finds no queue, and a `DEL`.
+//!   Where nobody waits, that is a `GET`, an `EXISTS` that finds no queue, and a `DEL`.
+//!
+//! Each script runs its uncontended path before it defines the functions the other paths share
+//! (common.lua is spliced in after it), and takes only the names it needs: Redis spends about as
+//! long on a script's overhead as on a plain `SET`, so every command and argument saved shows.
 //!   A waiter handed the lock holds it when the message (or, in the releasing process, the
 //!   release's reply) reaches it: a contended hand-off costs the release's round trip and no
 //!   other.
@@ -55,14 +59,16 @@
 //!    connection (one `SUBSCRIBE` per channel, shared by all the backend's waiters on the key,
 //!    and an `UNSUBSCRIBE` when the last of them leaves), then runs the acquire script in
 //!    queueing mode, which appends its owner to the key's queue and sets its waiter key (its
-//!    ttl, with a PX of the *liveness window*).
+//!    ttl and its backend's id, with a PX of the *liveness window*).
 //! 3. A release hands the lock straight to the first live waiter, for that waiter's full ttl
 //!    (read from its waiter key): the lock is set to the waiter's owner with that PX, a fresh
 //!    fence is counted for it, and `<owner> <fence>` is published on the channel. (Where nobody
 //!    waits, the lock is deleted.) Waiters whose waiter key expired (their process died) are skipped and dropped.
 //!    The release script answers the owner and fence it handed the lock to; where that owner
 //!    waits on the releasing backend (the same process), it is woken at once, in-process, with
-//!    the fence, ahead of the message, which then finds nothing new to tell it.
+//!    the fence, and the script publishes nothing: each waiter key names the backend its waiter
+//!    waits on, and a release names its own. (Should the release's reply be lost, that waiter
+//!    finds the lock its own at its next fallback poll.)
 //! 4. The waiter told of a hand-off to its owner returns the lease at once, with the fence it
 //!    was given. The lease's validity counts from the send time of the waiter's last acquire
 //!    call, the one that answered busy: every busy answer carries the last fence handed out for
@@ -183,6 +189,9 @@ pub struct RedisBackend {
 struct Inner {
     conn: Connection,
     subscriber: Subscriber,
+    /// This backend's id, random, in its waiters' keys: a release made here wakes the waiters
+    /// of this backend itself, and the script leaves out the message to them.
+    instance: String,
     prefix: String,
     liveness: Duration,
     cluster: bool,
@@ -280,6 +289,7 @@ impl RedisBackendBuilder {
                     subscribe_on,
                     self.connect_timeout.max(self.response_timeout),
                 ),
+                instance: String::from_utf8_lossy(&Owner::random().hex()[..16]).into_owned(),
                 prefix: self.prefix,
                 liveness: self.liveness,
                 cluster,
@@ -397,7 +407,20 @@ impl RedisBackend {
     /// # Ok::<(), dlock::LockError>(())
     /// ```
     pub fn lock_key(&self, key: &str) -> String {
-        format!("{}{{{key}}}", self.inner.prefix)
+        self.lock_name(key, "")
+    }
+
+    /// `P{key}` followed by `suffix`, the name of one of `key`'s Redis keys. Built by hand, in one
+    /// allocation of the right size: every call of a script names its keys anew.
+    fn lock_name(&self, key: &str, suffix: &str) -> String {
+        let prefix = &self.inner.prefix;
+        let mut name = String::with_capacity(prefix.len() + key.len() + 2 + suffix.len());
+        name.push_str(prefix);
+        name.push('{');
+        name.push_str(key);
+        name.push('}');
+        name.push_str(suffix);
+        name
     }
 
     /// The Redis key that counts the fences of `key`: an integer, the last fence handed out. It
@@ -409,7 +432,7 @@ impl RedisBackend {
     /// # Ok::<(), dlock::LockError>(())
     /// ```
     pub fn fence_key(&self, key: &str) -> String {
-        format!("{}{COUNTER_SUFFIX}", self.lock_key(key))
+        self.lock_name(key, COUNTER_SUFFIX)
     }
 
     /// The Redis key that queues the waiters of `key`, in arrival order.
@@ -420,7 +443,7 @@ impl RedisBackend {
     /// # Ok::<(), dlock::LockError>(())
     /// ```
     pub fn queue_key(&self, key: &str) -> String {
-        format!("{}{QUEUE_SUFFIX}", self.lock_key(key))
+        self.lock_name(key, QUEUE_SUFFIX)
     }
 
     /// Checks that the server answers (and accepted the credentials).
@@ -437,31 +460,39 @@ impl RedisBackend {
     }
 
     fn lock_keys(&self, key: &str, owner: Owner) -> LockKeys {
-        let lock = self.lock_key(key);
         LockKeys {
-            counter: format!("{lock}{COUNTER_SUFFIX}"),
-            queue: format!("{lock}{QUEUE_SUFFIX}"),
-            lock,
-            owner: owner.to_string(),
+            lock: self.lock_key(key),
+            counter: self.lock_name(key, COUNTER_SUFFIX),
+            queue: self.lock_name(key, QUEUE_SUFFIX),
+            owner: owner.hex(),
         }
     }
 
-    /// Runs the acquire script once; `queue` says whether to queue up (or stay queued) when the
-    /// key is busy, or to leave the queue.
+    /// Runs the acquire script once, as `mode` says.
     async fn try_acquire(
         &self,
         keys: &LockKeys,
         ttl: Duration,
-        queue: bool,
+        mode: Mode,
     ) -> Result<Attempt, LockError> {
-        let ttl_ms = ttl.as_millis().max(1).to_string();
-        let liveness_ms;
-        let queueing = [keys.owner.as_str(), &ttl_ms, {
-            liveness_ms = self.inner.liveness.as_millis().to_string();
-            &liveness_ms
-        }];
-        // The liveness window, passed only to queue up, is what says to.
-        let args = if queue { &queueing[..] } else { &queueing[..2] };
+        let liveness = match mode {
+            Mode::Queue => millis(self.inner.liveness),
+            // A liveness window of 0 says to leave the queue.
+            Mode::Leave => 0,
+            Mode::FirstTry => 0,
+        };
+        let all = [
+            Arg::Text(keys.owner()),
+            Arg::Number(millis(ttl)),
+            Arg::Number(liveness),
+            Arg::Text(&self.inner.instance),
+        ];
+        // A first try passes no more than the ttl: the uncontended path reads nothing else.
+        let args = if mode == Mode::FirstTry {
+            &all[..2]
+        } else {
+            &all[..]
+        };
         let script_keys = keys.script_keys();
         let reply = self
             .inner
@@ -475,8 +506,8 @@ impl RedisBackend {
     /// queue.
     async fn release_or_leave(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
         let keys = self.lock_keys(key, owner);
-        let args = [keys.owner.as_str()];
         let script_keys = keys.script_keys();
+        let args = [Arg::Text(keys.owner()), Arg::Text(&self.inner.instance)];
         let reply = self
             .inner
             .conn
@@ -509,7 +540,7 @@ impl RedisBackend {
         let mut subscription: Subscription = self
             .inner
             .subscriber
-            .register(keys.channel(), keys.owner.clone());
+            .register(keys.channel(), keys.owner().to_owned());
         // Leaves the queue (or releases a key handed over meanwhile) if this future is dropped
         // or fails.
         let mut guard = LeaveGuard {
@@ -527,7 +558,8 @@ impl RedisBackend {
             }
             let sent_at = Instant::now();
             let last = sent_at >= deadline;
-            let attempt = self.try_acquire(keys, request.ttl, !last).await?;
+            let mode = if last { Mode::Leave } else { Mode::Queue };
+            let attempt = self.try_acquire(keys, request.ttl, mode).await?;
             match attempt {
                 Attempt::Granted(fence) => {
                     guard.armed = false;
@@ -606,10 +638,14 @@ struct LockKeys {
     lock: String,
     counter: String,
     queue: String,
-    owner: String,
+    owner: [u8; 32],
 }
 
 impl LockKeys {
+    fn owner(&self) -> &str {
+        std::str::from_utf8(&self.owner).expect("hex digits are ASCII")
+    }
+
     /// `KEYS` of the acquire and release scripts (see common.lua).
     fn script_keys(&self) -> [&str; 3] {
         [&self.lock, &self.counter, &self.queue]
@@ -618,6 +654,17 @@ impl LockKeys {
     fn channel(&self) -> String {
         format!("{}{CHANNEL_SUFFIX}", self.lock)
     }
+}
+
+/// How a run of the acquire script treats a busy lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// A first try, in no queue: answer busy.
+    FirstTry,
+    /// Queue up (or stay queued), refreshing the waiter's liveness.
+    Queue,
+    /// A waiter's last try: leave the queue.
+    Leave,
 }
 
 /// What one run of the acquire script said.
@@ -680,7 +727,8 @@ fn parse_attempt(reply: Value) -> Result<Attempt, redis::RedisError> {
                 return Err(unexpected(&reply));
             };
             Ok(Attempt::Busy {
-                // Negative where the lock has no ttl (-1) or was just handed on and is gone (-2).
+                // Negative where the caller does not head the queue (only the head is told), the
+                // lock has no ttl (-1), or it is gone (-2).
                 pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
                 first: *first == 1,
                 fence: u64::try_from(*fence).map_err(|_| unexpected(&reply))?,
@@ -757,46 +805,73 @@ impl Backoff {
 
 /// A Lua script, sent by its SHA1 where the server knows it.
 struct Lua {
-    code: &'static str,
-    hash: OnceLock<String>,
+    /// The script's file; `--!common` on a line of its own marks where common.lua goes.
+    source: &'static str,
+    /// The code as sent, and its SHA1.
+    code: OnceLock<(String, String)>,
+}
+
+/// One `ARGV` of a script call.
+#[derive(Clone, Copy)]
+enum Arg<'a> {
+    Text(&'a str),
+    Number(u64),
 }
 
 impl Lua {
-    const fn new(code: &'static str) -> Self {
+    const fn new(source: &'static str) -> Self {
         Lua {
-            code,
-            hash: OnceLock::new(),
+            source,
+            code: OnceLock::new(),
         }
     }
 
-    fn hash(&self) -> &str {
-        self.hash
-            .get_or_init(|| redis::Script::new(self.code).get_hash().to_owned())
+    fn code(&self) -> &(String, String) {
+        self.code.get_or_init(|| {
+            let code = self
+                .source
+                .replacen("--!common\n", include_str!("common.lua"), 1);
+            let hash = redis::Script::new(&code).get_hash().to_owned();
+            (code, hash)
+        })
     }
 
-    /// `EVALSHA` (or, with `by_hash` false, `EVAL`) of this script.
-    fn cmd(&self, by_hash: bool, keys: &[&str], args: &[&str]) -> Cmd {
-        let mut cmd = if by_hash {
-            redis::cmd("EVALSHA")
+    /// `EVALSHA` (or, with `by_hash` false, `EVAL`) of this script, with `KEYS` `keys` and `ARGV`
+    /// `args`. Sized up front, so that building it allocates twice rather than growing its
+    /// buffers argument by argument.
+    fn cmd(&self, by_hash: bool, keys: &[&str], args: &[Arg<'_>]) -> Cmd {
+        let (code, hash) = self.code();
+        let (name, script) = if by_hash {
+            ("EVALSHA", hash.as_str())
         } else {
-            redis::cmd("EVAL")
+            ("EVAL", code.as_str())
         };
-        cmd.arg(if by_hash { self.hash() } else { self.code })
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args);
+        // u64::MAX has 20 digits; the key count, far fewer.
+        let data = name.len()
+            + script.len()
+            + 20
+            + keys.iter().map(|key| key.len()).sum::<usize>()
+            + args
+                .iter()
+                .map(|arg| match arg {
+                    Arg::Text(text) => text.len(),
+                    Arg::Number(_) => 20,
+                })
+                .sum::<usize>();
+        let mut cmd = Cmd::with_capacity(3 + keys.len() + args.len(), data);
+        cmd.arg(name).arg(script).arg(keys.len()).arg(keys);
+        for arg in args {
+            match *arg {
+                Arg::Text(text) => cmd.arg(text),
+                Arg::Number(number) => cmd.arg(number),
+            };
+        }
         cmd
     }
 }
 
-static ACQUIRE: Lua = Lua::new(concat!(
-    include_str!("common.lua"),
-    include_str!("acquire.lua")
-));
-static RELEASE: Lua = Lua::new(concat!(
-    include_str!("common.lua"),
-    include_str!("release.lua")
-));
+static ACQUIRE: Lua = Lua::new(include_str!("acquire.lua"));
+static RELEASE: Lua = Lua::new(include_str!("release.lua"));
 static RENEW: Lua = Lua::new(include_str!("renew.lua"));
 
 fn is_noscript(error: &redis::RedisError) -> bool {
@@ -805,7 +880,7 @@ fn is_noscript(error: &redis::RedisError) -> bool {
 
 /// Runs `lua`: `EVALSHA`, then `EVAL` where the server does not know the script (which also
 /// caches it there).
-async fn eval(mut conn: Conn, lua: &Lua, keys: &[&str], args: &[&str]) -> RedisResult<Value> {
+async fn eval(mut conn: Conn, lua: &Lua, keys: &[&str], args: &[Arg<'_>]) -> RedisResult<Value> {
     match conn
         .req_packed_command(&lua.cmd(true, keys, args))
         .await
@@ -819,16 +894,28 @@ async fn eval(mut conn: Conn, lua: &Lua, keys: &[&str], args: &[&str]) -> RedisR
     }
 }
 
+/// `duration` in whole milliseconds, at least 1 (a `PX` of 0 is an error).
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+/// One lease to renew: its lock's name, its owner's hex digits, the ttl in ms.
+type RenewArgs = (String, [u8; 32], u64);
+
+fn renew_batch_entry((lock, owner, ttl): &RenewArgs) -> (&str, &str, u64) {
+    let owner = std::str::from_utf8(owner).expect("hex digits are ASCII");
+    (lock, owner, *ttl)
+}
+
 /// Renews `leases` in one pipeline on `conn`: one round trip (two where the server had to be
 /// taught the script).
-async fn renew_pipelined(
-    mut conn: Conn,
-    leases: &[(&str, String, String)],
-) -> RedisResult<Vec<bool>> {
+async fn renew_pipelined(mut conn: Conn, leases: &[(&str, &str, u64)]) -> RedisResult<Vec<bool>> {
     let pipeline = |by_hash: bool| {
         let mut pipe = redis::pipe();
-        for (lock, owner, ttl) in leases {
-            pipe.add_command(RENEW.cmd(by_hash, &[lock], &[owner, ttl]));
+        for &(lock, owner, ttl) in leases {
+            pipe.add_command(RENEW.cmd(by_hash, &[lock], &[Arg::Text(owner), Arg::Number(ttl)]));
         }
         pipe
     };
@@ -864,7 +951,7 @@ impl Backend for RedisBackend {
         let sent_at = Instant::now();
         // First without queueing: an uncontended acquire is one round trip, and `wait = 0`
         // never leaves anything behind.
-        match self.try_acquire(&keys, request.ttl, false).await? {
+        match self.try_acquire(&keys, request.ttl, Mode::FirstTry).await? {
             Attempt::Granted(fence) => Ok(Some(Acquired {
                 fence,
                 valid_from: sent_at,
@@ -882,21 +969,18 @@ impl Backend for RedisBackend {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
-        let args: Vec<(String, String, String)> = leases
+        let args: Vec<RenewArgs> = leases
             .iter()
             .map(|lease| {
                 (
                     self.lock_key(lease.key),
-                    lease.owner.to_string(),
-                    lease.ttl.as_millis().max(1).to_string(),
+                    lease.owner.hex(),
+                    millis(lease.ttl),
                 )
             })
             .collect();
         if !self.inner.cluster {
-            let batch: Vec<(&str, String, String)> = args
-                .iter()
-                .map(|(k, o, t)| (k.as_str(), o.clone(), t.clone()))
-                .collect();
+            let batch: Vec<_> = args.iter().map(renew_batch_entry).collect();
             return self
                 .inner
                 .conn
@@ -916,10 +1000,7 @@ impl Backend for RedisBackend {
 impl RedisBackend {
     /// Renews on a cluster: one pipeline per hash slot (a cluster pipeline cannot span slots),
     /// all sent at once.
-    async fn renew_by_slot(
-        &self,
-        args: &[(String, String, String)],
-    ) -> Result<Vec<bool>, LockError> {
+    async fn renew_by_slot(&self, args: &[RenewArgs]) -> Result<Vec<bool>, LockError> {
         let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> =
             std::collections::BTreeMap::new();
         for (index, (lock, _, _)) in args.iter().enumerate() {
@@ -929,9 +1010,9 @@ impl RedisBackend {
                 .push(index);
         }
         let calls = by_slot.into_values().map(|indices| async move {
-            let batch: Vec<(&str, String, String)> = indices
+            let batch: Vec<_> = indices
                 .iter()
-                .map(|&i| (args[i].0.as_str(), args[i].1.clone(), args[i].2.clone()))
+                .map(|&i| renew_batch_entry(&args[i]))
                 .collect();
             let held = self
                 .inner
@@ -1101,6 +1182,20 @@ mod tests {
         }
         assert!(parse_release(Value::Int(2)).is_err());
         assert!(parse_release(Value::Array(vec![Value::Int(1)])).is_err());
+    }
+
+    #[test]
+    fn shared_functions_are_spliced_in_after_the_uncontended_path() {
+        for lua in [&ACQUIRE, &RELEASE] {
+            let (code, hash) = lua.code();
+            let (uncontended, rest) = lua.source.split_once("--!common\n").unwrap();
+            assert!(uncontended.contains("return"), "{uncontended}");
+            assert!(!uncontended.contains("local function"), "{uncontended}");
+            let spliced = [uncontended, include_str!("common.lua"), rest].concat();
+            assert_eq!(code, &spliced);
+            assert_eq!(hash.len(), 40);
+        }
+        assert_eq!(RENEW.code().0, include_str!("renew.lua"));
     }
 
     #[test]

@@ -1,24 +1,38 @@
--- Release, and leaving the queue: one round trip. After common.lua.
+-- Release, and leaving the queue: one round trip.
+--
+-- KEYS: the lock, its fence counter, its queue (see common.lua).
+-- ARGV[1] this owner; ARGV[2] the id of the calling backend, whose own waiters it wakes itself.
 --
 -- Where this owner holds the lock, hands it to the first live waiter, or deletes it where nobody
 -- waits. Else takes this owner out of the queue, and hands on a lock that nobody holds (it may
 -- have been this waiter's turn, or its holder expired). Returns 1 where this owner held the lock,
 -- else 0; where the lock was handed on, {that 1 or 0, the owner it went to, its fence}.
+local lock, counter, queue = KEYS[1], KEYS[2], KEYS[3]
+local owner, instance = ARGV[1], ARGV[2]
+
 local holder = redis.call('GET', lock)
+-- The uncontended path, on its own: three commands.
+if holder == owner and redis.call('EXISTS', queue) == 0 then
+  redis.call('DEL', lock)
+  return 1
+end
+
+--!common
+
 if holder == owner then
   -- A holder is in no queue: it left it when it was granted the lock.
-  local head, ttl = pop_live_head()
+  local head, waiter = pop_live_head()
   if not head then
     redis.call('DEL', lock)
     return 1
   end
-  return {1, head, hand_to(head, ttl)}
+  return {1, head, hand_to(head, waiter, instance)}
 end
 leave()
 if not holder then
-  local head, ttl = pop_live_head()
+  local head, waiter = pop_live_head()
   if head then
-    return {0, head, hand_to(head, ttl)}
+    return {0, head, hand_to(head, waiter, instance)}
   end
 end
 return 0
