@@ -33,7 +33,7 @@
 //!   counts its fence and sets the lock in one step), so a call retried after a lost reply is
 //!   harmless.
 //! - Release is one script: compare-and-delete, hand-off to the first live waiter, `PUBLISH`.
-//!   Where nobody waits, that is a `GET`, an `EXISTS` that finds no queue, and a `DEL`.
+//!   Where nobody waits, that is a `GET`, an `LPOP` that finds no queue, and a `DEL`.
 //!
 //! Each script runs its uncontended path before it defines the functions the other paths share
 //! (common.lua is spliced in after it), and takes only the names it needs: Redis spends about as

@@ -11,17 +11,25 @@ local lock, counter, queue = KEYS[1], KEYS[2], KEYS[3]
 local owner, instance = ARGV[1], ARGV[2]
 
 local holder = redis.call('GET', lock)
--- The uncontended path, on its own: three commands.
-if holder == owner and redis.call('EXISTS', queue) == 0 then
-  redis.call('DEL', lock)
-  return 1
+-- The uncontended path, on its own: three commands. (A holder is in no queue: it left it when it
+-- was granted the lock.)
+local head
+if holder == owner then
+  head = redis.call('LPOP', queue)
+  if not head then
+    redis.call('DEL', lock)
+    return 1
+  end
 end
 
 --!common
 
 if holder == owner then
-  -- A holder is in no queue: it left it when it was granted the lock.
-  local head, waiter = pop_live_head()
+  -- `head` is off the queue already; it, or the first live waiter after it, gets the lock.
+  local waiter = redis.call('GETDEL', waiter_key(head))
+  if not waiter then
+    head, waiter = pop_live_head()
+  end
   if not head then
     redis.call('DEL', lock)
     return 1
