@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! cargo run --release --manifest-path bench/Cargo.toml            # redis://127.0.0.1:6379
+//! cargo run --release --manifest-path bench/Cargo.toml -- w1 w2   # only these workloads
 //! DLOCK_REDIS_URL=redis://host:port cargo run --release --manifest-path bench/Cargo.toml
 //! ```
 //!
@@ -429,20 +430,29 @@ async fn clean_up() {
 }
 
 fn main() {
+    // Workloads named on the command line (`w1`, `w2`, `w3`), or all of them.
+    let only: Vec<String> = std::env::args().skip(1).collect();
+    let run = |workload: &str| only.is_empty() || only.iter().any(|w| w == workload);
     println!("redis at {}\n", url());
     let current = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    current.block_on(w1_all("current-thread"));
     let multi = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
-    multi.block_on(w1_all("multi-thread"));
-    println!();
-    multi.block_on(w2_all());
-    println!();
-    multi.block_on(w3());
+    if run("w1") {
+        current.block_on(w1_all("current-thread"));
+        multi.block_on(w1_all("multi-thread"));
+        println!();
+    }
+    if run("w2") {
+        multi.block_on(w2_all());
+        println!();
+    }
+    if run("w3") {
+        multi.block_on(w3());
+    }
     multi.block_on(clean_up());
 }

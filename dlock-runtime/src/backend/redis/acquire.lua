@@ -1,10 +1,27 @@
--- Acquire: one round trip. After common.lua; ARGV[5] the ttl in ms, ARGV[6] '1' to queue up when
--- the lock is busy (refreshing this waiter's liveness), '0' to leave the queue instead.
+-- Acquire: one round trip.
 --
--- Returns {1, fence} when the lock is this owner's, else {0, the lock's PTTL, 1 if this owner
--- heads the queue else 0, the last fence handed out for the lock}. A hand-off to this owner that
--- carries a greater fence than a busy answer did happened after this call ran.
-local ttl, queue_if_busy = ARGV[5], ARGV[6] == '1'
+-- KEYS: the lock, its fence counter, its queue (see common.lua).
+-- ARGV[1] this owner; ARGV[2] the ttl in ms; then, for a waiter's calls, ARGV[3] the liveness
+-- window in ms and ARGV[4] the id of the waiter's backend: queue up when the lock is busy
+-- (refreshing this waiter's liveness), or, where the window is 0, leave the queue. A first try
+-- (no ARGV[3]) is in no queue.
+--
+-- Returns the fence (an integer) when the lock is this owner's, else {the lock's PTTL where this
+-- owner heads the queue, else -1; 1 if it heads the queue, else 0; the last fence handed out for
+-- the lock}. A hand-off to this owner that carries a greater fence than a busy answer did happened
+-- after this call ran.
+local lock, counter, queue = KEYS[1], KEYS[2], KEYS[3]
+local owner, ttl, liveness, instance = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+-- The uncontended path, on its own: nobody holds the lock and nobody waits for it. Three
+-- commands. A waiter's calls, which expect a busy lock, go straight on.
+if not liveness and redis.call('EXISTS', lock, queue) == 0 then
+  local fence = redis.call('INCR', counter)
+  redis.call('SET', lock, owner, 'PX', ttl)
+  return fence
+end
+
+--!common
 
 local holder = redis.call('GET', lock)
 if holder == owner then
@@ -12,42 +29,44 @@ if holder == owner then
   -- Idempotent: extend to the full ttl and answer the same fence.
   redis.call('PEXPIRE', lock, ttl)
   leave()
-  local last = redis.call('HMGET', fence, 'o', 'n')
-  if last[1] == owner then
-    return {1, last[2]}
+  local fence = redis.call('GET', counter)
+  if fence then
+    return tonumber(fence)
   end
-  return {1, next_fence(owner)}
+  -- The counter was deleted from outside: a fresh fence at least names this grant.
+  return grant(owner, ttl)
 end
 
 if not holder then
-  local head = live_head()
-  if not head then
-    -- Nobody waits, so this owner is in no queue: the uncontended path, with nothing to leave.
-    redis.call('SET', lock, owner, 'PX', ttl)
-    return {1, next_fence(owner)}
+  -- Free: serve the first live waiter, which may be this owner; nobody waits, this owner.
+  local head, waiter = pop_live_head()
+  if not head or head == owner then
+    return grant(owner, ttl)
   end
-  if head == owner then
-    leave()
-    redis.call('SET', lock, owner, 'PX', ttl)
-    return {1, next_fence(owner)}
-  end
-  -- Free, but others came first (the holder expired without a release to hand it on).
-  hand_off()
+  -- Others came first (the holder expired without a release to hand it on).
+  hand_to(head, waiter, nil)
 end
 
-if queue_if_busy then
-  if not redis.call('LPOS', queue, owner) then
-    redis.call('RPUSH', queue, owner)
-  end
-  redis.call('SET', me, ttl, 'PX', liveness)
-  -- A queue whose waiters all died goes away by itself.
-  local keep = 2 * tonumber(liveness)
-  if redis.call('PTTL', queue) < keep then
-    redis.call('PEXPIRE', queue, keep)
-  end
-  local first = redis.call('LINDEX', queue, 0) == owner
-  return {0, redis.call('PTTL', lock), first and 1 or 0, last_fence()}
+local last = tonumber(redis.call('GET', counter) or '0')
+if not liveness then
+  return {-1, 0, last}
 end
-
-leave()
-return {0, redis.call('PTTL', lock), 0, last_fence()}
+if liveness == '0' then
+  leave()
+  return {-1, 0, last}
+end
+-- This owner's waiter key tells whether it is queued already: while the key lives, so does its
+-- entry. (A waiter whose key expired queues again; its older entry is found dead and dropped.)
+local queued = redis.call('SET', waiter_key(owner), ttl .. ' ' .. instance, 'PX', liveness, 'GET')
+local first
+if queued then
+  first = redis.call('LINDEX', queue, 0) == owner
+else
+  first = redis.call('RPUSH', queue, owner) == 1
+end
+-- A queue whose waiters all died goes away by itself.
+redis.call('PEXPIRE', queue, 2 * tonumber(liveness))
+if first then
+  return {redis.call('PTTL', lock), 1, last}
+end
+return {-1, 0, last}

@@ -1,65 +1,66 @@
--- Shared head of acquire.lua and release.lua.
+-- The functions acquire.lua and release.lua share, spliced into each where it says `--!common`:
+-- after the script's uncontended path, which needs none of them (defining them costs each call
+-- that runs past the splice).
 --
--- KEYS[1] the lock (a string holding the owner, with the lease's PX)
--- KEYS[2] the fence hash: `n` = last fence handed out, `o` = the owner it went to; never expires
--- KEYS[3] the queue of waiting owners, in arrival order
--- KEYS[4] this owner's waiter key (holds its ttl in ms, with a PX of the liveness window)
--- ARGV[1] this owner
--- ARGV[2] the prefix of every waiter key of this lock (a waiter key is prefix .. owner)
--- ARGV[3] the channel that tells a waiter it was handed the lock
--- ARGV[4] the liveness window in ms
+-- The scripts' names, declared before the splice:
+-- `lock`    KEYS[1], the lock: a string holding its holder's owner, with the lease's PX
+-- `counter` KEYS[2], the fence counter: the last fence handed out for the lock (INCR); it never
+--           expires
+-- `queue`   KEYS[3], the owners waiting for the lock, in arrival order; it exists only while
+--           someone waits
+-- `owner`   ARGV[1], the owner the call is for
 --
--- Waiter keys other than KEYS[4] are reached through ARGV[2]; they share the lock's hash slot.
-local lock, fence, queue, me = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, waiter_prefix, channel, liveness = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+-- Every grant counts its fence and sets the lock to its owner in one step, so while the lock
+-- holds an owner, the counter holds the fence of that owner's grant: an owner's fence is read
+-- back from the counter rather than stored a second time.
+--
+-- A waiter's key, `<lock>:w:<owner>`, holds `<ttl in ms> <instance>` (the waiter's ttl and the id
+-- of the backend it waits on), with a PX of the liveness window; the lock's channel is
+-- `<lock>:ch`. Both share the lock's hash slot, and are named here from the lock's name rather
+-- than passed, which keeps the uncontended calls short.
 
--- A new fence, recorded as the fence of `who`'s grant. Returned as a number, which is exact:
+local function waiter_key(who)
+  return lock .. ':w:' .. who
+end
+
+-- Grants the lock to `who` for `ttl` ms. Returns the grant's fence, a number, which is exact:
 -- fences count grants, far below 2^53.
-local function next_fence(who)
-  local n = redis.call('HINCRBY', fence, 'n', 1)
-  redis.call('HSET', fence, 'o', who)
+local function grant(who, ttl)
+  local n = redis.call('INCR', counter)
+  redis.call('SET', lock, who, 'PX', ttl)
   return n
 end
 
--- The first waiter of the queue that is still alive, and its ttl; dead heads are dropped.
-local function live_head()
+-- Takes the first live waiter off the queue, with its waiter key: its owner and the waiter key's
+-- value. Dead waiters (their waiter key expired) before it are dropped.
+local function pop_live_head()
   while true do
-    local head = redis.call('LINDEX', queue, 0)
+    local head = redis.call('LPOP', queue)
     if not head then
       return nil, nil
     end
-    local ttl = redis.call('GET', waiter_prefix .. head)
-    if ttl then
-      return head, ttl
+    local waiter = redis.call('GETDEL', waiter_key(head))
+    if waiter then
+      return head, waiter
     end
-    redis.call('LPOP', queue)
   end
 end
 
--- Hands the (free) lock to the first live waiter, for that waiter's full ttl (from its waiter
--- key): the lock is set to its owner, a fresh fence is recorded for it, and the channel names
--- both (`<owner> <fence>`), so the waiter holds a valid lease without another round trip.
--- Returns the waiter's owner and fence, or nothing where nobody waits.
-local function hand_off()
-  local head, ttl = live_head()
-  if not head then
-    return nil, nil
+-- Hands the (free) lock to waiter `head`, whose waiter key held `waiter`, for its full ttl, and
+-- tells it `<owner> <fence>` on the channel, so that it holds a valid lease without another round
+-- trip. The message is left out where the waiter waits on backend `skip_publish_for`: the caller,
+-- which wakes it in-process. Returns the fence.
+local function hand_to(head, waiter, skip_publish_for)
+  local ttl, instance = string.match(waiter, '^(%d+) ?(.*)$')
+  local n = grant(head, ttl)
+  if instance == '' or instance ~= skip_publish_for then
+    redis.call('PUBLISH', lock .. ':ch', string.format('%s %d', head, n))
   end
-  redis.call('LPOP', queue)
-  redis.call('DEL', waiter_prefix .. head)
-  redis.call('SET', lock, head, 'PX', ttl)
-  local n = next_fence(head)
-  redis.call('PUBLISH', channel, string.format('%s %d', head, n))
-  return head, n
-end
-
--- The last fence handed out for this lock (0 before the first).
-local function last_fence()
-  return tonumber(redis.call('HGET', fence, 'n') or '0')
+  return n
 end
 
 -- Takes this owner out of the queue.
 local function leave()
   redis.call('LREM', queue, 1, owner)
-  redis.call('DEL', me)
+  redis.call('DEL', waiter_key(owner))
 end

@@ -8,9 +8,9 @@
 //! | Redis key | type | what |
 //! | --- | --- | --- |
 //! | `P{K}` | string, with PX | the holder's owner token (32 hex digits); the lease's ttl is its PTTL |
-//! | `P{K}:fence` | hash, no expiry | `n`: the last fence handed out; `o`: the owner it went to |
+//! | `P{K}:fences` | integer, no expiry | the last fence handed out (`INCR`); while `P{K}` holds an owner, the fence of that owner's grant |
 //! | `P{K}:q` | list, expires when idle | the owners waiting for the lock, in arrival order |
-//! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: its ttl in ms, kept alive while it waits |
+//! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: `<ttl in ms> <backend id>`, kept alive while it waits |
 //! | `P{K}:ch` | pub/sub channel | `<owner> <fence>`: the owner a release handed the lock to, and its fence |
 //!
 //! So `redis-cli GET 'dlock:{acct:42}'` shows who holds `acct:42`. Rendered keys never contain
@@ -19,17 +19,25 @@
 //! locks never share a key), but the hash tag then ends at the first `}`. A prefix that holds a
 //! hash tag itself (say `{dlock}:`) puts every lock in one slot.
 //!
-//! The fence hash never expires, so that fences keep increasing across releases, expiries and
+//! The fence counter never expires, so that fences keep increasing across releases, expiries and
 //! restarts of clients: it costs one small key per distinct lock key ever used. Run Redis with a
 //! `maxmemory-policy` that never evicts keys without a ttl (`noeviction` or a `volatile-*`
 //! policy), and with persistence if fences must survive a restart of Redis itself.
 //!
 //! # Round trips
 //!
-//! - Acquire is one Lua script (`SET NX PX` in effect, plus the fence's `HINCRBY`): one round
-//!   trip. It is idempotent for its owner: where the lock already holds the owner, it extends it
-//!   to the full ttl and answers the same fence, so a call retried after a lost reply is harmless.
+//! - Acquire is one Lua script (`SET NX PX` in effect, plus the fence's `INCR`): one round trip.
+//!   Uncontended, it runs three commands: an `EXISTS` of the lock and its queue together, the
+//!   `INCR` and the `SET`. It is idempotent for its owner: where the lock already holds the owner,
+//!   it extends it to the full ttl and answers the same fence (the counter's value: every grant
+//!   counts its fence and sets the lock in one step), so a call retried after a lost reply is
+//!   harmless.
 //! - Release is one script: compare-and-delete, hand-off to the first live waiter, `PUBLISH`.
+//!   Where nobody waits, that is a `GET`, an `LPOP` that finds no queue, and a `DEL`.
+//!
+//! Each script runs its uncontended path before it defines the functions the other paths share
+//! (common.lua is spliced in after it), and takes only the names it needs: Redis spends about as
+//! long on a script's overhead as on a plain `SET`, so every command and argument saved shows.
 //!   A waiter handed the lock holds it when the message (or, in the releasing process, the
 //!   release's reply) reaches it: a contended hand-off costs the release's round trip and no
 //!   other.
@@ -38,7 +46,7 @@
 //!   one pipeline per hash slot, sent concurrently.)
 //!
 //! Scripts are sent by `EVALSHA`, falling back to `EVAL` where the server has not seen them yet
-//! (after a restart, say). They need Redis 6.0.6 or later (`LPOS`).
+//! (after a restart, say). They need Redis 6.2 or later (`GETDEL`, `LPOS`).
 //!
 //! # Waiting
 //!
@@ -51,14 +59,16 @@
 //!    connection (one `SUBSCRIBE` per channel, shared by all the backend's waiters on the key,
 //!    and an `UNSUBSCRIBE` when the last of them leaves), then runs the acquire script in
 //!    queueing mode, which appends its owner to the key's queue and sets its waiter key (its
-//!    ttl, with a PX of the *liveness window*).
-//! 3. A release deletes the lock and hands it straight to the first live waiter, for that
-//!    waiter's full ttl (read from its waiter key): the lock is set to the waiter's owner with
-//!    that PX, a fresh fence is recorded for it, and `<owner> <fence>` is published on the
-//!    channel. Waiters whose waiter key expired (their process died) are skipped and dropped.
+//!    ttl and its backend's id, with a PX of the *liveness window*).
+//! 3. A release hands the lock straight to the first live waiter, for that waiter's full ttl
+//!    (read from its waiter key): the lock is set to the waiter's owner with that PX, a fresh
+//!    fence is counted for it, and `<owner> <fence>` is published on the channel. (Where nobody
+//!    waits, the lock is deleted.) Waiters whose waiter key expired (their process died) are skipped and dropped.
 //!    The release script answers the owner and fence it handed the lock to; where that owner
 //!    waits on the releasing backend (the same process), it is woken at once, in-process, with
-//!    the fence, ahead of the message, which then finds nothing new to tell it.
+//!    the fence, and the script publishes nothing: each waiter key names the backend its waiter
+//!    waits on, and a release names its own. (Should the release's reply be lost, that waiter
+//!    finds the lock its own at its next fallback poll.)
 //! 4. The waiter told of a hand-off to its owner returns the lease at once, with the fence it
 //!    was given. The lease's validity counts from the send time of the waiter's last acquire
 //!    call, the one that answered busy: every busy answer carries the last fence handed out for
@@ -128,7 +138,7 @@
 //! one subscriber connection per node; it is not used.)
 //!
 //! Redis replicates asynchronously: a lock granted by a primary that fails before replicating it
-//! can be granted again by the promoted replica, and a fence hash that had not reached the
+//! can be granted again by the promoted replica, and a fence counter that had not reached the
 //! replica counts again from an older value. Mutual exclusion holds as long as the store keeps
 //! its writes; fences are what protect the data when it does not — pass them to the protected
 //! store.
@@ -179,6 +189,9 @@ pub struct RedisBackend {
 struct Inner {
     conn: Connection,
     subscriber: Subscriber,
+    /// This backend's id, random, in its waiters' keys: a release made here wakes the waiters
+    /// of this backend itself, and the script leaves out the message to them.
+    instance: String,
     prefix: String,
     liveness: Duration,
     cluster: bool,
@@ -276,6 +289,7 @@ impl RedisBackendBuilder {
                     subscribe_on,
                     self.connect_timeout.max(self.response_timeout),
                 ),
+                instance: String::from_utf8_lossy(&Owner::random().hex()[..16]).into_owned(),
                 prefix: self.prefix,
                 liveness: self.liveness,
                 cluster,
@@ -393,19 +407,32 @@ impl RedisBackend {
     /// # Ok::<(), dlock::LockError>(())
     /// ```
     pub fn lock_key(&self, key: &str) -> String {
-        format!("{}{{{key}}}", self.inner.prefix)
+        self.lock_name(key, "")
     }
 
-    /// The Redis key that holds the fence counter of `key` (a hash: `n` the last fence handed
-    /// out, `o` the owner it went to). It never expires.
+    /// `P{key}` followed by `suffix`, the name of one of `key`'s Redis keys. Built by hand, in one
+    /// allocation of the right size: every call of a script names its keys anew.
+    fn lock_name(&self, key: &str, suffix: &str) -> String {
+        let prefix = &self.inner.prefix;
+        let mut name = String::with_capacity(prefix.len() + key.len() + 2 + suffix.len());
+        name.push_str(prefix);
+        name.push('{');
+        name.push_str(key);
+        name.push('}');
+        name.push_str(suffix);
+        name
+    }
+
+    /// The Redis key that counts the fences of `key`: an integer, the last fence handed out. It
+    /// never expires.
     ///
     /// ```
     /// let backend = dlock::backend::RedisBackend::builder("redis://127.0.0.1").build()?;
-    /// assert_eq!(backend.fence_key("acct:42"), "dlock:{acct:42}:fence");
+    /// assert_eq!(backend.fence_key("acct:42"), "dlock:{acct:42}:fences");
     /// # Ok::<(), dlock::LockError>(())
     /// ```
     pub fn fence_key(&self, key: &str) -> String {
-        format!("{}:fence", self.lock_key(key))
+        self.lock_name(key, COUNTER_SUFFIX)
     }
 
     /// The Redis key that queues the waiters of `key`, in arrival order.
@@ -416,7 +443,7 @@ impl RedisBackend {
     /// # Ok::<(), dlock::LockError>(())
     /// ```
     pub fn queue_key(&self, key: &str) -> String {
-        format!("{}:q", self.lock_key(key))
+        self.lock_name(key, QUEUE_SUFFIX)
     }
 
     /// Checks that the server answers (and accepted the credentials).
@@ -433,38 +460,44 @@ impl RedisBackend {
     }
 
     fn lock_keys(&self, key: &str, owner: Owner) -> LockKeys {
-        let lock = self.lock_key(key);
-        let owner = owner.to_string();
-        let waiter_prefix = format!("{lock}:w:");
         LockKeys {
-            fence: format!("{lock}:fence"),
-            queue: format!("{lock}:q"),
-            me: format!("{waiter_prefix}{owner}"),
-            channel: format!("{lock}:ch"),
-            lock,
-            waiter_prefix,
-            owner,
+            lock: self.lock_key(key),
+            counter: self.lock_name(key, COUNTER_SUFFIX),
+            queue: self.lock_name(key, QUEUE_SUFFIX),
+            owner: owner.hex(),
         }
     }
 
-    /// Runs the acquire script once; `queue` says whether to queue up (or stay queued) when the
-    /// key is busy, or to leave the queue.
+    /// Runs the acquire script once, as `mode` says.
     async fn try_acquire(
         &self,
         keys: &LockKeys,
         ttl: Duration,
-        queue: bool,
+        mode: Mode,
     ) -> Result<Attempt, LockError> {
-        let liveness_ms = self.inner.liveness.as_millis().to_string();
-        let [owner, waiter_prefix, channel, liveness] = keys.common_args(&liveness_ms);
-        let ttl_ms = ttl.as_millis().max(1).to_string();
-        let queue = if queue { "1" } else { "0" };
-        let args = [owner, waiter_prefix, channel, liveness, &ttl_ms, queue];
+        let liveness = match mode {
+            Mode::Queue => millis(self.inner.liveness),
+            // A liveness window of 0 says to leave the queue.
+            Mode::Leave => 0,
+            Mode::FirstTry => 0,
+        };
+        let all = [
+            Arg::Text(keys.owner()),
+            Arg::Number(millis(ttl)),
+            Arg::Number(liveness),
+            Arg::Text(&self.inner.instance),
+        ];
+        // A first try passes no more than the ttl: the uncontended path reads nothing else.
+        let args = if mode == Mode::FirstTry {
+            &all[..2]
+        } else {
+            &all[..]
+        };
         let script_keys = keys.script_keys();
         let reply = self
             .inner
             .conn
-            .run("acquire", |conn| eval(conn, &ACQUIRE, &script_keys, &args))
+            .run("acquire", |conn| eval(conn, &ACQUIRE, &script_keys, args))
             .await?;
         parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason))
     }
@@ -473,9 +506,8 @@ impl RedisBackend {
     /// queue.
     async fn release_or_leave(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
         let keys = self.lock_keys(key, owner);
-        let liveness_ms = self.inner.liveness.as_millis().to_string();
-        let args = keys.common_args(&liveness_ms);
         let script_keys = keys.script_keys();
+        let args = [Arg::Text(keys.owner()), Arg::Text(&self.inner.instance)];
         let reply = self
             .inner
             .conn
@@ -490,7 +522,7 @@ impl RedisBackend {
             if self
                 .inner
                 .subscriber
-                .grant_local(&keys.channel, head, *fence)
+                .grant_local(&keys.channel(), head, *fence)
             {
                 tokio::task::yield_now().await;
             }
@@ -508,7 +540,7 @@ impl RedisBackend {
         let mut subscription: Subscription = self
             .inner
             .subscriber
-            .register(keys.channel.clone(), keys.owner.clone());
+            .register(keys.channel(), keys.owner().to_owned());
         // Leaves the queue (or releases a key handed over meanwhile) if this future is dropped
         // or fails.
         let mut guard = LeaveGuard {
@@ -526,7 +558,8 @@ impl RedisBackend {
             }
             let sent_at = Instant::now();
             let last = sent_at >= deadline;
-            let attempt = self.try_acquire(keys, request.ttl, !last).await?;
+            let mode = if last { Mode::Leave } else { Mode::Queue };
+            let attempt = self.try_acquire(keys, request.ttl, mode).await?;
             match attempt {
                 Attempt::Granted(fence) => {
                     guard.armed = false;
@@ -593,27 +626,45 @@ fn handed_over(
         .then_some(Acquired { fence, valid_from })
 }
 
-/// The Redis names of one lock, for one owner.
+/// The suffixes that name a lock's other keys after its own. The scripts name the waiter keys
+/// (`:w:<owner>`) and the channel (`:ch`) themselves (see common.lua).
+const COUNTER_SUFFIX: &str = ":fences";
+const QUEUE_SUFFIX: &str = ":q";
+const CHANNEL_SUFFIX: &str = ":ch";
+
+/// The Redis names one call of the scripts needs, for one owner. The channel, which only a waiter
+/// needs, is named on demand.
 struct LockKeys {
     lock: String,
-    fence: String,
+    counter: String,
     queue: String,
-    me: String,
-    waiter_prefix: String,
-    channel: String,
-    owner: String,
+    owner: [u8; 32],
 }
 
 impl LockKeys {
-    /// `KEYS` of the acquire and release scripts (see common.lua).
-    fn script_keys(&self) -> [&str; 4] {
-        [&self.lock, &self.fence, &self.queue, &self.me]
+    fn owner(&self) -> &str {
+        std::str::from_utf8(&self.owner).expect("hex digits are ASCII")
     }
 
-    /// The `ARGV` both scripts start with (see common.lua).
-    fn common_args<'a>(&'a self, liveness_ms: &'a str) -> [&'a str; 4] {
-        [&self.owner, &self.waiter_prefix, &self.channel, liveness_ms]
+    /// `KEYS` of the acquire and release scripts (see common.lua).
+    fn script_keys(&self) -> [&str; 3] {
+        [&self.lock, &self.counter, &self.queue]
     }
+
+    fn channel(&self) -> String {
+        format!("{}{CHANNEL_SUFFIX}", self.lock)
+    }
+}
+
+/// How a run of the acquire script treats a busy lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// A first try, in no queue: answer busy.
+    FirstTry,
+    /// Queue up (or stay queued), refreshing the waiter's liveness.
+    Queue,
+    /// A waiter's last try: leave the queue.
+    Leave,
 }
 
 /// What one run of the acquire script said.
@@ -639,60 +690,48 @@ struct Released {
 }
 
 fn parse_release(reply: Value) -> Result<Released, redis::RedisError> {
-    let Value::Array(items) = &reply else {
-        return Err(unexpected(&reply));
+    let held = |held: i64| match held {
+        0 | 1 => Ok(held == 1),
+        _ => Err(unexpected(&reply)),
     };
-    let [Value::Int(held), head, Value::Int(fence)] = items.as_slice() else {
-        return Err(unexpected(&reply));
-    };
-    let head = match head {
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| unexpected(&reply))?,
-        Value::SimpleString(text) => text.as_str(),
-        _ => return Err(unexpected(&reply)),
-    };
-    let handed_to = match (head, u64::try_from(*fence)) {
-        ("", _) | (_, Err(_) | Ok(0)) => None,
-        (head, Ok(fence)) => Some((head.to_owned(), fence)),
-    };
-    Ok(Released {
-        held: *held == 1,
-        handed_to,
-    })
+    match &reply {
+        // Nobody was handed the lock: the common case, a bare integer.
+        Value::Int(n) => Ok(Released {
+            held: held(*n)?,
+            handed_to: None,
+        }),
+        Value::Array(items) => {
+            let [Value::Int(n), Value::BulkString(head), Value::Int(fence)] = items.as_slice()
+            else {
+                return Err(unexpected(&reply));
+            };
+            let head = std::str::from_utf8(head).map_err(|_| unexpected(&reply))?;
+            let fence = u64::try_from(*fence).map_err(|_| unexpected(&reply))?;
+            Ok(Released {
+                held: held(*n)?,
+                handed_to: Some((head.to_owned(), fence)),
+            })
+        }
+        _ => Err(unexpected(&reply)),
+    }
 }
 
 fn parse_attempt(reply: Value) -> Result<Attempt, redis::RedisError> {
-    let Value::Array(items) = &reply else {
-        return Err(unexpected(&reply));
-    };
-    let int = |value: &Value| -> Option<i64> {
-        match value {
-            Value::Int(n) => Some(*n),
-            Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
-            Value::SimpleString(text) => text.parse().ok(),
-            _ => None,
-        }
-    };
-    match items.as_slice() {
-        [granted, fence] if int(granted) == Some(1) => match fence {
-            Value::BulkString(bytes) => std::str::from_utf8(bytes)
-                .ok()
-                .and_then(|text| text.parse::<u64>().ok())
-                .map(Attempt::Granted)
-                .ok_or_else(|| unexpected(&reply)),
-            Value::Int(n) => u64::try_from(*n)
-                .map(Attempt::Granted)
-                .map_err(|_| unexpected(&reply)),
-            _ => Err(unexpected(&reply)),
-        },
-        [granted, pttl, first, fence] if int(granted) == Some(0) => {
-            let pttl = int(pttl).ok_or_else(|| unexpected(&reply))?;
-            let fence = int(fence)
-                .and_then(|fence| u64::try_from(fence).ok())
-                .ok_or_else(|| unexpected(&reply))?;
+    match &reply {
+        // Granted: the fence, a bare integer.
+        Value::Int(fence) => u64::try_from(*fence)
+            .map(Attempt::Granted)
+            .map_err(|_| unexpected(&reply)),
+        Value::Array(items) => {
+            let [Value::Int(pttl), Value::Int(first), Value::Int(fence)] = items.as_slice() else {
+                return Err(unexpected(&reply));
+            };
             Ok(Attempt::Busy {
-                pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-                first: int(first) == Some(1),
-                fence,
+                // Negative where the caller does not head the queue (only the head is told), the
+                // lock has no ttl (-1), or it is gone (-2).
+                pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                first: *first == 1,
+                fence: u64::try_from(*fence).map_err(|_| unexpected(&reply))?,
             })
         }
         _ => Err(unexpected(&reply)),
@@ -766,46 +805,73 @@ impl Backoff {
 
 /// A Lua script, sent by its SHA1 where the server knows it.
 struct Lua {
-    code: &'static str,
-    hash: OnceLock<String>,
+    /// The script's file; `--!common` on a line of its own marks where common.lua goes.
+    source: &'static str,
+    /// The code as sent, and its SHA1.
+    code: OnceLock<(String, String)>,
+}
+
+/// One `ARGV` of a script call.
+#[derive(Clone, Copy)]
+enum Arg<'a> {
+    Text(&'a str),
+    Number(u64),
 }
 
 impl Lua {
-    const fn new(code: &'static str) -> Self {
+    const fn new(source: &'static str) -> Self {
         Lua {
-            code,
-            hash: OnceLock::new(),
+            source,
+            code: OnceLock::new(),
         }
     }
 
-    fn hash(&self) -> &str {
-        self.hash
-            .get_or_init(|| redis::Script::new(self.code).get_hash().to_owned())
+    fn code(&self) -> &(String, String) {
+        self.code.get_or_init(|| {
+            let code = self
+                .source
+                .replacen("--!common\n", include_str!("common.lua"), 1);
+            let hash = redis::Script::new(&code).get_hash().to_owned();
+            (code, hash)
+        })
     }
 
-    /// `EVALSHA` (or, with `by_hash` false, `EVAL`) of this script.
-    fn cmd(&self, by_hash: bool, keys: &[&str], args: &[&str]) -> Cmd {
-        let mut cmd = if by_hash {
-            redis::cmd("EVALSHA")
+    /// `EVALSHA` (or, with `by_hash` false, `EVAL`) of this script, with `KEYS` `keys` and `ARGV`
+    /// `args`. Sized up front, so that building it allocates twice rather than growing its
+    /// buffers argument by argument.
+    fn cmd(&self, by_hash: bool, keys: &[&str], args: &[Arg<'_>]) -> Cmd {
+        let (code, hash) = self.code();
+        let (name, script) = if by_hash {
+            ("EVALSHA", hash.as_str())
         } else {
-            redis::cmd("EVAL")
+            ("EVAL", code.as_str())
         };
-        cmd.arg(if by_hash { self.hash() } else { self.code })
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args);
+        // u64::MAX has 20 digits; the key count, far fewer.
+        let data = name.len()
+            + script.len()
+            + 20
+            + keys.iter().map(|key| key.len()).sum::<usize>()
+            + args
+                .iter()
+                .map(|arg| match arg {
+                    Arg::Text(text) => text.len(),
+                    Arg::Number(_) => 20,
+                })
+                .sum::<usize>();
+        let mut cmd = Cmd::with_capacity(3 + keys.len() + args.len(), data);
+        cmd.arg(name).arg(script).arg(keys.len()).arg(keys);
+        for arg in args {
+            match *arg {
+                Arg::Text(text) => cmd.arg(text),
+                Arg::Number(number) => cmd.arg(number),
+            };
+        }
         cmd
     }
 }
 
-static ACQUIRE: Lua = Lua::new(concat!(
-    include_str!("common.lua"),
-    include_str!("acquire.lua")
-));
-static RELEASE: Lua = Lua::new(concat!(
-    include_str!("common.lua"),
-    include_str!("release.lua")
-));
+static ACQUIRE: Lua = Lua::new(include_str!("acquire.lua"));
+static RELEASE: Lua = Lua::new(include_str!("release.lua"));
 static RENEW: Lua = Lua::new(include_str!("renew.lua"));
 
 fn is_noscript(error: &redis::RedisError) -> bool {
@@ -814,7 +880,7 @@ fn is_noscript(error: &redis::RedisError) -> bool {
 
 /// Runs `lua`: `EVALSHA`, then `EVAL` where the server does not know the script (which also
 /// caches it there).
-async fn eval(mut conn: Conn, lua: &Lua, keys: &[&str], args: &[&str]) -> RedisResult<Value> {
+async fn eval(mut conn: Conn, lua: &Lua, keys: &[&str], args: &[Arg<'_>]) -> RedisResult<Value> {
     match conn
         .req_packed_command(&lua.cmd(true, keys, args))
         .await
@@ -828,16 +894,28 @@ async fn eval(mut conn: Conn, lua: &Lua, keys: &[&str], args: &[&str]) -> RedisR
     }
 }
 
+/// `duration` in whole milliseconds, at least 1 (a `PX` of 0 is an error).
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+/// One lease to renew: its lock's name, its owner's hex digits, the ttl in ms.
+type RenewArgs = (String, [u8; 32], u64);
+
+fn renew_batch_entry((lock, owner, ttl): &RenewArgs) -> (&str, &str, u64) {
+    let owner = std::str::from_utf8(owner).expect("hex digits are ASCII");
+    (lock, owner, *ttl)
+}
+
 /// Renews `leases` in one pipeline on `conn`: one round trip (two where the server had to be
 /// taught the script).
-async fn renew_pipelined(
-    mut conn: Conn,
-    leases: &[(&str, String, String)],
-) -> RedisResult<Vec<bool>> {
+async fn renew_pipelined(mut conn: Conn, leases: &[(&str, &str, u64)]) -> RedisResult<Vec<bool>> {
     let pipeline = |by_hash: bool| {
         let mut pipe = redis::pipe();
-        for (lock, owner, ttl) in leases {
-            pipe.add_command(RENEW.cmd(by_hash, &[lock], &[owner, ttl]));
+        for &(lock, owner, ttl) in leases {
+            pipe.add_command(RENEW.cmd(by_hash, &[lock], &[Arg::Text(owner), Arg::Number(ttl)]));
         }
         pipe
     };
@@ -864,7 +942,7 @@ impl Backend for RedisBackend {
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
         let keys = self.lock_keys(request.key, request.owner);
         let deadline = Instant::now() + request.wait;
-        if !request.wait.is_zero() && self.inner.subscriber.is_subscribed(&keys.channel) {
+        if !request.wait.is_zero() && self.inner.subscriber.is_subscribed(&keys.channel()) {
             // Other waiters of this backend wait for the key: it is most likely busy, so queue
             // up in the first call, which spares a round trip. The channel is subscribed
             // already, so the hand-off's message cannot come before it.
@@ -873,7 +951,7 @@ impl Backend for RedisBackend {
         let sent_at = Instant::now();
         // First without queueing: an uncontended acquire is one round trip, and `wait = 0`
         // never leaves anything behind.
-        match self.try_acquire(&keys, request.ttl, false).await? {
+        match self.try_acquire(&keys, request.ttl, Mode::FirstTry).await? {
             Attempt::Granted(fence) => Ok(Some(Acquired {
                 fence,
                 valid_from: sent_at,
@@ -891,21 +969,18 @@ impl Backend for RedisBackend {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
-        let args: Vec<(String, String, String)> = leases
+        let args: Vec<RenewArgs> = leases
             .iter()
             .map(|lease| {
                 (
                     self.lock_key(lease.key),
-                    lease.owner.to_string(),
-                    lease.ttl.as_millis().max(1).to_string(),
+                    lease.owner.hex(),
+                    millis(lease.ttl),
                 )
             })
             .collect();
         if !self.inner.cluster {
-            let batch: Vec<(&str, String, String)> = args
-                .iter()
-                .map(|(k, o, t)| (k.as_str(), o.clone(), t.clone()))
-                .collect();
+            let batch: Vec<_> = args.iter().map(renew_batch_entry).collect();
             return self
                 .inner
                 .conn
@@ -925,10 +1000,7 @@ impl Backend for RedisBackend {
 impl RedisBackend {
     /// Renews on a cluster: one pipeline per hash slot (a cluster pipeline cannot span slots),
     /// all sent at once.
-    async fn renew_by_slot(
-        &self,
-        args: &[(String, String, String)],
-    ) -> Result<Vec<bool>, LockError> {
+    async fn renew_by_slot(&self, args: &[RenewArgs]) -> Result<Vec<bool>, LockError> {
         let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> =
             std::collections::BTreeMap::new();
         for (index, (lock, _, _)) in args.iter().enumerate() {
@@ -938,9 +1010,9 @@ impl RedisBackend {
                 .push(index);
         }
         let calls = by_slot.into_values().map(|indices| async move {
-            let batch: Vec<(&str, String, String)> = indices
+            let batch: Vec<_> = indices
                 .iter()
-                .map(|&i| (args[i].0.as_str(), args[i].1.clone(), args[i].2.clone()))
+                .map(|&i| renew_batch_entry(&args[i]))
                 .collect();
             let held = self
                 .inner
@@ -1003,13 +1075,7 @@ mod tests {
     fn keys_of_one_lock_share_the_hash_tag() {
         let backend = RedisBackend::builder("redis://127.0.0.1").build().unwrap();
         let keys = backend.lock_keys("acct:42", Owner::random());
-        for name in [
-            &keys.lock,
-            &keys.fence,
-            &keys.queue,
-            &keys.me,
-            &keys.channel,
-        ] {
+        for name in [&keys.lock, &keys.counter, &keys.queue, &keys.channel()] {
             assert!(name.starts_with("dlock:{acct:42}"), "{name}");
         }
     }
@@ -1106,10 +1172,53 @@ mod tests {
         let released = parse_release(reply(1, "abc", 9)).unwrap();
         assert!(released.held);
         assert_eq!(released.handed_to, Some(("abc".to_owned(), 9)));
-        let released = parse_release(reply(0, "", 0)).unwrap();
+        let released = parse_release(reply(0, "abc", 3)).unwrap();
         assert!(!released.held);
-        assert_eq!(released.handed_to, None);
-        assert!(parse_release(Value::Int(1)).is_err());
+        assert_eq!(released.handed_to, Some(("abc".to_owned(), 3)));
+        for (reply, held) in [(Value::Int(1), true), (Value::Int(0), false)] {
+            let released = parse_release(reply).unwrap();
+            assert_eq!(released.held, held);
+            assert_eq!(released.handed_to, None);
+        }
+        assert!(parse_release(Value::Int(2)).is_err());
+        assert!(parse_release(Value::Array(vec![Value::Int(1)])).is_err());
+    }
+
+    #[test]
+    fn shared_functions_are_spliced_in_after_the_uncontended_path() {
+        for lua in [&ACQUIRE, &RELEASE] {
+            let (code, hash) = lua.code();
+            let (uncontended, rest) = lua.source.split_once("--!common\n").unwrap();
+            assert!(uncontended.contains("return"), "{uncontended}");
+            assert!(!uncontended.contains("local function"), "{uncontended}");
+            let spliced = [uncontended, include_str!("common.lua"), rest].concat();
+            assert_eq!(code, &spliced);
+            assert_eq!(hash.len(), 40);
+        }
+        assert_eq!(RENEW.code().0, include_str!("renew.lua"));
+    }
+
+    #[test]
+    fn acquire_replies_are_a_fence_or_a_busy_answer() {
+        assert!(matches!(
+            parse_attempt(Value::Int(7)).unwrap(),
+            Attempt::Granted(7)
+        ));
+        let busy = Value::Array(vec![Value::Int(1500), Value::Int(1), Value::Int(7)]);
+        let Attempt::Busy { pttl, first, fence } = parse_attempt(busy).unwrap() else {
+            panic!("not busy");
+        };
+        assert_eq!(
+            (pttl, first, fence),
+            (Some(Duration::from_millis(1500)), true, 7)
+        );
+        let gone = Value::Array(vec![Value::Int(-2), Value::Int(0), Value::Int(7)]);
+        assert!(matches!(
+            parse_attempt(gone).unwrap(),
+            Attempt::Busy { pttl: None, .. }
+        ));
+        assert!(parse_attempt(Value::Int(-1)).is_err());
+        assert!(parse_attempt(Value::Nil).is_err());
     }
 
     #[cfg(feature = "redis-cluster")]
