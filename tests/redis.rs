@@ -126,6 +126,37 @@ async fn first_call_after_a_server_restart_succeeds() {
     lease.unwrap().release().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_keep_rising_when_a_restart_loses_the_counter() {
+    let mut server = RedisServer::start(); // no persistence: a restart forgets every key
+    let locker = locker_on(&server).await;
+    let key = unique_key("fence-restart");
+    let mut fences = Vec::new();
+    for _ in 0..3 {
+        let lease = locker.lock(&*key, LockOptions::new()).await.unwrap();
+        fences.push(lease.fence());
+        lease.release().await.unwrap();
+    }
+    server.restart();
+    let mut raw = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let kept: Option<u64> = redis::cmd("GET")
+        .arg(format!("dlock:{{{key}}}:fences"))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(kept, None, "the restart was meant to lose the counter");
+    let lease = locker.lock(&*key, LockOptions::new()).await.unwrap();
+    fences.push(lease.fence());
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences went back after the counter was lost: {fences:?}"
+    );
+}
+
 #[distributed_lock(key = "<key>", ttl = "3s", locker = locker)]
 async fn works_for_a_while(
     locker: &Locker,

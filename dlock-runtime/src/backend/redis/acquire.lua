@@ -16,7 +16,14 @@ local owner, ttl, liveness, instance = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 -- The uncontended path, on its own: nobody holds the lock and nobody waits for it. Three
 -- commands. A waiter's calls, which expect a busy lock, go straight on.
 if not liveness and redis.call('EXISTS', lock, queue) == 0 then
+  -- grant(owner, ttl) of common.lua, written out: the functions are not defined yet.
+  local now = redis.call('TIME')
+  now = now[1] * 1000000 + now[2]
   local fence = redis.call('INCR', counter)
+  if fence < now then
+    fence = now
+    redis.call('SET', counter, fence)
+  end
   redis.call('SET', lock, owner, 'PX', ttl)
   return fence
 end

@@ -4,8 +4,8 @@
 --
 -- The scripts' names, declared before the splice:
 -- `lock`    KEYS[1], the lock: a string holding its holder's owner, with the lease's PX
--- `counter` KEYS[2], the fence counter: the last fence handed out for the lock (INCR); it never
---           expires
+-- `counter` KEYS[2], the fence counter: the last fence handed out for the lock (INCR, floored
+--           by the server's clock in µs, see `grant`); it never expires
 -- `queue`   KEYS[3], the owners waiting for the lock, in arrival order; it exists only while
 --           someone waits
 -- `owner`   ARGV[1], the owner the call is for
@@ -23,10 +23,20 @@ local function waiter_key(who)
   return lock .. ':w:' .. who
 end
 
--- Grants the lock to `who` for `ttl` ms. Returns the grant's fence, a number, which is exact:
--- fences count grants, far below 2^53.
+-- Grants the lock to `who` for `ttl` ms. Returns the grant's fence: one more than the last, and
+-- never below the server's clock in µs. The floor is what keeps fences rising when Redis loses
+-- the counter — a restart without persistence, a snapshot restored, a fail-over to a replica
+-- that missed writes: the counter starts again from the clock, past every fence handed out
+-- before (one grant per µs is more than one key ever sees). A number, and exact: µs since 1970
+-- stay below 2^53 until the year 2255.
 local function grant(who, ttl)
+  local now = redis.call('TIME')
+  now = now[1] * 1000000 + now[2]
   local n = redis.call('INCR', counter)
+  if n < now then
+    n = now
+    redis.call('SET', counter, n)
+  end
   redis.call('SET', lock, who, 'PX', ttl)
   return n
 end

@@ -8,7 +8,7 @@
 //! | Redis key | type | what |
 //! | --- | --- | --- |
 //! | `P{K}` | string, with PX | the holder's owner token (32 hex digits); the lease's ttl is its PTTL |
-//! | `P{K}:fences` | integer, no expiry | the last fence handed out (`INCR`); while `P{K}` holds an owner, the fence of that owner's grant |
+//! | `P{K}:fences` | integer, no expiry | the last fence handed out (`INCR`, never below the server's clock in µs); while `P{K}` holds an owner, the fence of that owner's grant |
 //! | `P{K}:q` | list, expires when idle | the owners waiting for the lock, in arrival order |
 //! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: `<ttl in ms> <backend id>`, kept alive while it waits |
 //! | `P{K}:ch` | pub/sub channel | `<owner> <fence>`: the owner a release handed the lock to, and its fence |
@@ -20,9 +20,19 @@
 //! hash tag itself (say `{dlock}:`) puts every lock in one slot.
 //!
 //! The fence counter never expires, so that fences keep increasing across releases, expiries and
-//! restarts of clients: it costs one small key per distinct lock key ever used. Run Redis with a
-//! `maxmemory-policy` that never evicts keys without a ttl (`noeviction` or a `volatile-*`
-//! policy), and with persistence if fences must survive a restart of Redis itself.
+//! restarts of clients: it costs one small key per distinct lock key ever used. A grant's fence is
+//! one more than the last and never below the server's clock in microseconds, so fences keep
+//! rising even where Redis loses the counter (a restart without persistence, an older snapshot
+//! restored, a fail-over to a replica that missed writes), as long as the clock of the server
+//! that grants does not lag the one before by more than the time between the two grants. Run
+//! Redis with a `maxmemory-policy` that never evicts keys without a ttl (`noeviction` or a
+//! `volatile-*` policy).
+//!
+//! Leases are another matter: a restart forgets every lease unless Redis keeps them —
+//! `appendonly yes` with `appendfsync always` restores each lock with its expiry (the
+//! configuration `tests/faults.rs` restarts under load). Without it, a newcomer can get a key
+//! whose holder is still in its body until that holder's next renewal finds the lease gone
+//! (at most ttl/3): fences are what protect the data then.
 //!
 //! # Round trips
 //!
@@ -139,9 +149,9 @@
 //!
 //! Redis replicates asynchronously: a lock granted by a primary that fails before replicating it
 //! can be granted again by the promoted replica, and a fence counter that had not reached the
-//! replica counts again from an older value. Mutual exclusion holds as long as the store keeps
-//! its writes; fences are what protect the data when it does not — pass them to the protected
-//! store.
+//! replica counts again from an older value — which the clock floor lifts past every fence the
+//! old primary handed out. Mutual exclusion holds as long as the store keeps its writes; fences
+//! are what protect the data when it does not — pass them to the protected store.
 
 mod conn;
 mod subscriber;
