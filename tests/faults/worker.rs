@@ -1,0 +1,351 @@
+//! The worker process of the fault scenarios: what it is told to do, its bodies, its loop.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dlock::backend::{MysqlBackend, ZookeeperBackend};
+use dlock::{distributed_lock, LockError, Locker};
+
+use super::support::history::Log;
+use super::TTL;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Memory,
+    Redis,
+    Mysql,
+    Zookeeper,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Memory => "memory",
+            Backend::Redis => "redis",
+            Backend::Mysql => "mysql",
+            Backend::Zookeeper => "zookeeper",
+        }
+    }
+
+    pub fn parse(name: &str) -> Backend {
+        match name {
+            "memory" => Backend::Memory,
+            "redis" => Backend::Redis,
+            "mysql" => Backend::Mysql,
+            "zookeeper" => Backend::Zookeeper,
+            other => panic!("unknown backend {other}"),
+        }
+    }
+}
+
+/// What a worker's bodies do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Body {
+    /// [`count`]: read, pause, write plus one, under the lock.
+    Count,
+    /// [`write_fenced`]: pause, then a fenced write, running on after a loss.
+    WriteFenced,
+    /// [`count_unlocked`]: the counting body without the lock — the control that shows the
+    /// checker sees what a broken lock would do.
+    CountUnlocked,
+}
+
+impl Body {
+    pub fn name(self) -> &'static str {
+        match self {
+            Body::Count => "count",
+            Body::WriteFenced => "write-fenced",
+            Body::CountUnlocked => "count-unlocked",
+        }
+    }
+
+    pub fn parse(name: &str) -> Body {
+        match name {
+            "count" => Body::Count,
+            "write-fenced" => Body::WriteFenced,
+            "count-unlocked" => Body::CountUnlocked,
+            other => panic!("unknown body {other}"),
+        }
+    }
+}
+
+/// What one worker process does; passed to it in `DLOCK_FAULT_WORKER` as `name=value` words.
+#[derive(Clone, Debug)]
+pub struct WorkerSpec {
+    pub name: String,
+    pub backend: Backend,
+    /// The lock server's URL, through the worker's proxy.
+    pub lock_url: String,
+    /// The MySQL lock table.
+    pub table: String,
+    pub data_url: String,
+    pub keys: Vec<String>,
+    /// Concurrent tasks running bodies.
+    pub tasks: usize,
+    /// No body starts after this long.
+    pub run_for: Duration,
+    /// Each task stops after this many bodies entered.
+    pub sections: usize,
+    /// The pause between reading and writing the counter.
+    pub work: Duration,
+    pub body: Body,
+    pub log: PathBuf,
+}
+
+impl WorkerSpec {
+    pub fn encode(&self) -> String {
+        format!(
+            "name={} backend={} lock_url={} table={} data_url={} keys={} tasks={} run_ms={} \
+             sections={} work_ms={} body={} log={}",
+            self.name,
+            self.backend.name(),
+            self.lock_url,
+            self.table,
+            self.data_url,
+            self.keys.join(","),
+            self.tasks,
+            self.run_for.as_millis(),
+            self.sections,
+            self.work.as_millis(),
+            self.body.name(),
+            self.log.display()
+        )
+    }
+
+    pub fn decode(text: &str) -> WorkerSpec {
+        let fields: BTreeMap<&str, &str> = text
+            .split(' ')
+            .filter_map(|word| word.split_once('='))
+            .collect();
+        let field = |name: &str| *fields.get(name).unwrap_or_else(|| panic!("no {name}"));
+        let millis = |name: &str| Duration::from_millis(field(name).parse().unwrap());
+        WorkerSpec {
+            name: field("name").into(),
+            backend: Backend::parse(field("backend")),
+            lock_url: field("lock_url").into(),
+            table: field("table").into(),
+            data_url: field("data_url").into(),
+            keys: field("keys").split(',').map(String::from).collect(),
+            tasks: field("tasks").parse().unwrap(),
+            run_for: millis("run_ms"),
+            sections: field("sections").parse().unwrap(),
+            work: millis("work_ms"),
+            body: Body::parse(field("body")),
+            log: field("log").into(),
+        }
+    }
+}
+
+/// What a body needs besides its key.
+pub struct Context {
+    pub data: redis::aio::MultiplexedConnection,
+    pub log: Log,
+    pub work: Duration,
+    pub worker: String,
+}
+
+impl Context {
+    /// Now, by the data server's clock, in microseconds.
+    pub async fn now(&self) -> i64 {
+        let (seconds, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut self.data.clone())
+            .await
+            .expect("the data server keeps time");
+        seconds * 1_000_000 + micros
+    }
+
+    pub async fn record(&self, kind: &str, key: &str, fence: u64) {
+        self.log.record(kind, key, fence, self.now().await);
+    }
+}
+
+/// Stores `value` with `fence` unless the stored fence is as new or newer: the check a store
+/// makes to reject a stale holder's write.
+pub const FENCED_WRITE: &str = r"
+local stored = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
+if tonumber(ARGV[1]) <= stored then return 0 end
+redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'value', ARGV[2])
+return 1";
+
+/// The counting body: read, pause, write plus one.
+#[distributed_lock(key = "<key>", ttl = "2s", wait = "30s", locker = locker)]
+pub async fn count(
+    locker: &Locker,
+    key: &str,
+    context: &Context,
+    entered: &AtomicU64,
+) -> Result<(), LockError> {
+    let fence = dlock::current_lease().expect("inside the body").fence();
+    increment(key, fence, context, entered).await;
+    Ok(())
+}
+
+/// [`count`]'s body with no lock: fences are made up, one per body, increasing per process only.
+pub async fn count_unlocked(key: &str, context: &Context, entered: &AtomicU64) {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    increment(key, NEXT.fetch_add(1, Ordering::SeqCst), context, entered).await;
+}
+
+/// Logs the entry, reads `key`'s counter, pauses, writes it back plus one, logs the exit.
+pub async fn increment(key: &str, fence: u64, context: &Context, entered: &AtomicU64) {
+    entered.store(fence, Ordering::SeqCst);
+    context.record("enter", key, fence).await;
+    let counter = format!("counter:{key}");
+    let mut data = context.data.clone();
+    let value: Option<u64> = redis::cmd("GET")
+        .arg(&counter)
+        .query_async(&mut data)
+        .await
+        .unwrap();
+    tokio::time::sleep(context.work).await;
+    let () = redis::cmd("SET")
+        .arg(&counter)
+        .arg(value.unwrap_or(0) + 1)
+        .query_async(&mut data)
+        .await
+        .unwrap();
+    context.record("exit", key, fence).await;
+}
+
+/// The fenced body: pause, then write with the fence; a holder that lost its lease meanwhile
+/// runs on (`on_lost = "continue"`) and its write is judged by the data server alone.
+#[distributed_lock(key = "<key>", ttl = "2s", wait = "30s", locker = locker, on_lost = "continue")]
+pub async fn write_fenced(
+    locker: &Locker,
+    key: &str,
+    context: &Context,
+    entered: &AtomicU64,
+) -> Result<(), LockError> {
+    let fence = dlock::current_lease().expect("inside the body").fence();
+    entered.store(fence, Ordering::SeqCst);
+    context.record("enter", key, fence).await;
+    tokio::time::sleep(context.work).await;
+    let held = dlock::current_lease().expect("inside the body").is_held();
+    let accepted: bool = redis::Script::new(FENCED_WRITE)
+        .key(format!("fenced:{key}"))
+        .arg(fence)
+        .arg(&context.worker)
+        .invoke_async(&mut context.data.clone())
+        .await
+        .unwrap();
+    let verdict = if accepted { "accepted" } else { "rejected" };
+    context.record(verdict, key, fence).await;
+    context
+        .record(if held { "held" } else { "unheld" }, key, fence)
+        .await;
+    context.record("exit", key, fence).await;
+    Ok(())
+}
+
+/// Connects the worker's `Locker`, retrying while its server is unreachable.
+pub async fn connect(spec: &WorkerSpec) -> Locker {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let attempt = match spec.backend {
+            Backend::Memory => panic!("the memory store cannot be shared between processes"),
+            Backend::Redis => Locker::redis(&spec.lock_url).await,
+            Backend::Mysql => match MysqlBackend::builder(&spec.lock_url) {
+                Ok(builder) => builder
+                    .table(&spec.table)
+                    .max_connections(4)
+                    .connect()
+                    .await
+                    .map(Locker::with_backend),
+                Err(error) => Err(error),
+            },
+            Backend::Zookeeper => match ZookeeperBackend::builder(&spec.lock_url) {
+                Ok(builder) => builder
+                    .session_timeout(TTL)
+                    .connect()
+                    .await
+                    .map(Locker::with_backend),
+                Err(error) => Err(error),
+            },
+        };
+        match attempt {
+            Ok(locker) => return locker,
+            Err(error) if Instant::now() > deadline => panic!("cannot connect: {error}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+pub async fn run_worker(spec: WorkerSpec) {
+    let locker = connect(&spec).await;
+    let data = redis::Client::open(spec.data_url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("the data server answers");
+    let context = Arc::new(Context {
+        data,
+        log: Log::create(&spec.log, &spec.name),
+        work: spec.work,
+        worker: spec.name.clone(),
+    });
+    let deadline = Instant::now() + spec.run_for;
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..spec.tasks {
+        let (locker, context, spec) = (locker.clone(), context.clone(), spec.clone());
+        tasks.spawn(async move { run_bodies(&locker, &context, &spec, task, deadline).await });
+    }
+    while let Some(task) = tasks.join_next().await {
+        task.unwrap();
+    }
+}
+
+/// One task of a worker: bodies on the keys in turn, from the `first`, until `deadline` or
+/// `spec.sections` bodies entered.
+pub async fn run_bodies(
+    locker: &Locker,
+    context: &Context,
+    spec: &WorkerSpec,
+    first: usize,
+    deadline: Instant,
+) {
+    let mut entered_bodies = 0;
+    let mut turn = first;
+    while Instant::now() < deadline && entered_bodies < spec.sections {
+        let key = &spec.keys[turn % spec.keys.len()];
+        turn += 1;
+        let entered = AtomicU64::new(0);
+        let result = match spec.body {
+            Body::Count => count(locker, key, context, &entered).await,
+            Body::WriteFenced => write_fenced(locker, key, context, &entered).await,
+            Body::CountUnlocked => {
+                count_unlocked(key, context, &entered).await;
+                Ok(())
+            }
+        };
+        let fence = entered.load(Ordering::SeqCst);
+        if fence != 0 {
+            entered_bodies += 1;
+        }
+        match result {
+            Ok(()) => {}
+            Err(LockError::Lost { .. }) => context.record("lost", key, fence).await,
+            // Busy after `wait`, or the store unreachable: try again, as a service would.
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// The worker process: runs only when a scenario starts it, with `DLOCK_FAULT_WORKER` set.
+#[test]
+#[ignore = "a worker process of the fault scenarios, which start it themselves"]
+pub fn fault_worker() {
+    let Ok(spec) = std::env::var("DLOCK_FAULT_WORKER") else {
+        eprintln!("fault_worker only runs as a process started by a fault scenario");
+        return;
+    };
+    let spec = WorkerSpec::decode(&spec);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(run_worker(spec));
+}
