@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use dlock::Locker;
 use scenario::{longest_pause, millis, ms, LockServer, Scenario};
-use support::fault_proxy::Direction;
+use support::fault_proxy::{Direction, FaultProxy};
 use support::history::{self, Log, Section};
 use worker::{run_bodies, Backend, Body, Context};
 
@@ -125,8 +125,10 @@ fn restart_under_load(backend: Backend) {
 /// must be cancelled with `Lost` before a waiter in another process gets in. When the stall
 /// ends, the held bytes arrive late — the holder's renewals and its release — while the waiter
 /// still holds the key: a third process must not get in before the waiter leaves. `wrapper`
-/// runs the holder under another clock (`faketime`).
-fn stalled_holder(backend: Backend, name: &'static str, wrapper: &[&str]) {
+/// runs the holder under another clock (`faketime`). Stalled one way only ([`Direction::ToClient`]),
+/// the store keeps hearing the holder — its renewals succeed there — but the holder hears
+/// nothing back: it must give up all the same, and only then may the waiter enter.
+fn stalled_holder(backend: Backend, name: &'static str, direction: Direction, wrapper: &[&str]) {
     let mut scenario = Scenario::new(name, backend, 1);
     let mut holder = scenario.spec("holder", Duration::from_secs(60));
     holder.sections = 1;
@@ -138,7 +140,7 @@ fn stalled_holder(backend: Backend, name: &'static str, wrapper: &[&str]) {
     waiter.work = 2 * TTL;
     let waiter = scenario.spawn(waiter, &[]);
     std::thread::sleep(Duration::from_millis(300));
-    scenario.proxy(holder).stall_for(Direction::Both, 2 * TTL);
+    scenario.proxy(holder).stall_for(direction, 2 * TTL);
     let lost = scenario.wait_for(holder, "lost", Duration::from_secs(30));
     let next = scenario.wait_for(waiter, "enter", Duration::from_secs(30));
     let mut third = scenario.spec("third", Duration::from_secs(60));
@@ -177,6 +179,7 @@ fn skewed_clock_holder(backend: Backend) {
     stalled_holder(
         backend,
         "skewed-clock",
+        Direction::Both,
         &[FAKETIME, "-m", "-f", "+2h x0.95"],
     );
 }
@@ -385,7 +388,12 @@ macro_rules! scenarios {
 
                 #[test]
                 fn a_stalled_holder_is_cancelled_before_anyone_enters() {
-                    stalled_holder($variant, "stalled-holder", &[]);
+                    stalled_holder($variant, "stalled-holder", Direction::Both, &[]);
+                }
+
+                #[test]
+                fn a_holder_that_cannot_hear_the_store_gives_up_before_anyone_enters() {
+                    stalled_holder($variant, "deaf-holder", Direction::ToClient, &[]);
                 }
 
                 #[test]
@@ -411,6 +419,68 @@ scenarios! {
     with_redis: Backend::Redis;
     with_mysql: Backend::Mysql;
     with_zookeeper: Backend::Zookeeper;
+}
+
+/// The proxy itself, against an echo server: latency delays each direction, a one-way stall
+/// holds only that way's bytes, a cut closes the connection.
+#[test]
+fn the_fault_proxy_delays_stalls_and_cuts_per_direction() {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    let echo = TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = echo.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for stream in echo.incoming() {
+            let mut stream = stream.unwrap();
+            std::thread::spawn(move || {
+                let mut buffer = [0; 64];
+                while let Ok(read @ 1..) = stream.read(&mut buffer) {
+                    let _ = stream.write_all(&buffer[..read]);
+                }
+            });
+        }
+    });
+    let proxy = FaultProxy::start(&target);
+    let mut client = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let round_trip = |client: &mut TcpStream| {
+        let started = Instant::now();
+        client.write_all(b"ping").unwrap();
+        let mut reply = [0; 4];
+        client.read_exact(&mut reply).map(|()| started.elapsed())
+    };
+    assert!(round_trip(&mut client).unwrap() < Duration::from_millis(100));
+
+    proxy.set_latency(Direction::ToServer, Duration::from_millis(150));
+    proxy.set_latency(Direction::ToClient, Duration::from_millis(100));
+    let slow = round_trip(&mut client).unwrap();
+    assert!(
+        slow >= Duration::from_millis(250),
+        "latency not added: {slow:?}"
+    );
+    proxy.set_latency(Direction::Both, Duration::ZERO);
+
+    // Stalled towards the client: the server hears the ping, its echo is held until resumed.
+    proxy.stall_for(Direction::ToClient, Duration::from_millis(300));
+    let held = round_trip(&mut client).unwrap();
+    assert!(
+        held >= Duration::from_millis(300),
+        "the stall held nothing: {held:?}"
+    );
+
+    proxy.cut_all();
+    assert_eq!(proxy.cuts(), 1);
+    let mut reply = [0; 4];
+    let after_cut = client
+        .write_all(b"ping")
+        .and_then(|()| client.read(&mut reply));
+    assert!(
+        matches!(after_cut, Ok(0) | Err(_)),
+        "the cut connection still answered: {after_cut:?}"
+    );
 }
 
 #[test]
