@@ -16,20 +16,8 @@ use libfuzzer_sys::fuzz_target;
 use proc_macro2::{Span, TokenStream};
 use quote::quote;
 
-// The macro crate's own modules, compiled here as they are (they refer to each other as
-// `crate::…`). Its unit tests are `#[cfg(test)]` and stay out.
-#[allow(dead_code)]
-#[path = "../../dlock-macros/src/attr.rs"]
-mod attr;
-#[allow(dead_code)]
-#[path = "../../dlock-macros/src/duration.rs"]
-mod duration;
-#[allow(dead_code)]
-#[path = "../../dlock-macros/src/expand.rs"]
-mod expand;
-#[allow(dead_code)]
-#[path = "../../dlock-macros/src/template.rs"]
-mod template;
+// The macro crate's own modules, shared by every target.
+include!("../macro_crate.rs");
 
 use duration::parse_millis;
 
