@@ -452,7 +452,7 @@ fn the_fault_proxy_delays_stalls_and_cuts_per_direction() {
         let mut reply = [0; 4];
         client.read_exact(&mut reply).map(|()| started.elapsed())
     };
-    assert!(round_trip(&mut client).unwrap() < Duration::from_millis(100));
+    round_trip(&mut client).expect("the proxy forwards");
 
     proxy.set_latency(Direction::ToServer, Duration::from_millis(150));
     proxy.set_latency(Direction::ToClient, Duration::from_millis(100));
