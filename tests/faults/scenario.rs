@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use dlock::Owner;
 
 use super::support::fault_proxy::FaultProxy;
-use super::support::history::{self, Event, Section, Verdict};
+use super::support::history::{self, Event, Section, Verdict, Write};
 use super::support::redis_server::RedisServer;
 use super::support::zk_server::ZkServer;
 use super::worker::{Backend, Body, WorkerSpec};
@@ -283,24 +283,27 @@ impl Scenario {
             }
         }
         let sections = history::sections(&self.events());
-        let counters = self.counters();
-        let verdict = history::check(&sections, &self.killed, &counters);
+        let journals = self.journals();
+        let verdict = history::check(&sections, &self.killed, &journals);
         (sections, verdict)
     }
 
-    /// The final value of each key's counter (fenced scenarios keep none).
-    pub fn counters(&mut self) -> BTreeMap<String, u64> {
-        let mut counters = BTreeMap::new();
+    /// Each key's journal of counter writes, in the order they ran (fenced scenarios keep none).
+    pub fn journals(&mut self) -> BTreeMap<String, Vec<Write>> {
+        let mut journals = BTreeMap::new();
         for key in self.keys.clone() {
-            let value: Option<u64> = redis::cmd("GET")
-                .arg(format!("counter:{key}"))
+            let entries: Vec<String> = redis::cmd("LRANGE")
+                .arg(format!("journal:{key}"))
+                .arg(0)
+                .arg(-1)
                 .query(&mut self.data)
                 .unwrap();
-            if let Some(value) = value {
-                counters.insert(key, value);
-            }
+            let writes = entries
+                .iter()
+                .map(|e| Write::parse(e).expect("a journal entry"));
+            journals.insert(key, writes.collect());
         }
-        counters
+        journals
     }
 
     /// Prints the scenario's row of the README's results table.

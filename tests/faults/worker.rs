@@ -201,14 +201,24 @@ pub async fn increment(key: &str, fence: u64, context: &Context, entered: &Atomi
         .await
         .unwrap();
     tokio::time::sleep(context.work).await;
-    let () = redis::cmd("SET")
-        .arg(&counter)
-        .arg(value.unwrap_or(0) + 1)
-        .query_async(&mut data)
+    let read = value.unwrap_or(0);
+    let () = redis::Script::new(JOURNALED_SET)
+        .key(&counter)
+        .key(format!("journal:{key}"))
+        .arg(read + 1)
+        .arg(format!("{fence} {read} {}", read + 1))
+        .invoke_async(&mut data)
         .await
         .unwrap();
     context.record("exit", key, fence).await;
 }
+
+/// Sets the counter and journals the write (`<fence> <read> <written>`) in one step, so the
+/// journal lists every write in the order it ran, even a write whose body was stopped before it
+/// could log its exit.
+const JOURNALED_SET: &str = r"
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('RPUSH', KEYS[2], ARGV[2])";
 
 /// The fenced body: pause, then write with the fence; a holder that lost its lease meanwhile
 /// runs on (`on_lost = "continue"`) and its write is judged by the data server alone.
