@@ -132,8 +132,7 @@ fn examples_on_the_in_memory_default() {
 #[cfg(feature = "mysql")]
 #[test]
 fn examples_on_mysql() {
-    let url = std::env::var("DLOCK_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let url = support::mysql_url();
     check_account_sync(Some(&url));
     check_stock_deduction(Some(&url));
     check_dedupe_messages(Some(&url));

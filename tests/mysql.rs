@@ -11,10 +11,7 @@ use dlock::backend::MysqlBackend;
 use dlock::{distributed_lock, LockError, LockOptions, Locker, Owner};
 use sqlx::mysql::MySqlPool;
 use sqlx::{AssertSqlSafe, Row};
-
-fn url() -> String {
-    std::env::var("DLOCK_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
-}
+use support::mysql_url;
 
 /// A lock table of this test's own; dropped with it.
 struct Mysql {
@@ -25,7 +22,7 @@ struct Mysql {
 impl Mysql {
     async fn fresh() -> Mysql {
         let table = format!("dlock_test_{}", &Owner::random().to_string()[..12]);
-        let admin = MySqlPool::connect(&url())
+        let admin = MySqlPool::connect(&mysql_url())
             .await
             .expect("MariaDB on 127.0.0.1:3306 (see scripts/test.sh)");
         Mysql { table, admin }
@@ -46,22 +43,8 @@ impl Mysql {
 
 impl Drop for Mysql {
     fn drop(&mut self) {
-        let table = self.table.clone();
-        // The test's runtime is blocked in this `Drop`, and the admin pool with it: drop the
-        // table over a connection of a runtime of its own.
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                if let Ok(admin) = MySqlPool::connect(&url()).await {
-                    let drop_table = format!("DROP TABLE IF EXISTS `{table}`");
-                    let _ = sqlx::query(AssertSqlSafe(drop_table)).execute(&admin).await;
-                }
-            });
-        })
-        .join();
+        // The test's runtime is blocked in this `Drop`, and the admin pool with it.
+        support::drop_mysql_table(&self.table);
     }
 }
 
@@ -69,7 +52,7 @@ impl support::Store for Mysql {
     type Backend = MysqlBackend;
 
     async fn backend(&self) -> MysqlBackend {
-        MysqlBackend::builder(&url())
+        MysqlBackend::builder(&mysql_url())
             .unwrap()
             .table(&self.table)
             .max_connections(4)
@@ -173,7 +156,7 @@ async fn rows_for(db: &Mysql, table: &str, open_id: &str) -> i64 {
 async fn seed_000_concurrent_submits_leave_one_row_and_would_duplicate_without_the_lock() {
     let db = Mysql::fresh().await;
     let table = account_table(&db).await;
-    let pool = MySqlPool::connect(&url()).await.unwrap();
+    let pool = MySqlPool::connect(&mysql_url()).await.unwrap();
 
     // Without the lock: the race the seed describes.
     let mut calls = Vec::new();
@@ -226,14 +209,14 @@ async fn dead_holder_is_taken_over_only_after_expiry_by_the_database_clock() {
     let db = Mysql::fresh().await;
     let key = support::unique_key("dead");
     // Two clients whose sessions disagree about the time by a day.
-    let early = MysqlBackend::builder(&url())
+    let early = MysqlBackend::builder(&mysql_url())
         .unwrap()
         .table(&db.table)
         .time_zone("-12:00")
         .connect()
         .await
         .unwrap();
-    let late = MysqlBackend::builder(&url())
+    let late = MysqlBackend::builder(&mysql_url())
         .unwrap()
         .table(&db.table)
         .time_zone("+12:00")
@@ -273,7 +256,7 @@ async fn lock_statements_never_wait_on_a_business_transaction() {
     let db = Mysql::fresh().await;
     let locker = db.locker().await;
     let business = account_table(&db).await;
-    let app_pool = MySqlPool::connect(&url()).await.unwrap();
+    let app_pool = MySqlPool::connect(&mysql_url()).await.unwrap();
 
     let mut tx = app_pool.begin().await.unwrap();
     sqlx::query(AssertSqlSafe(format!(
@@ -331,7 +314,7 @@ async fn bad_input_is_a_clear_error() {
     let message = unreachable.unwrap_err().to_string();
     assert!(message.contains("cannot connect to MySQL"), "{message}");
 
-    let url = url();
+    let url = mysql_url();
     let (scheme, rest) = url.split_once("://").unwrap();
     let (userinfo, host) = rest.split_once('@').unwrap();
     let user = userinfo.split(':').next().unwrap();

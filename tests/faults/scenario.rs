@@ -12,11 +12,8 @@ use super::support::fault_proxy::FaultProxy;
 use super::support::history::{self, Event, Section, Verdict, Write};
 use super::support::redis_server::RedisServer;
 use super::support::zk_server::ZkServer;
+use super::support::{drop_mysql_table, mysql_url};
 use super::worker::{Backend, Body, WorkerSpec};
-
-pub fn mysql_url() -> String {
-    std::env::var("DLOCK_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
-}
 
 /// The lock server of a scenario.
 pub enum LockServer {
@@ -56,22 +53,9 @@ impl LockServer {
 
 impl Drop for LockServer {
     fn drop(&mut self) {
-        let LockServer::Mysql { table } = self else {
-            return;
-        };
-        let table = table.clone();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            if let Ok(admin) = sqlx::mysql::MySqlPool::connect(&mysql_url()).await {
-                let drop_table = format!("DROP TABLE IF EXISTS `{table}`");
-                let _ = sqlx::query(sqlx::AssertSqlSafe(drop_table))
-                    .execute(&admin)
-                    .await;
-            }
-        });
+        if let LockServer::Mysql { table } = self {
+            drop_mysql_table(table);
+        }
     }
 }
 

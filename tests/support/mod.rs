@@ -30,6 +30,37 @@ pub trait Store: Send + Sync + 'static {
     fn expire(&self, key: &str) -> impl Future<Output = ()> + Send;
 }
 
+/// The MariaDB/MySQL the tests use: `DLOCK_MYSQL_URL`, else the machine's server as root.
+pub fn mysql_url() -> String {
+    std::env::var("DLOCK_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+/// Drops `table` from [`mysql_url`]'s database, from any context: over a connection of a runtime
+/// of its own, on a thread of its own, so it also works from a `Drop` that blocks a runtime.
+pub fn drop_mysql_table(table: &str) {
+    let drop_table = format!("DROP TABLE IF EXISTS `{table}`");
+    let _ = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            if let Ok(admin) = sqlx::mysql::MySqlPool::connect(&mysql_url()).await {
+                let _ = sqlx::query(sqlx::AssertSqlSafe(drop_table))
+                    .execute(&admin)
+                    .await;
+            }
+        });
+    })
+    .join();
+}
+
+/// A port of 127.0.0.1 nobody listens on now.
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("cannot bind 127.0.0.1:0");
+    listener.local_addr().unwrap().port()
+}
+
 /// A key no other test uses, even across processes that share a server.
 pub fn unique_key(name: &str) -> String {
     static NEXT: AtomicUsize = AtomicUsize::new(0);

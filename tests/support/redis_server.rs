@@ -2,9 +2,11 @@
 //! stoppable and restartable on the same port, killed on drop. Never the shared server on 6379.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use super::free_port;
 
 pub struct RedisServer {
     port: u16,
@@ -272,12 +274,6 @@ impl Drop for RedisServer {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
-}
-
-/// A port nobody listens on now.
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("cannot bind 127.0.0.1:0");
-    listener.local_addr().unwrap().port()
 }
 
 /// A private Redis Cluster of three primaries (no replicas), each node on free ports, killed on

@@ -6,12 +6,14 @@
 //! outlives its test binary — not even the one kept in a `static`.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use super::free_port;
 
 const JAR: &str = "/usr/share/java/zookeeper.jar";
 
@@ -209,11 +211,3 @@ async fn warm_up(_: &str) {}
 
 /// Lock-release cycles of the warm-up: each is four writes and two reads on the server.
 const WARM_UP_LOCKS: usize = 100;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
