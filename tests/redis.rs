@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock::backend::{AcquireRequest, Backend, RedisBackend, Renewal};
-use dlock::{distributed_lock, LockError, LockOptions, Locker, Owner};
+use dlock::{distributed_lock, Lease, LockError, LockOptions, Locker, Owner};
 use redis::AsyncCommands;
 use support::redis_server::RedisServer;
 use support::unique_key;
@@ -56,6 +56,16 @@ lock_properties!(Redis::start());
 
 async fn locker_on(server: &RedisServer) -> Locker {
     Locker::connect(&server.url()).await.unwrap()
+}
+
+/// `locker.lock(key, options)` in a task of its own, as another caller would.
+fn spawn_lock(
+    locker: &Locker,
+    key: &str,
+    options: LockOptions,
+) -> tokio::task::JoinHandle<Result<Lease, LockError>> {
+    let (locker, key) = (locker.clone(), key.to_owned());
+    tokio::spawn(async move { locker.lock(&*key, options).await })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -293,17 +303,11 @@ async fn dropped_waiter_leaves_the_queue() {
     let waiting = LockOptions::new()
         .ttl(Duration::from_secs(60))
         .wait(Duration::from_secs(60));
-    let dropped = tokio::spawn({
-        let (locker, key) = (locker.clone(), key.clone());
-        async move { locker.lock(&*key, waiting).await.map(drop) }
-    });
+    let dropped = spawn_lock(&locker, &key, waiting);
     let queue = backend.queue_key(&key);
     let mut raw = redis.raw().await;
     wait_for_queue_length(&mut raw, &queue, 1).await;
-    let next = tokio::spawn({
-        let (locker, key) = (locker.clone(), key.clone());
-        async move { locker.lock(&*key, waiting).await }
-    });
+    let next = spawn_lock(&locker, &key, waiting);
     wait_for_queue_length(&mut raw, &queue, 2).await;
     dropped.abort();
     assert!(dropped.await.unwrap_err().is_cancelled());
@@ -506,14 +510,11 @@ fn a_locker_outlives_the_runtime_that_connected_it() {
     first.block_on(async {
         // Waits once, so the pub/sub connection is made on this runtime's watch.
         let holder = locker.lock(&*key, LockOptions::new()).await.unwrap();
-        let waiter = tokio::spawn({
-            let (locker, key) = (locker.clone(), key.clone());
-            async move {
-                locker
-                    .lock(&*key, LockOptions::new().wait(Duration::from_secs(10)))
-                    .await
-            }
-        });
+        let waiter = spawn_lock(
+            &locker,
+            &key,
+            LockOptions::new().wait(Duration::from_secs(10)),
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
         holder.release().await.unwrap();
         waiter.await.unwrap().unwrap().release().await.unwrap();
@@ -525,19 +526,10 @@ fn a_locker_outlives_the_runtime_that_connected_it() {
             .lock(&*key, LockOptions::new().ttl(Duration::from_millis(900)))
             .await
             .unwrap();
-        let waiter = tokio::spawn({
-            let (locker, key) = (locker.clone(), key.clone());
-            async move {
-                locker
-                    .lock(
-                        &*key,
-                        LockOptions::new()
-                            .ttl(Duration::from_secs(60))
-                            .wait(Duration::from_secs(10)),
-                    )
-                    .await
-            }
-        });
+        let waiting = LockOptions::new()
+            .ttl(Duration::from_secs(60))
+            .wait(Duration::from_secs(10));
+        let waiter = spawn_lock(&locker, &key, waiting);
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         // Renewed by the watchdog across the runtime change, so still held.
         assert!(holder.is_held());
@@ -565,14 +557,11 @@ async fn tls_through_a_rediss_url() {
     let key = unique_key("tls");
     let holder = locker.lock(&*key, LockOptions::new()).await.unwrap();
     // A waiter, so the pub/sub connection goes over TLS too.
-    let waiter = tokio::spawn({
-        let (locker, key) = (locker.clone(), key.clone());
-        async move {
-            locker
-                .lock(&*key, LockOptions::new().wait(Duration::from_secs(10)))
-                .await
-        }
-    });
+    let waiter = spawn_lock(
+        &locker,
+        &key,
+        LockOptions::new().wait(Duration::from_secs(10)),
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let released_at = Instant::now();
     holder.release().await.unwrap();
@@ -722,17 +711,8 @@ async fn hand_off_once(
         .await
         .unwrap();
     let holder_fence = holder.fence();
-    let waiter = tokio::spawn({
-        let (locker, key) = (waiter_locker.clone(), key.clone());
-        async move {
-            locker
-                .lock(
-                    &*key,
-                    LockOptions::new().ttl(ttl).wait(Duration::from_secs(30)),
-                )
-                .await
-        }
-    });
+    let waiting = LockOptions::new().ttl(ttl).wait(Duration::from_secs(30));
+    let waiter = spawn_lock(waiter_locker, &key, waiting);
     wait_for_queue_length(&mut raw, &redis.names.queue_key(&key), 1).await;
     let queued_at = Instant::now();
     let scripts_before = script_calls(&mut raw).await;
