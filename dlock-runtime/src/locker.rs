@@ -165,7 +165,7 @@ impl Locker {
         key: String,
         options: LockOptions,
     ) -> Result<Arc<LeaseState>, LockError> {
-        options.validate()?;
+        let options = options.checked()?;
         let owner = Owner::random();
         let started = Instant::now();
         // Exists before the acquisition is awaited, so a dropped future still releases.
@@ -200,7 +200,7 @@ impl Locker {
             self.id(),
         ));
         if options.renew {
-            self.inner.watchdog.watch(&state);
+            self.inner.watchdog.watch(&state, acquired.valid_from);
         }
         Ok(state)
     }
