@@ -57,6 +57,14 @@ pub enum LockError {
 }
 
 impl LockError {
+    /// An unusable `url`, with its password masked in the URL and in `reason`.
+    pub(crate) fn invalid_url(url: &str, reason: impl std::fmt::Display) -> Self {
+        LockError::InvalidUrl {
+            url: crate::locker::mask_password(url),
+            reason: crate::locker::redact(&reason.to_string(), url),
+        }
+    }
+
     /// Wraps a store's error.
     pub fn backend(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         LockError::Backend(error.into())

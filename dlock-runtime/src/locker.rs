@@ -88,10 +88,7 @@ impl Locker {
             .split_once("://")
             .map(|(scheme, _)| scheme)
             .unwrap_or("");
-        let invalid = |reason: String| LockError::InvalidUrl {
-            url: mask_password(url),
-            reason,
-        };
+        let invalid = |reason: String| LockError::invalid_url(url, reason);
         match scheme {
             #[cfg(feature = "memory")]
             "memory" => Ok(Locker::memory().described(url)),
@@ -301,21 +298,35 @@ fn feature_of(scheme: &str) -> &'static str {
     }
 }
 
-/// `url` with the password (the part between `:` and `@` of the authority) replaced by `***`,
-/// for errors and logs.
+/// `url` with its password replaced by `***`, for errors and logs.
+///
+/// The user information is taken to end at the last `@`, and the password to start after the
+/// first `:` in it, so a password holding `/`, `@`, `:`, `?` or `#` (which users write unescaped)
+/// is masked whole. Where that guess is wrong it masks too much, never too little.
 pub(crate) fn mask_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
-            None => url.to_owned(),
-        },
+    match split_password(url) {
+        Some((before, _, after)) => format!("{before}***{after}"),
         None => url.to_owned(),
     }
+}
+
+/// `text` with every occurrence of `url`'s password replaced by `***`: for messages of other
+/// crates' parsers, which may quote the URL they were given.
+pub(crate) fn redact(text: &str, url: &str) -> String {
+    match split_password(url) {
+        Some((_, password, _)) if !password.is_empty() => text.replace(password, "***"),
+        _ => text.to_owned(),
+    }
+}
+
+/// `url` cut around its password: what comes before it, the password, what comes after it.
+fn split_password(url: &str) -> Option<(&str, &str, &str)> {
+    let (_, rest) = url.split_once("://")?;
+    let rest_from = url.len() - rest.len();
+    let at = rest.rfind('@')?;
+    let colon = rest[..at].find(':')?;
+    let (start, end) = (rest_from + colon + 1, rest_from + at);
+    Some((&url[..start], &url[start..end], &url[end..]))
 }
 
 static DEFAULT: RwLock<Option<Locker>> = RwLock::new(None);
@@ -351,7 +362,7 @@ pub(crate) async fn default_locker() -> Result<Locker, LockError> {
 
 #[cfg(test)]
 mod tests {
-    use super::mask_password;
+    use super::{mask_password, redact};
 
     #[test]
     fn masks_only_the_password() {
@@ -365,5 +376,20 @@ mod tests {
         );
         assert_eq!(mask_password("redis://host:6379"), "redis://host:6379");
         assert_eq!(mask_password("memory://"), "memory://");
+        assert_eq!(
+            mask_password("redis://:p@ss:w/rd@host:6379/0"),
+            "redis://:***@host:6379/0"
+        );
+        assert_eq!(
+            mask_password("mysql://root:a/b?c#d@db/test"),
+            "mysql://root:***@db/test"
+        );
+        assert_eq!(
+            redact(
+                "invalid port in mysql://root:a/b@db:x",
+                "mysql://root:a/b@db:x"
+            ),
+            "invalid port in mysql://root:***@db:x"
+        );
     }
 }

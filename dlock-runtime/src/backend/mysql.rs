@@ -111,13 +111,29 @@ struct Statements {
 }
 
 /// Options of a [`MysqlBackend`], from [`MysqlBackend::builder`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct MysqlBuilder {
     options: MySqlConnectOptions,
     table: String,
     max_connections: u32,
     create_table: bool,
     time_zone: Option<String>,
+}
+
+/// Everything but the password, which the connect options would print.
+impl std::fmt::Debug for MysqlBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MysqlBuilder")
+            .field("host", &self.options.get_host())
+            .field("port", &self.options.get_port())
+            .field("username", &self.options.get_username())
+            .field("database", &self.options.get_database())
+            .field("table", &self.table)
+            .field("max_connections", &self.max_connections)
+            .field("create_table", &self.create_table)
+            .field("time_zone", &self.time_zone)
+            .finish()
+    }
 }
 
 impl MysqlBackend {
@@ -128,10 +144,9 @@ impl MysqlBackend {
 
     /// Options for a connection to `url` (`mysql://user:password@host:port/database`).
     pub fn builder(url: &str) -> Result<MysqlBuilder, LockError> {
-        let options: MySqlConnectOptions = url.parse().map_err(|error| LockError::InvalidUrl {
-            url: crate::locker::mask_password(url),
-            reason: format!("{error}"),
-        })?;
+        let options: MySqlConnectOptions = url
+            .parse()
+            .map_err(|error| LockError::invalid_url(url, error))?;
         Ok(MysqlBuilder {
             options,
             table: "dlock_locks".into(),

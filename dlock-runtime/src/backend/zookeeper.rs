@@ -221,10 +221,7 @@ impl ZookeeperBackend {
     /// Options for a connection to `url`: `zk://host:port[,host:port…][/chroot]`. The chroot is
     /// created if missing.
     pub fn builder(url: &str) -> Result<ZookeeperBuilder, LockError> {
-        let invalid = |reason: &str| LockError::InvalidUrl {
-            url: crate::locker::mask_password(url),
-            reason: reason.to_owned(),
-        };
+        let invalid = |reason: &str| LockError::invalid_url(url, reason);
         let rest = url
             .strip_prefix("zk://")
             .ok_or_else(|| invalid("expected zk://host:port[,host:port][/chroot]"))?;
