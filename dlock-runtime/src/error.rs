@@ -65,6 +65,28 @@ impl LockError {
         }
     }
 
+    /// A copy of this error for a second caller that shares its cause. A store's error keeps
+    /// its message, not its type.
+    pub(crate) fn duplicate(&self) -> Self {
+        match self {
+            LockError::Busy { key } => LockError::Busy { key: key.clone() },
+            LockError::Lost { key } => LockError::Lost { key: key.clone() },
+            LockError::NoLocker => LockError::NoLocker,
+            LockError::InvalidUrl { url, reason } => LockError::InvalidUrl {
+                url: url.clone(),
+                reason: reason.clone(),
+            },
+            LockError::InvalidOptions { reason } => LockError::InvalidOptions {
+                reason: reason.clone(),
+            },
+            LockError::InvalidKey { key, reason } => LockError::InvalidKey {
+                key: key.clone(),
+                reason: reason.clone(),
+            },
+            LockError::Backend(error) => LockError::backend(error.to_string()),
+        }
+    }
+
     /// Wraps a store's error.
     pub fn backend(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         LockError::Backend(error.into())

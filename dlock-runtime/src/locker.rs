@@ -1,7 +1,9 @@
 //! `Locker`: a handle to one store that hands out leases; and the default locker.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
+
+use tokio::sync::watch;
 
 use crate::backend::{AcquireRequest, Backend, DynBackend};
 use crate::background;
@@ -330,7 +332,17 @@ fn split_password(url: &str) -> Option<(&str, &str, &str)> {
 }
 
 static DEFAULT: RwLock<Option<Locker>> = RwLock::new(None);
-static FROM_ENV: tokio::sync::OnceCell<Locker> = tokio::sync::OnceCell::const_new();
+static FROM_ENV: Mutex<FromEnv> = Mutex::new(FromEnv::Unset);
+
+/// The locker built from `DLOCK_URL`.
+enum FromEnv {
+    /// Not built, or the last attempt failed: the next caller tries again.
+    Unset,
+    /// An attempt is under way; callers arriving now wait for its outcome instead of queueing
+    /// attempts of their own behind it.
+    Connecting(watch::Receiver<Option<Result<Locker, Arc<LockError>>>>),
+    Ready(Locker),
+}
 
 /// Sets the locker that `#[distributed_lock]` uses where it names none. A later call replaces
 /// the locker for calls that start after it.
@@ -348,16 +360,46 @@ pub(crate) async fn default_locker() -> Result<Locker, LockError> {
     if let Some(locker) = DEFAULT.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
         return Ok(locker.clone());
     }
-    match std::env::var("DLOCK_URL") {
-        Ok(url) if !url.trim().is_empty() => {
-            // A failed connection is not cached: the next call tries again.
-            FROM_ENV
-                .get_or_try_init(|| Locker::connect(url.trim()))
-                .await
-                .cloned()
+    let mut outcome = {
+        let mut from_env = FROM_ENV.lock().unwrap_or_else(|p| p.into_inner());
+        match &*from_env {
+            FromEnv::Ready(locker) => return Ok(locker.clone()),
+            FromEnv::Connecting(outcome) => outcome.clone(),
+            FromEnv::Unset => {
+                let url = match std::env::var("DLOCK_URL") {
+                    Ok(url) if !url.trim().is_empty() => url.trim().to_owned(),
+                    _ => return Err(LockError::NoLocker),
+                };
+                let outcome = connect_from_env(url);
+                *from_env = FromEnv::Connecting(outcome.clone());
+                outcome
+            }
         }
-        _ => Err(LockError::NoLocker),
-    }
+    };
+    let result = match outcome.wait_for(Option::is_some).await.as_deref() {
+        Ok(Some(Ok(locker))) => Ok(locker.clone()),
+        Ok(Some(Err(error))) => Err(error.duplicate()),
+        _ => Err(LockError::backend(
+            "the connection to DLOCK_URL was abandoned",
+        )),
+    };
+    result
+}
+
+/// Connects to `url` on the background runtime, so the attempt goes on if the caller that
+/// started it is dropped, and publishes the outcome to every caller waiting on it.
+fn connect_from_env(url: String) -> watch::Receiver<Option<Result<Locker, Arc<LockError>>>> {
+    let (publish, outcome) = watch::channel(None);
+    background::spawn(async move {
+        let connected = Locker::connect(&url).await;
+        *FROM_ENV.lock().unwrap_or_else(|p| p.into_inner()) = match &connected {
+            Ok(locker) => FromEnv::Ready(locker.clone()),
+            // A failed connection is not kept: the next call tries again.
+            Err(_) => FromEnv::Unset,
+        };
+        let _ = publish.send(Some(connected.map_err(Arc::new)));
+    });
+    outcome
 }
 
 #[cfg(test)]
