@@ -518,9 +518,9 @@ fn a_forked_child_draws_owner_tokens_of_its_own() {
 async fn a_key_longer_than_the_limit_is_refused_before_it_reaches_the_store() {
     let store = MemoryBackend::new();
     let locker = Locker::with_backend(store.clone());
-    let at_limit = "k".repeat(65_536);
+    let at_limit = "k".repeat(Locker::MAX_KEY_BYTES);
     drop(locker.lock(&*at_limit, LockOptions::new()).await.unwrap());
-    for len in [65_536 + 1, 100 << 20] {
+    for len in [Locker::MAX_KEY_BYTES + 1, 100 << 20] {
         match locker.lock("k".repeat(len), LockOptions::new()).await {
             Err(LockError::InvalidKey { key, reason }) => {
                 assert!(key.len() < 200, "the error repeats the whole key");
@@ -529,5 +529,9 @@ async fn a_key_longer_than_the_limit_is_refused_before_it_reaches_the_store() {
             other => panic!("a {len}-byte key: {other:?}"),
         }
     }
-    assert_eq!(store.acquire_calls(), 1, "an oversized key reached the store");
+    assert_eq!(
+        store.acquire_calls(),
+        1,
+        "an oversized key reached the store"
+    );
 }

@@ -40,6 +40,13 @@ struct Inner {
 }
 
 impl Locker {
+    /// The longest key, in bytes, that any store is asked to hold: 64 KiB. Longer keys fail with
+    /// [`LockError::InvalidKey`] before any I/O. A key is usually rendered from request data; a
+    /// runaway one (a whole payload in a placeholder) would cost the store memory and every
+    /// call a transfer of that size, and never names a resource anyone meant to lock. Some
+    /// stores allow less (see their backends).
+    pub const MAX_KEY_BYTES: usize = 64 * 1024;
+
     /// A locker on a fresh in-process store (see [`MemoryBackend`](crate::backend::MemoryBackend)).
     #[cfg(feature = "memory")]
     pub fn memory() -> Locker {
@@ -165,6 +172,7 @@ impl Locker {
         options: LockOptions,
     ) -> Result<Arc<LeaseState>, LockError> {
         let options = options.checked()?;
+        check_key_length(&key)?;
         let owner = Owner::random();
         let started = Instant::now();
         // Exists before the acquisition is awaited, so a dropped future still releases.
@@ -248,6 +256,26 @@ impl Locker {
             }
         });
     }
+}
+
+fn check_key_length(key: &str) -> Result<(), LockError> {
+    if key.len() <= Locker::MAX_KEY_BYTES {
+        return Ok(());
+    }
+    // The error names the key by its start: repeating a runaway key would only move the problem
+    // into the logs.
+    let mut shown = 64;
+    while !key.is_char_boundary(shown) {
+        shown -= 1;
+    }
+    Err(LockError::InvalidKey {
+        key: format!("{}…", &key[..shown]),
+        reason: format!(
+            "{} bytes long; keys may be at most {} bytes",
+            key.len(),
+            Locker::MAX_KEY_BYTES
+        ),
+    })
 }
 
 /// Releases a key whose acquisition was abandoned mid-flight: the store may have granted it.
