@@ -40,12 +40,13 @@ struct Inner {
 }
 
 impl Locker {
-    /// The longest key, in bytes, that any store is asked to hold: 64 KiB. Longer keys fail with
+    /// The longest key, in bytes, that any store is asked to hold: 1 MiB. Longer keys fail with
     /// [`LockError::InvalidKey`] before any I/O. A key is usually rendered from request data; a
     /// runaway one (a whole payload in a placeholder) would cost the store memory and every
-    /// call a transfer of that size, and never names a resource anyone meant to lock. Some
-    /// stores allow less (see their backends).
-    pub const MAX_KEY_BYTES: usize = 64 * 1024;
+    /// call a transfer of that size, and never names a resource anyone meant to lock. Most
+    /// stores allow less, each checked by its backend: Redis 16 KiB, ZooKeeper a node path of
+    /// 1,000,000 bytes, MySQL 255 bytes.
+    pub const MAX_KEY_BYTES: usize = 1 << 20;
 
     /// A locker on a fresh in-process store (see [`MemoryBackend`](crate::backend::MemoryBackend)).
     #[cfg(feature = "memory")]
