@@ -215,6 +215,8 @@
 //! `tracing` events at `debug` for acquire (with the time waited and the fence) and release, at
 //! `trace` for re-entry and renewal, and at `warn` for a lost lease, a failed renewal, a failed
 //! release and a call skipped for want of its lock.
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 pub use dlock_macros::distributed_lock;

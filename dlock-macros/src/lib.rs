@@ -7,6 +7,7 @@
 //! `duration` and `template` check the two little languages inside it, and `expand` writes the
 //! function back with its body handed to one runtime call. All of it works on `proc_macro2` so
 //! that it is unit-tested without a compiler.
+#![forbid(unsafe_code)]
 
 mod attr;
 mod duration;
