@@ -490,3 +490,88 @@ async fn locker_connects_by_url_and_creates_the_chroot() {
         );
     }
 }
+
+/// The queue is the order in which the lock nodes were created, whatever the numbers in their
+/// names say. ZooKeeper numbers a key's lock nodes with a signed 32-bit counter of changes to
+/// the key's children, so a key that stays busy long enough sees the number jump from
+/// `2147483647` to `-2147483648`: the node created after the jump must still queue behind the
+/// one created before it. (Two nodes named as the counter leaves them around the jump, made
+/// directly, stand in for the 2^31 creations it would take.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_follows_creation_order_not_the_numbers_in_node_names() {
+    use zookeeper_client::{Acls, CreateMode};
+
+    let zk = Zookeeper::shared().await;
+    let key = unique_key("wrap");
+    let parent = format!("{ROOT}/{key}");
+    let plain = zk_server::plain_client(&zk.url).await;
+    plain
+        .mkdir(
+            &parent,
+            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let ephemeral = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+    let (before, after) = (Owner::random(), Owner::random());
+    let before_wrap = format!("{before}-2147483647");
+    let after_wrap = format!("{after}--2147483648");
+    for (name, owner) in [(&before_wrap, before), (&after_wrap, after)] {
+        plain
+            .create(
+                &format!("{parent}/{name}"),
+                owner.to_string().as_bytes(),
+                &ephemeral,
+            )
+            .await
+            .unwrap();
+    }
+
+    // A dlock waiter comes third; ZooKeeper numbers its node 2.
+    let got_in = Arc::new(AtomicBool::new(false));
+    let locker = Locker::with_backend(zk.backend().await);
+    let waiter = {
+        let (key, got_in) = (key.clone(), got_in.clone());
+        tokio::spawn(async move {
+            let lease = locker
+                .lock(&*key, ttl(60).wait(Duration::from_secs(60)))
+                .await
+                .unwrap();
+            got_in.store(true, Ordering::SeqCst);
+            lease
+        })
+    };
+    zk.until_queue_is(&key, 3).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !got_in.load(Ordering::SeqCst),
+        "the newest node got the key while two older ones were ahead of it: {:?}",
+        zk.queue(&key).await
+    );
+    let queue = zk.queue(&key).await;
+    assert_eq!(
+        &queue[..2],
+        [before_wrap.clone(), after_wrap.clone()],
+        "not in creation order: {queue:?}"
+    );
+
+    plain
+        .delete(&format!("{parent}/{before_wrap}"), None)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !got_in.load(Ordering::SeqCst),
+        "the newest node got the key while an older one was ahead of it"
+    );
+    plain
+        .delete(&format!("{parent}/{after_wrap}"), None)
+        .await
+        .unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter did not get the key once it was first")
+        .unwrap();
+    assert!(lease.is_held());
+    lease.release().await.unwrap();
+}

@@ -211,3 +211,28 @@ async fn warm_up(_: &str) {}
 
 /// Lock-release cycles of the warm-up: each is four writes and two reads on the server.
 const WARM_UP_LOCKS: usize = 100;
+
+/// A plain ZooKeeper client on `url` (`zk://host:port[/chroot]`), for tests that create or read
+/// nodes directly. Its session task runs on the calling test's runtime.
+pub async fn plain_client(url: &str) -> zookeeper_client::Client {
+    struct OnTestRuntime(tokio::runtime::Handle);
+    impl spawns_core::Spawn for OnTestRuntime {
+        fn spawn(&self, task: spawns_core::Task) {
+            drop(self.0.spawn(Box::into_pin(task.future)));
+        }
+    }
+    use std::future::Future;
+
+    let spawner = OnTestRuntime(tokio::runtime::Handle::current());
+    let hosts = url.strip_prefix("zk://").expect("a zk:// URL");
+    let connect = zookeeper_client::Client::connector()
+        .with_session_timeout(Duration::from_secs(30))
+        .connect(hosts);
+    let mut connect = std::pin::pin!(connect);
+    std::future::poll_fn(|cx| {
+        let _scope = spawns_core::enter(&spawner);
+        connect.as_mut().poll(cx)
+    })
+    .await
+    .expect("cannot connect a plain ZooKeeper client")
+}

@@ -1041,6 +1041,18 @@ mod tests {
         assert_eq!(sequence("x-003"), None);
     }
 
+    /// ZooKeeper writes a lock node's number as Java's `%010d` of a signed 32-bit counter, so
+    /// past 2^31 changes to a key's children the names go on with a minus sign.
+    #[test]
+    fn node_names_past_the_counter_wrap_are_lock_nodes() {
+        assert_eq!(sequence("a-2147483647"), Some(2147483647));
+        assert_eq!(sequence("a--2147483648"), Some(-2147483648));
+        assert_eq!(sequence("a--000000001"), Some(-1));
+        assert_eq!(sequence("a-0000000000"), Some(0));
+        assert_eq!(sequence("a--"), None);
+        assert_eq!(sequence("a---000000001"), None);
+    }
+
     #[test]
     fn urls_and_paths_are_checked() {
         assert!(ZookeeperBackend::builder("zk://127.0.0.1:2181").is_ok());
