@@ -575,3 +575,74 @@ async fn the_queue_follows_creation_order_not_the_numbers_in_node_names() {
     assert!(lease.is_held());
     lease.release().await.unwrap();
 }
+
+/// A follower cut off from the quorum goes on answering reads from its own copy of the data
+/// for `syncLimit` ticks, while the leader expires the sessions it serves and grants their keys
+/// to others. A lease renewed through such a follower must not be confirmed by it: the client
+/// gives the lease up by its own deadline, before the leader can grant the key again, and no
+/// two holders overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_cut_off_from_the_quorum_confirms_no_lease() {
+    let ensemble = tokio::task::spawn_blocking(zk_server::ZkEnsemble::start)
+        .await
+        .unwrap();
+    assert_eq!(ensemble.server(0).mode(), "follower");
+    let session = Duration::from_secs(4);
+    let through_follower = Locker::with_backend(backend_at(&ensemble.url_of(&[0]), session).await);
+    let elsewhere = Locker::with_backend(backend_at(&ensemble.url_of(&[1, 2]), session).await);
+    let key = unique_key("stale-follower");
+    let lease = through_follower.lock(&*key, ttl(4)).await.unwrap();
+    // Renewals go through while the ensemble is whole.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(lease.is_held(), "lost while the ensemble was whole");
+
+    ensemble.cut_off_first();
+    let cut_at = Instant::now();
+    let rival_got_in = Arc::new(Mutex::new(None));
+    let rival = {
+        let (key, got_in) = (key.clone(), rival_got_in.clone());
+        tokio::spawn(async move {
+            let lease = elsewhere
+                .lock(&*key, ttl(4).wait(Duration::from_secs(60)))
+                .await
+                .unwrap();
+            *got_in.lock().unwrap() = Some(Instant::now());
+            lease
+        })
+    };
+    // The lease's deadline: the ttl past the last confirmation, which came before the cut.
+    let deadline = cut_at + Duration::from_secs(4);
+    let mut lost_at = None;
+    while rival_got_in.lock().unwrap().is_none() {
+        let now = Instant::now();
+        if lost_at.is_none() && !lease.is_held() {
+            lost_at = Some(now);
+        }
+        assert!(
+            lost_at.is_some() || now < deadline + Duration::from_millis(500),
+            "the lease was still held {:?} after the cut, past its ttl: confirmed by a follower \
+             cut off from the quorum",
+            now - cut_at
+        );
+        assert!(
+            now < cut_at + Duration::from_secs(60),
+            "the rival never got the key"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let rival_at = rival_got_in.lock().unwrap().unwrap();
+    let Some(lost_at) = lost_at else {
+        panic!(
+            "the rival got the key {:?} after the cut while the lease was still held: two holders",
+            rival_at - cut_at
+        );
+    };
+    assert!(
+        lost_at <= rival_at,
+        "two holders for {:?}",
+        lost_at - rival_at
+    );
+    let second = rival.await.unwrap();
+    assert!(second.is_held());
+    assert!(!lease.is_held());
+}
