@@ -312,8 +312,8 @@ impl ZkEnsemble {
             .map(|i| (proxy(quorum[i]), proxy(election[i])))
             .collect();
         let mut servers = Vec::new();
-        for me in 0..3 {
-            let dir = ZkServer::new_dir(client[me]);
+        for (me, &client_port) in client.iter().enumerate() {
+            let dir = ZkServer::new_dir(client_port);
             std::fs::write(dir.join("data").join("myid"), format!("{}\n", me + 1)).unwrap();
             let mut config = format!(
                 "tickTime=500\n\
@@ -329,7 +329,7 @@ impl ZkEnsemble {
                  admin.enableServer=false\n\
                  4lw.commands.whitelist=srvr\n",
                 data = dir.join("data").display(),
-                port = client[me]
+                port = client_port
             );
             for peer in 0..3 {
                 let (q, e) = match (me, peer) {
@@ -345,7 +345,7 @@ impl ZkEnsemble {
             }
             std::fs::write(dir.join("zoo.cfg"), config).unwrap();
             servers.push(ZkServer {
-                port: client[me],
+                port: client_port,
                 dir,
                 shell: None,
                 in_ensemble: true,

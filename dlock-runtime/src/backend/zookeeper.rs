@@ -52,10 +52,21 @@
 //!   tries again: the two never need a lock of their own. The node to delete is the one this
 //!   backend created for the owner (kept in a map, owner → node), and its name carries the owner,
 //!   so a release can only ever delete its own node: `Ok(false)` when it was already gone.
-//! - **Renewal**: one `multiRead` of `getData` on every lease's node (1,000 per request, the
-//!   requests pipelined): a lease is held while its node exists and belongs to the live session.
-//!   Nothing is extended on the server, because the lease *is* the session: the client's
-//!   heartbeats keep the session, and the session keeps the nodes.
+//! - **Renewal**: one `multi` of version checks (any version) on every lease's node (1,000 per
+//!   request, the requests pipelined): a lease is held while its node exists on the live
+//!   session. Nothing is extended on the server, because the lease *is* the session: the
+//!   client's heartbeats keep the session, and the session keeps the nodes.
+//! - **Confirmation through the quorum**: a server answers reads from its own copy of the data.
+//!   A follower cut off from the leader goes on doing so for up to `syncLimit × tickTime`,
+//!   while the leader expires the sessions it serves and grants their keys to others; a read
+//!   could then confirm a lease that is gone. So whatever makes the client trust a lease is a
+//!   write, which only the leader answers, once a quorum committed it: the create of the lock
+//!   node when it is granted at once, a check of the node when it is granted after waiting
+//!   (the listing that shows no node ahead may be stale, but only about nodes that went, never
+//!   about older ones), and the renewal's checks. A `multi` rather than a `sync` before a read:
+//!   a `sync` is answered by a leader that may itself have lost its quorum and not noticed yet,
+//!   a committed write cannot be. The price is one transaction per renewal tick (per thousand
+//!   leases) in the ensemble's log, instead of a read.
 //! - **Abandonment**: a waiter that gives up, or whose future is dropped, deletes its node at
 //!   once (a drop guard queues the delete on dlock's background runtime), so it never becomes a
 //!   holder that nobody serves.
@@ -95,7 +106,7 @@
 //! # Why zookeeper-client
 //!
 //! `zookeeper-client` is pure Rust and async, speaks the 3.5+ protocol (`create2` returns the
-//! new node's stat, so the fence comes with the create; `multiRead` for batched renewal; needs
+//! new node's stat, so the fence comes with the create; `multi` for batched renewal; needs
 //! ZooKeeper 3.6 or newer), and drives its connection on its own `async-io` reactor, so the
 //! session outlives whichever tokio runtime first used the backend. Its session task is spawned
 //! through the `spawns` hook, which dlock points at its own background runtime.
@@ -109,7 +120,7 @@ use std::time::{Duration, Instant};
 
 use zookeeper_client::{
     Acls, Client, CreateMode, CreateOptions, Error as ZkError, EventType, MultiReadResult,
-    SessionId,
+    MultiWriteError, SessionId,
 };
 
 use super::{AcquireRequest, Acquired, Backend, Renewal};
@@ -136,7 +147,8 @@ const LOCK_NODE_NAME_BYTES: usize = 1 + 32 + 1 + 11;
 /// otherwise. Leases may be as long as the timeout the ensemble grants.
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Leases renewed by one `multiRead`; a tick with more pipelines more requests.
+/// Leases renewed by one `multi` (and nodes read by one `multiRead`); more pipeline more
+/// requests.
 const RENEW_CHUNK: usize = 1_000;
 
 /// How often an acquisition recreates a parent that a concurrent release deleted before giving
@@ -398,6 +410,8 @@ impl ZookeeperBackend {
         deadline: Instant,
     ) -> Result<Option<Acquired>, ZkError> {
         let client = node.client.clone();
+        // A listing that came with the create, and the create's send time: the create was a
+        // write, so its success confirms the session and the node through the quorum.
         let mut listed: Option<(Vec<String>, Instant)> = None;
         let mut parents_made = 0;
         loop {
@@ -457,12 +471,9 @@ impl ZookeeperBackend {
                     Err(error) => return Err(error),
                 }
             }
-            let (children, listed_at) = match listed.take() {
-                Some(listed) => listed,
-                None => {
-                    let sent_at = Instant::now();
-                    (list_or_empty(&client, &node.parent).await?, sent_at)
-                }
+            let (children, confirmed_at) = match listed.take() {
+                Some((children, sent_at)) => (children, Some(sent_at)),
+                None => (list_or_empty(&client, &node.parent).await?, None),
             };
             if !children.iter().any(|name| node.is(name)) {
                 // Deleted from outside (an operator, or a forced release of a waiter).
@@ -475,6 +486,26 @@ impl ZookeeperBackend {
             }
             let ahead = node.still_ahead(&children).await?;
             if ahead.is_empty() {
+                // No node is ahead any more, and none can come ahead: that holds whoever served
+                // the listing. Whether our node and session still live is the leader's word,
+                // which a server cut off from it would answer from a stale copy: unless the
+                // create just confirmed it, a write does.
+                let valid_from = match confirmed_at {
+                    Some(sent_at) => sent_at,
+                    None => {
+                        let sent_at = Instant::now();
+                        let path = format!(
+                            "{}/{}",
+                            node.parent,
+                            node.name.as_deref().unwrap_or_default()
+                        );
+                        if !confirm_nodes(&client, &[path.as_str()]).await?[0] {
+                            node.name = None;
+                            continue;
+                        }
+                        sent_at
+                    }
+                };
                 let path = node.grant();
                 let fence = u64::try_from(node.fence).unwrap_or(0);
                 self.shared.held().insert(
@@ -485,10 +516,7 @@ impl ZookeeperBackend {
                         session: node.session,
                     },
                 );
-                return Ok(Some(Acquired {
-                    fence,
-                    valid_from: listed_at,
-                }));
+                return Ok(Some(Acquired { fence, valid_from }));
             }
             if Instant::now() >= deadline {
                 node.remove().await;
@@ -655,25 +683,11 @@ impl Backend for ZookeeperBackend {
         if asked.is_empty() {
             return Ok(vec![false; leases.len()]);
         }
-        // Every request is sent before any answer is awaited: one round trip in all.
-        let mut commits = Vec::new();
-        for chunk in asked.chunks(RENEW_CHUNK) {
-            let mut reader = session.client.new_multi_reader();
-            for path in chunk {
-                reader.add_get_data(path).map_err(zk_error)?;
-            }
-            commits.push(reader.commit());
-        }
-        let mut found = Vec::with_capacity(asked.len());
-        for commit in commits {
-            match commit.await {
-                Ok(results) => found.extend(results.into_iter().map(|result| {
-                    matches!(result, MultiReadResult::Data { stat, .. } if stat.ephemeral_owner == session.id.0)
-                })),
-                Err(error) if ends_session(&error) => return Ok(vec![false; leases.len()]),
-                Err(error) => return Err(zk_error(error)),
-            }
-        }
+        let found = match confirm_nodes(&session.client, &asked).await {
+            Ok(found) => found,
+            Err(error) if ends_session(&error) => return Ok(vec![false; leases.len()]),
+            Err(error) => return Err(zk_error(error)),
+        };
         let mut found = found.into_iter();
         Ok(paths
             .iter()
@@ -825,6 +839,56 @@ impl Drop for LockNode {
             }
         });
     }
+}
+
+/// Whether each node of `paths` exists, in the leader's word: a `multi` of version checks (any
+/// version), one per thousand nodes, the requests pipelined. A `multi` is a write, so its
+/// answer is the leader's, committed by a quorum, never a stale copy's: a server cut off from
+/// the leader cannot answer it, which leaves the leases unconfirmed until the client's own
+/// deadline. A `multi` fails whole when one check fails and names that check: the node is
+/// gone, and the rest are checked again without it.
+async fn confirm_nodes(client: &Client, paths: &[&str]) -> Result<Vec<bool>, ZkError> {
+    let mut found = vec![true; paths.len()];
+    let mut pending: Vec<Vec<usize>> = (0..paths.len())
+        .collect::<Vec<_>>()
+        .chunks(RENEW_CHUNK)
+        .map(<[usize]>::to_vec)
+        .collect();
+    while !pending.is_empty() {
+        let mut commits = Vec::with_capacity(pending.len());
+        for chunk in &pending {
+            let mut writer = client.new_multi_writer();
+            for &i in chunk {
+                writer.add_check_version(paths[i], -1)?;
+            }
+            commits.push(writer.commit());
+        }
+        // Every request is sent before any answer is awaited: one round trip in all.
+        let mut again = Vec::new();
+        for (chunk, commit) in pending.iter().zip(commits) {
+            match commit.await {
+                Ok(_) => {}
+                Err(MultiWriteError::OperationFailed {
+                    index,
+                    source: ZkError::NoNode | ZkError::BadVersion,
+                }) => {
+                    found[chunk[index]] = false;
+                    let rest: Vec<usize> = chunk
+                        .iter()
+                        .copied()
+                        .filter(|&i| i != chunk[index])
+                        .collect();
+                    if !rest.is_empty() {
+                        again.push(rest);
+                    }
+                }
+                Err(MultiWriteError::OperationFailed { source, .. }) => return Err(source),
+                Err(MultiWriteError::RequestFailed { source }) => return Err(source),
+            }
+        }
+        pending = again;
+    }
+    Ok(found)
 }
 
 /// Deletes the lock node at `path` and, pipelined after it, its `parent` if that is left empty
