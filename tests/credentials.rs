@@ -34,6 +34,22 @@ async fn a_redis_password_never_shows_in_debug_or_errors() {
     }
 }
 
+#[tokio::test]
+async fn a_password_in_a_url_with_a_typo_never_shows() {
+    for url in [
+        "redis:/:hunter2@127.0.0.1:6379",
+        "redis:hunter2@127.0.0.1:6379",
+        "nosuch://:hunter2@127.0.0.1:1",
+        "redis+unix:///tmp/redis.sock?pass=hunter2",
+        "mysql://127.0.0.1:1/test?password=hunter2&x=1",
+    ] {
+        if let Err(error) = Locker::connect(url).await {
+            assert_hidden("hunter2", &error.to_string());
+            assert_hidden("hunter2", &format!("{error:?}"));
+        }
+    }
+}
+
 #[cfg(feature = "mysql")]
 #[tokio::test]
 async fn a_mysql_password_never_shows_in_debug_or_errors() {

@@ -535,3 +535,82 @@ async fn a_key_longer_than_the_limit_is_refused_before_it_reaches_the_store() {
         "an oversized key reached the store"
     );
 }
+
+/// Enters, stays 100 ms, leaves.
+#[distributed_lock(key = "acct:<id>", locker = locker)]
+async fn stay(locker: &Locker, id: &str, gauge: &Gauge) -> Result<(), LockError> {
+    gauge.enter();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    gauge.leave();
+    Ok(())
+}
+
+type Started<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), LockError>> + Send + 'a>>;
+
+/// Starts a call on the held key, polls it once (it takes its turn and enters), and hands the
+/// started call out to its caller, ending before it.
+#[distributed_lock(key = "acct:<id>", locker = locker)]
+async fn start_and_hand_out<'a>(
+    locker: &'a Locker,
+    id: &'a str,
+    gauge: &'a Gauge,
+) -> Result<Started<'a>, LockError> {
+    let mut started: Started<'a> = Box::pin(stay(locker, id, gauge));
+    std::future::poll_fn(|cx| {
+        assert!(started.as_mut().poll(cx).is_pending());
+        std::task::Poll::Ready(())
+    })
+    .await;
+    Ok(started)
+}
+
+#[distributed_lock(key = "acct:<id>", locker = locker)]
+async fn outlived_turn(locker: &Locker, id: &str, gauge: &Gauge) -> Result<(), LockError> {
+    let started = start_and_hand_out(locker, id, gauge).await?;
+    let (a, b) = tokio::join!(started, stay(locker, id, gauge));
+    a?;
+    b?;
+    // Turns are handed back whatever order the calls ended in.
+    tokio::time::timeout(Duration::from_secs(2), stay(locker, id, gauge))
+        .await
+        .expect("a later sibling waited forever for a turn nobody holds")
+}
+
+#[tokio::test]
+async fn a_call_that_outlives_the_call_it_was_started_in_keeps_its_turn() {
+    let locker = Locker::memory();
+    let id = unique_key("outlived-turn");
+    let gauge = Gauge::default();
+    outlived_turn(&locker, &id, &gauge).await.unwrap();
+    assert_eq!(gauge.max(), 1, "two bodies were inside at once");
+    assert_eq!(gauge.entered(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_head_waiter_leaves_the_next_one_watches_the_expiry() {
+    let store = MemoryBackend::new();
+    let locker = Locker::with_backend(store.clone());
+    let key = unique_key("head-leaves");
+    // A holder that neither renews nor releases: only its expiry frees the key.
+    let holder = locker
+        .lock(&*key, LockOptions::new().ttl(Duration::from_millis(300)).renew(false))
+        .await
+        .unwrap();
+    let wait = |locker: Locker, key: String| async move {
+        locker
+            .lock(key, LockOptions::new().wait(Duration::from_secs(30)))
+            .await
+    };
+    let first = tokio::spawn(wait(locker.clone(), key.clone()));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let second = tokio::spawn(wait(locker.clone(), key.clone()));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    first.abort();
+    let lease = tokio::time::timeout(Duration::from_secs(2), second)
+        .await
+        .expect("the key expired 300 ms in, but the waiter left at the head slept on")
+        .unwrap()
+        .unwrap();
+    assert!(lease.is_held());
+    std::mem::forget(holder);
+}
