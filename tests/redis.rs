@@ -883,3 +883,58 @@ fn a_hand_off_long_after_the_last_busy_answer_is_confirmed() {
         assert!(pttl > 1_500, "the key expires in {pttl} ms");
     });
 }
+
+/// A waiter whose process died while it waited in the queue (nothing polls its future again,
+/// nothing drops it) is handed the key by the holder's release all the same. The hand-off is a
+/// grant for the waiter's claim window only, which the dead waiter never claims: the next
+/// caller gets the key within that window, not after the dead waiter's ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_to_a_waiter_that_died_lapses_after_its_claim_window() {
+    let redis = Redis::start();
+    let window = Duration::from_secs(1);
+    let holder_locker = locker_on(&redis.server).await;
+    let doomed_locker = Locker::with_backend(
+        RedisBackend::builder(redis.server.url())
+            .waiter_liveness(window)
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let key = unique_key("dead-waiter");
+    let holder = holder_locker
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let mut doomed = Box::pin({
+        let (locker, key) = (doomed_locker.clone(), key.clone());
+        async move {
+            let waiting = LockOptions::new()
+                .ttl(Duration::from_secs(30))
+                .wait(Duration::from_secs(60));
+            locker.lock(&*key, waiting).await
+        }
+    });
+    let mut raw = redis.raw().await;
+    tokio::select! {
+        result = &mut doomed => panic!("the waiter did not queue: {result:?}"),
+        () = wait_for_queue_length(&mut raw, &redis.names.queue_key(&key), 1) => {}
+    }
+    // The waiter's process dies: its future is neither polled again nor dropped.
+    std::mem::forget(doomed);
+    holder.release().await.unwrap();
+    let granted_for: i64 = raw.pttl(redis.names.lock_key(&key)).await.unwrap();
+    let started = Instant::now();
+    let next = holder_locker
+        .lock(&*key, LockOptions::new().wait(Duration::from_secs(8)))
+        .await;
+    let waited = started.elapsed();
+    assert!(
+        next.is_ok() && waited < window + Duration::from_millis(1_500),
+        "the next caller got {next:?} after {waited:?}; the key was handed to the dead waiter \
+         for {granted_for} ms"
+    );
+    assert!(
+        granted_for <= window.as_millis() as i64,
+        "the key was handed to the dead waiter for {granted_for} ms"
+    );
+}
