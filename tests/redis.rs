@@ -915,9 +915,10 @@ async fn a_hand_off_to_a_waiter_that_died_lapses_after_its_claim_window() {
         }
     });
     let mut raw = redis.raw().await;
+    let queue = redis.names.queue_key(&key);
     tokio::select! {
         result = &mut doomed => panic!("the waiter did not queue: {result:?}"),
-        () = wait_for_queue_length(&mut raw, &redis.names.queue_key(&key), 1) => {}
+        () = wait_for_queue_length(&mut raw, &queue, 1) => {}
     }
     // The waiter's process dies: its future is neither polled again nor dropped.
     std::mem::forget(doomed);
@@ -936,5 +937,89 @@ async fn a_hand_off_to_a_waiter_that_died_lapses_after_its_claim_window() {
     assert!(
         granted_for <= window.as_millis() as i64,
         "the key was handed to the dead waiter for {granted_for} ms"
+    );
+}
+
+/// Thousands of acquires, each cancelled at a random point — many while the server is busy
+/// with something else (a script from another client), so that calls and their undoing pile
+/// up on the server side by side: whatever reached the server is undone, and no key is left
+/// held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancelled_acquires_leave_no_lease_behind() {
+    let redis = Redis::start();
+    let locker = locker_on(&redis.server).await;
+    const ROUNDS: usize = 100;
+    const CALLS: usize = 50;
+    let prefix = unique_key("cancelled");
+    let key = |round: usize, call: usize| format!("{prefix}-{round}-{call}");
+    let mut busy = redis.raw().await;
+    // Keeps the server busy for 20 ms.
+    let stall = redis::Script::new(
+        "local t = redis.call('TIME') local from = t[1] * 1000000 + t[2] \
+         repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - from > 20000 return 1",
+    );
+    let mut seed = Owner::random().as_u128() as u64 | 1;
+    let mut cancelled = 0;
+    for round in 0..ROUNDS {
+        let calls: Vec<_> = (0..CALLS)
+            .map(|call| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let cut = Duration::from_micros(seed % 25_000);
+                let (locker, key) = (locker.clone(), key(round, call));
+                tokio::spawn(async move {
+                    let options = LockOptions::new().ttl(Duration::from_secs(60));
+                    match tokio::time::timeout(cut, locker.lock(&*key, options)).await {
+                        Ok(lease) => {
+                            lease.unwrap().release().await.unwrap();
+                            false
+                        }
+                        Err(_) => true,
+                    }
+                })
+            })
+            .collect();
+        let _: i64 = stall.invoke_async(&mut busy).await.unwrap();
+        for call in calls {
+            cancelled += usize::from(call.await.unwrap());
+        }
+    }
+    assert!(cancelled >= 1_000, "only {cancelled} calls were cancelled");
+    // The undo of a cancelled call is queued in the background: give it a moment to run (far
+    // less than the 60 s ttl a leaked lease would keep its key for).
+    let locks: Vec<String> = (0..ROUNDS)
+        .flat_map(|round| (0..CALLS).map(move |call| (round, call)))
+        .map(|(round, call)| redis.names.lock_key(&key(round, call)))
+        .collect();
+    let mut raw = redis.raw().await;
+    let mut held = Vec::new();
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut exists = redis::pipe();
+        for lock in &locks {
+            exists.exists(lock);
+        }
+        let answers: Vec<bool> = exists.query_async(&mut raw).await.unwrap();
+        held = locks
+            .iter()
+            .zip(answers)
+            .filter(|(_, exists)| *exists)
+            .map(|(lock, _)| lock.clone())
+            .collect();
+        if held.is_empty() {
+            break;
+        }
+    }
+    let mut ttls = Vec::new();
+    for lock in held.iter().take(5) {
+        ttls.push(raw.pttl::<_, i64>(lock).await.unwrap());
+    }
+    assert!(
+        held.is_empty(),
+        "{} of {cancelled} cancelled acquires left their key held (PTTL of the first: {ttls:?} \
+         ms): {:?}",
+        held.len(),
+        &held[..held.len().min(5)]
     );
 }
