@@ -1023,3 +1023,52 @@ async fn cancelled_acquires_leave_no_lease_behind() {
         &held[..held.len().min(5)]
     );
 }
+
+/// A fence counter expires (one key per lock key ever used would never go away otherwise), and
+/// fences keep rising past a counter that expired: the server's clock floors them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_counters_expire_and_fences_keep_rising_past_an_expired_one() {
+    let redis = Redis::start();
+    let locker = locker_on(&redis.server).await;
+    let mut raw = redis.raw().await;
+    let keys: Vec<String> = (0..20)
+        .map(|i| unique_key(&format!("counter-ttl-{i}")))
+        .collect();
+    for key in &keys {
+        let lease = locker.lock(&**key, LockOptions::new()).await.unwrap();
+        lease.release().await.unwrap();
+    }
+    // A hand-off's grant counts a fence too.
+    let holder = locker.lock(&*keys[0], LockOptions::new()).await.unwrap();
+    let waiter = spawn_lock(
+        &locker,
+        &keys[0],
+        LockOptions::new().wait(Duration::from_secs(10)),
+    );
+    wait_for_queue_length(&mut raw, &redis.names.queue_key(&keys[0]), 1).await;
+    let before = holder.fence();
+    holder.release().await.unwrap();
+    let handed = waiter.await.unwrap().unwrap();
+    assert!(handed.fence() > before);
+    let before = handed.fence();
+    handed.release().await.unwrap();
+    for key in &keys {
+        let pttl: i64 = raw.pttl(redis.names.fence_key(key)).await.unwrap();
+        assert!(
+            pttl > 0,
+            "the fence counter of `{key}` has PTTL {pttl}: it never goes away"
+        );
+    }
+    // The counter expires; the next fence is still greater.
+    let counter = redis.names.fence_key(&keys[0]);
+    let _: bool = raw.pexpire(&counter, 1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!raw.exists::<_, bool>(&counter).await.unwrap());
+    let lease = locker.lock(&*keys[0], LockOptions::new()).await.unwrap();
+    assert!(
+        lease.fence() > before,
+        "fence {} after {before}, past an expired counter",
+        lease.fence()
+    );
+    lease.release().await.unwrap();
+}
