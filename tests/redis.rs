@@ -1072,3 +1072,30 @@ async fn fence_counters_expire_and_fences_keep_rising_past_an_expired_one() {
     );
     lease.release().await.unwrap();
 }
+
+/// A key too long for the backend's bound fails at once with `InvalidKey`, naming the limit,
+/// rather than sending it to the server three times a call; a key at the bound works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_longer_than_the_limit_is_an_invalid_key_error() {
+    let redis = Redis::start();
+    let locker = locker_on(&redis.server).await;
+    let limit = 16 * 1024;
+    let longest = "k".repeat(limit);
+    let lease = locker.lock(&*longest, LockOptions::new()).await.unwrap();
+    lease.release().await.unwrap();
+    for length in [limit + 1, 1 << 20] {
+        let started = Instant::now();
+        let result = locker.lock("k".repeat(length), LockOptions::new()).await;
+        let error = match result {
+            Err(LockError::InvalidKey { reason, .. }) => reason,
+            other => panic!("a key of {length} bytes: {:?}", other.map(|lease| lease.key().len())),
+        };
+        assert!(error.contains(&limit.to_string()), "{error}");
+        assert!(started.elapsed() < Duration::from_millis(100));
+    }
+    let keys: Vec<String> = redis.raw().await.keys("*").await.unwrap();
+    assert!(
+        keys.iter().all(|key| key.len() < 2 * limit),
+        "a key over the limit reached the server"
+    );
+}
