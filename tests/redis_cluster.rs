@@ -78,3 +78,57 @@ async fn renewals_across_slots_answer_per_lease() {
     assert_eq!(held.iter().filter(|held| !**held).count(), 1);
     assert!(!held[3]);
 }
+
+/// A primary that goes down costs the leases on its slots, and only those: the renewals of the
+/// leases on the other primaries are confirmed all the same, round after round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_down_loses_only_the_leases_on_its_slots() {
+    let mut cluster = Cluster::start();
+    let locker = Locker::connect(&cluster.cluster.url()).await.unwrap();
+    let ttl = Duration::from_secs(3);
+    let keys: Vec<String> = (0..30).map(|i| unique_key(&format!("down-{i}"))).collect();
+    let mut leases = Vec::new();
+    for key in &keys {
+        leases.push(
+            locker
+                .lock(&**key, LockOptions::new().ttl(ttl))
+                .await
+                .unwrap(),
+        );
+    }
+    // Which leases the first node holds: it answers for its own slots and redirects the rest.
+    let mut first_node = redis::Client::open(cluster.cluster.node_urls()[0].clone())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mut on_first = Vec::new();
+    for key in &keys {
+        let answer: redis::RedisResult<bool> = redis::cmd("EXISTS")
+            .arg(cluster.names.lock_key(key))
+            .query_async(&mut first_node)
+            .await;
+        on_first.push(answer.is_ok());
+    }
+    assert!(on_first.iter().any(|&on| on) && on_first.iter().any(|&on| !on));
+    cluster.cluster.kill_node(0);
+    // Two ttls: every lease has been renewed several times over, or lost.
+    tokio::time::sleep(2 * ttl).await;
+    let lost_elsewhere: Vec<&str> = leases
+        .iter()
+        .zip(&on_first)
+        .filter(|(lease, &on_first)| !on_first && !lease.is_held())
+        .map(|(lease, _)| lease.key())
+        .collect();
+    assert!(
+        lost_elsewhere.is_empty(),
+        "{} of {} leases on the primaries still up were lost with the one that went down",
+        lost_elsewhere.len(),
+        on_first.iter().filter(|&&on| !on).count()
+    );
+    for (lease, &on_first) in leases.iter().zip(&on_first) {
+        if on_first {
+            assert!(!lease.is_held(), "a lease on the node that went down is held");
+        }
+    }
+}
