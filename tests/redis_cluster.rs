@@ -132,3 +132,34 @@ async fn a_primary_down_loses_only_the_leases_on_its_slots() {
         }
     }
 }
+
+/// Keys whose hash tag would be empty — the empty key, keys that start with `}` — still keep
+/// all of a lock's Redis keys in one slot: acquire, a contended hand-off and release work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_with_an_empty_hash_tag_keep_to_one_slot() {
+    let cluster = Cluster::start();
+    let locker = Locker::connect(&cluster.cluster.url()).await.unwrap();
+    for key in ["", "}", "}abc", "}{x}", "{}"] {
+        let holder = locker
+            .lock(key, LockOptions::new())
+            .await
+            .unwrap_or_else(|error| panic!("`{key}`: {error}"));
+        let waiter = tokio::spawn({
+            let locker = locker.clone();
+            async move {
+                locker
+                    .lock(key, LockOptions::new().wait(Duration::from_secs(10)))
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let holder_fence = holder.fence();
+        holder.release().await.unwrap();
+        let lease = waiter
+            .await
+            .unwrap()
+            .unwrap_or_else(|error| panic!("`{key}`, waiting: {error}"));
+        assert!(lease.fence() > holder_fence, "`{key}`");
+        lease.release().await.unwrap();
+    }
+}
