@@ -740,12 +740,12 @@ async fn script_calls(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
         .sum()
 }
 
-/// A release hands the lock to the first waiter for the waiter's full ttl, with a fresh fence
-/// that travels with it: the waiter holds a valid lease the moment it returns, without another
-/// round trip — whether it waits on the releasing backend (woken in-process) or on another one
-/// (woken by the published message).
+/// A release hands the lock to the first waiter for its claim window, with a fresh fence; the
+/// waiter, woken, claims it with one round trip and holds it for its full ttl — whether it
+/// waits on the releasing backend (woken in-process) or on another one (woken by the published
+/// message).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handed_off_lease_is_held_at_once_without_a_confirming_round_trip() {
+async fn a_handed_off_lease_is_claimed_with_one_round_trip_for_its_full_ttl() {
     let redis = Redis::start();
     let ttl = Duration::from_secs(60);
     let holder_locker = locker_on(&redis.server).await;
@@ -778,10 +778,10 @@ async fn a_handed_off_lease_is_held_at_once_without_a_confirming_round_trip() {
             lease.fence()
         );
         assert_eq!(
-            scripts, 1,
-            "{how}: the server ran {scripts} scripts for the hand-off, not the release alone"
+            scripts, 2,
+            "{how}: the server ran {scripts} scripts for the hand-off, not the release and the claim"
         );
-        // The server holds the key for the waiter's full ttl, not a confirmation window.
+        // Claimed: the server holds the key for the waiter's full ttl, not the claim window.
         let mut raw = redis.raw().await;
         let lock_key = redis.names.lock_key(lease.key());
         let holder: String = raw.get(&lock_key).await.unwrap();
@@ -795,11 +795,11 @@ async fn a_handed_off_lease_is_held_at_once_without_a_confirming_round_trip() {
     }
 }
 
-/// A waiter handed the lock long after its last look at the key — here its runtime stalls in
-/// between — cannot count the lease from that look (too little of it would be left): it
-/// confirms first, and gets a lease valid from after the hand-off, for nearly its full ttl.
+/// A waiter handed the lock while its runtime stalls (for less than its claim window) claims it
+/// once it runs again: its lease counts from the claim, not from its last look at the key, and
+/// the server holds the key for its full ttl.
 #[test]
-fn a_hand_off_long_after_the_last_busy_answer_is_confirmed() {
+fn a_waiter_that_stalls_after_its_hand_off_claims_it_once_it_runs() {
     let redis = Redis::start();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -839,8 +839,8 @@ fn a_hand_off_long_after_the_last_busy_answer_is_confirmed() {
                 tokio::spawn(async move {
                     if stall_rx.await.is_ok() {
                         stalling_tx.send(()).unwrap();
-                        // Blocks the runtime, waiter and all: 0.6 ttl, so that of the 0.9 ttl
-                        // its last busy answer vouches for, less than half the ttl is left.
+                        // Blocks the runtime, waiter and all, for 0.6 ttl: within the claim
+                        // window (the ttl, shorter than the liveness window).
                         std::thread::sleep(Duration::from_millis(1_200));
                     }
                 });
@@ -870,12 +870,12 @@ fn a_hand_off_long_after_the_last_busy_answer_is_confirmed() {
         assert!(
             acquired.valid_from >= released_at,
             "the lease counts from {:?} before the release, from the waiter's last look: \
-             it was not confirmed",
+             it was not claimed",
             released_at - acquired.valid_from
         );
         let left = (acquired.valid_from + ttl - ttl / 10).saturating_duration_since(returned_at);
         assert!(left >= ttl / 2, "only {left:?} of validity left");
-        // Confirmed on the server too: the key is the waiter's, extended to its full ttl.
+        // Claimed on the server too: the key is the waiter's, extended to its full ttl.
         let lock_key = redis.names.lock_key(&key);
         let stored: String = raw.get(&lock_key).await.unwrap();
         assert_eq!(stored, waiter_owner.to_string());

@@ -14,8 +14,9 @@
 -- holds an owner, the counter holds the fence of that owner's grant: an owner's fence is read
 -- back from the counter rather than stored a second time.
 --
--- A waiter's key, `<lock>:w:<owner>`, holds `<ttl in ms> <instance>` (the waiter's ttl and the id
--- of the backend it waits on), with a PX of the liveness window; the lock's channel is
+-- A waiter's key, `<lock>:w:<owner>`, holds `<claim window in ms> <instance>` (how long a grant
+-- to the waiter lasts until it claims it, and the id of the backend it waits on), with a PX of
+-- the liveness window; the lock's channel is
 -- `<lock>:ch`. Both share the lock's hash slot, and are named here from the lock's name rather
 -- than passed, which keeps the uncontended calls short.
 
@@ -56,15 +57,18 @@ local function pop_live_head()
   end
 end
 
--- Hands the (free) lock to waiter `head`, whose waiter key held `waiter`, for its full ttl, and
--- tells it `<owner> <fence>` on the channel, so that it holds a valid lease without another round
--- trip. The message is left out where the waiter waits on backend `skip_publish_for`: the caller,
--- which wakes it in-process. Returns the fence.
+-- Hands the (free) lock to waiter `head`, whose waiter key held `waiter`, for its claim window
+-- only, and names it on the channel. The waiter, woken, claims the lock (its acquire call finds
+-- the lock its own and extends it to its ttl); a waiter that died meanwhile never does, and the
+-- grant lapses after the window, to be handed on by the next call that finds the lock free. The
+-- message is left out where the waiter waits on backend `skip_publish_for`: the caller, which
+-- wakes it in-process. (A waiter of an older dlock put its ttl where the window is: it is
+-- granted that, as before.) Returns the fence.
 local function hand_to(head, waiter, skip_publish_for)
-  local ttl, instance = string.match(waiter, '^(%d+) ?(.*)$')
-  local n = grant(head, ttl)
+  local claim, instance = string.match(waiter, '^(%d+) ?(.*)$')
+  local n = grant(head, claim)
   if instance == '' or instance ~= skip_publish_for then
-    redis.call('PUBLISH', lock .. ':ch', string.format('%s %d', head, n))
+    redis.call('PUBLISH', lock .. ':ch', head)
   end
   return n
 end

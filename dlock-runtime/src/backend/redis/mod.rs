@@ -10,8 +10,8 @@
 //! | `P{K}` | string, with PX | the holder's owner token (32 hex digits); the lease's ttl is its PTTL |
 //! | `P{K}:fences` | integer, no expiry | the last fence handed out (`INCR`, never below the server's clock in µs); while `P{K}` holds an owner, the fence of that owner's grant |
 //! | `P{K}:q` | list, expires when idle | the owners waiting for the lock, in arrival order |
-//! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: `<ttl in ms> <backend id>`, kept alive while it waits |
-//! | `P{K}:ch` | pub/sub channel | `<owner> <fence>`: the owner a release handed the lock to, and its fence |
+//! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: `<claim window in ms> <backend id>`, kept alive while it waits |
+//! | `P{K}:ch` | pub/sub channel | `<owner>`: the owner a release handed the lock to, which is to claim it |
 //!
 //! So `redis-cli GET 'dlock:{acct:42}'` shows who holds `acct:42`. Rendered keys never contain
 //! `{` or `}` from placeholder values, which are percent-encoded; a brace written in a key
@@ -48,9 +48,9 @@
 //! Each script runs its uncontended path before it defines the functions the other paths share
 //! (common.lua is spliced in after it), and takes only the names it needs: Redis spends about as
 //! long on a script's overhead as on a plain `SET`, so every command and argument saved shows.
-//!   A waiter handed the lock holds it when the message (or, in the releasing process, the
-//!   release's reply) reaches it: a contended hand-off costs the release's round trip and no
-//!   other.
+//!   A waiter handed the lock claims it with one acquire call when the message (or, in the
+//!   releasing process, the release's reply) reaches it: a contended hand-off costs the
+//!   release's round trip and the claim's.
 //! - Renewal is one compare-and-`PEXPIRE` script per lease, all leases of a `renew` call in one
 //!   pipeline: one round trip per watchdog tick, whatever the number of leases. (On a cluster,
 //!   one pipeline per hash slot, sent concurrently.)
@@ -69,42 +69,37 @@
 //!    connection (one `SUBSCRIBE` per channel, shared by all the backend's waiters on the key,
 //!    and an `UNSUBSCRIBE` when the last of them leaves), then runs the acquire script in
 //!    queueing mode, which appends its owner to the key's queue and sets its waiter key (its
-//!    ttl and its backend's id, with a PX of the *liveness window*).
-//! 3. A release hands the lock straight to the first live waiter, for that waiter's full ttl
-//!    (read from its waiter key): the lock is set to the waiter's owner with that PX, a fresh
-//!    fence is counted for it, and `<owner> <fence>` is published on the channel. (Where nobody
-//!    waits, the lock is deleted.) Waiters whose waiter key expired (their process died) are skipped and dropped.
-//!    The release script answers the owner and fence it handed the lock to; where that owner
-//!    waits on the releasing backend (the same process), it is woken at once, in-process, with
-//!    the fence, and the script publishes nothing: each waiter key names the backend its waiter
-//!    waits on, and a release names its own. (Should the release's reply be lost, that waiter
-//!    finds the lock its own at its next fallback poll.)
-//! 4. The waiter told of a hand-off to its owner returns the lease at once, with the fence it
-//!    was given. The lease's validity counts from the send time of the waiter's last acquire
-//!    call, the one that answered busy: every busy answer carries the last fence handed out for
-//!    the key, and a hand-off whose fence is greater ran after that call, so the server started
-//!    the ttl after the call was sent. A hand-off whose fence is not greater (its message was
-//!    overtaken by a later look at the key, and its lease may be gone), or one that would leave
-//!    the lease less than half its ttl of validity counted from that send time (the waiter was
-//!    slow to run), is confirmed first by one more acquire call, which finds the lock already
-//!    the owner's, extends it to the full ttl and answers its fence; the validity then counts
-//!    from that call's send time.
+//!    *claim window* and its backend's id, with a PX of the *liveness window*). The claim window
+//!    is the liveness window, or the waiter's ttl where that is shorter.
+//! 3. A release hands the lock straight to the first live waiter, for that waiter's claim
+//!    window only (read from its waiter key): the lock is set to the waiter's owner with that
+//!    PX, a fresh fence is counted for it, and the owner is published on the channel. (Where
+//!    nobody waits, the lock is deleted.) Waiters whose waiter key expired (their process died)
+//!    are skipped and dropped. The release script answers the owner it handed the lock to;
+//!    where that owner waits on the releasing backend (the same process), it is woken at once,
+//!    in-process, and the script publishes nothing: each waiter key names the backend its waiter
+//!    waits on, and a release names its own.
+//! 4. The waiter woken claims the lock with one acquire call, which finds the lock already the
+//!    owner's, extends it to the waiter's full ttl and answers its fence; the lease's validity
+//!    counts from that call's send time. A waiter whose process died before its turn never
+//!    claims the lock: the grant lapses after the claim window, and the next acquire call that
+//!    finds the lock free (the head of the queue watches its PTTL) hands it on. A waiter that
+//!    died costs the waiters after it at most one claim window, never a ttl.
 //!
 //! While waiting, a waiter re-runs the acquire script on a timer — jittered exponential back-off
 //! up to a third of the liveness window — which keeps its waiter key alive and is the fallback
-//! for a missed message: it finds the lock its owner's and takes it as in step 4's confirmation.
+//! for a missed message: it finds the lock its owner's and claims it as in step 4.
 //! The head of the queue also wakes when the holder's PTTL runs out, since a holder that expired
 //! without releasing hands nothing on; any acquire call that finds the lock free with live
 //! waiters hands it to the first of them. A waiter that gives up (its `wait` ran out) makes a
 //! last attempt and leaves the queue in the same script; a waiter whose future is dropped leaves
 //! the queue (or, if the lock was handed to it meanwhile, releases it with hand-off) from dlock's
-//! background runtime. A waiter whose process died within the liveness window before its turn
-//! is handed the lock all the same, which then stays blocked for that waiter's ttl, as it would
-//! for a holder that died.
+//! background runtime.
 //!
-//! Messages from a release by an older dlock name the owner alone: the waiter confirms them
-//! with one acquire call. A waiter of an older dlock does not recognise `<owner> <fence>` and
-//! finds the hand-off at its next fallback poll.
+//! A release by an older dlock publishes `<owner> <fence>` and grants a waiter's full ttl: the
+//! waiter claims it all the same. A waiter of an older dlock confirms a message naming its owner
+//! alone with one acquire call, which claims the lock; its waiter key holds its ttl where a
+//! claim window goes, and a release grants it that.
 //!
 //! # Connections
 //!
@@ -166,7 +161,7 @@ use self::conn::{Conn, Connection, Timeouts};
 use self::subscriber::{Subscriber, Subscription};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::locker::mask_password;
-use crate::{background, clock, LockError, Owner};
+use crate::{background, LockError, Owner};
 
 const DEFAULT_PREFIX: &str = "dlock:";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -262,8 +257,10 @@ impl RedisBackendBuilder {
 
     /// How long a waiter stays in a key's queue without showing it is alive (default 3 s). A
     /// waiter refreshes it at least three times per window; a waiter whose process died is
-    /// skipped once the window runs out, and a lock handed to a waiter that died is free again
-    /// after at most one window.
+    /// skipped once the window runs out. It is also the *claim window*: a release hands the
+    /// lock to the first waiter for this window only (or the waiter's ttl where shorter), and
+    /// the waiter, woken, claims it for its ttl; a lock handed to a waiter that died is free
+    /// again after at most one window.
     pub fn waiter_liveness(mut self, window: Duration) -> Self {
         self.liveness = window;
         self
@@ -525,15 +522,11 @@ impl RedisBackend {
             .await?;
         let released =
             parse_release(reply).map_err(|reason| self.inner.conn.error("release", reason))?;
-        if let Some((head, fence)) = &released.handed_to {
-            // A waiter of this process need not wait for the published message. It holds the
-            // lock now: let it run before this caller goes on (to queue for the key again, say),
-            // so that its first request is not sent behind the caller's.
-            if self
-                .inner
-                .subscriber
-                .grant_local(&keys.channel(), head, *fence)
-            {
+        if let Some(head) = &released.handed_to {
+            // A waiter of this process need not wait for the published message. It must claim
+            // the lock now: let it run before this caller goes on (to queue for the key again,
+            // say), so that its claim is not sent behind the caller's request.
+            if self.inner.subscriber.wake_local(&keys.channel(), head) {
                 tokio::task::yield_now().await;
             }
         }
@@ -583,57 +576,25 @@ impl RedisBackend {
                     guard.armed = false;
                     return Ok(None);
                 }
-                Attempt::Busy { pttl, first, fence } => {
+                Attempt::Busy { pttl, first } => {
                     let now = Instant::now();
                     let mut until = (now + backoff.next()).min(deadline);
                     if let (true, Some(pttl)) = (first, pttl) {
-                        // The head also watches the holder's expiry, which hands nothing on.
+                        // The head also watches the holder's expiry, which hands nothing on, and
+                        // the lapse of a grant to a waiter before it that never claimed it.
                         until = until.min(now + pttl);
                     }
                     tokio::select! {
                         () = subscription.woken() => {}
                         () = tokio::time::sleep_until(until.into()) => {}
                     }
-                    // A hand-off to this owner with a greater fence than this answer saw ran
-                    // after this call, and started the lease's ttl later than `sent_at`: the
-                    // lease is ours and valid from then, with no more round trips.
-                    let granted = subscription.granted();
-                    let now = Instant::now();
-                    if let Some(acquired) = handed_over(granted, (sent_at, fence), request.ttl, now)
-                    {
-                        guard.armed = false;
-                        return Ok(Some(acquired));
-                    }
-                    // Else the next acquire call looks again, and confirms a hand-off that leaves
-                    // too little validity (or whose message was missed): it finds the lock its
-                    // owner's, extends it to the full ttl and answers the fence.
+                    // Woken by a hand-off (or to look again): the next acquire call claims a lock
+                    // handed to this owner — it finds it its own, extends it to the full ttl and
+                    // answers the fence — within the claim window the hand-off granted.
                 }
             }
         }
     }
-}
-
-/// The lease a hand-off gave this waiter without another round trip, where it can be trusted.
-/// `last_busy` is the send time of the waiter's last acquire call, which answered busy, and the
-/// last fence handed out for the key when it ran. Where `granted` (the fence a hand-off to this
-/// owner carried) is greater, the hand-off ran after that call, and its ttl started after the
-/// call's send time, which is then the lease's `valid_from`. `None` (confirm with an acquire
-/// call) when there is no such hand-off — none came, or the one that came is older than that
-/// call, and its lease may be gone — or when less than half the ttl of validity, counted from
-/// that send time, would remain.
-fn handed_over(
-    granted: Option<u64>,
-    last_busy: (Instant, u64),
-    ttl: Duration,
-    now: Instant,
-) -> Option<Acquired> {
-    let (fence, (valid_from, seen)) = (granted?, last_busy);
-    if fence <= seen {
-        return None;
-    }
-    let valid_until = valid_from + ttl.saturating_sub(clock::safety_margin(ttl));
-    (valid_until.saturating_duration_since(now) >= ttl / 2)
-        .then_some(Acquired { fence, valid_from })
 }
 
 /// The suffixes that name a lock's other keys after its own. The scripts name the waiter keys
@@ -682,12 +643,8 @@ enum Mode {
 enum Attempt {
     Granted(u64),
     /// Busy; `pttl` is the holder's remaining ttl where it has one, `first` whether this owner
-    /// heads the queue, `fence` the last fence handed out for the key when the call ran.
-    Busy {
-        pttl: Option<Duration>,
-        first: bool,
-        fence: u64,
-    },
+    /// heads the queue.
+    Busy { pttl: Option<Duration>, first: bool },
 }
 
 /// What one run of the release script said.
@@ -695,8 +652,8 @@ enum Attempt {
 struct Released {
     /// Whether the owner held the lock.
     held: bool,
-    /// The owner the lock was handed to, and that hand-off's fence.
-    handed_to: Option<(String, u64)>,
+    /// The owner the lock was handed to, for its claim window.
+    handed_to: Option<String>,
 }
 
 fn parse_release(reply: Value) -> Result<Released, redis::RedisError> {
@@ -711,15 +668,14 @@ fn parse_release(reply: Value) -> Result<Released, redis::RedisError> {
             handed_to: None,
         }),
         Value::Array(items) => {
-            let [Value::Int(n), Value::BulkString(head), Value::Int(fence)] = items.as_slice()
-            else {
+            // {held, head, the hand-off's fence}
+            let [Value::Int(n), Value::BulkString(head), Value::Int(_)] = items.as_slice() else {
                 return Err(unexpected(&reply));
             };
             let head = std::str::from_utf8(head).map_err(|_| unexpected(&reply))?;
-            let fence = u64::try_from(*fence).map_err(|_| unexpected(&reply))?;
             Ok(Released {
                 held: held(*n)?,
-                handed_to: Some((head.to_owned(), fence)),
+                handed_to: Some(head.to_owned()),
             })
         }
         _ => Err(unexpected(&reply)),
@@ -733,7 +689,7 @@ fn parse_attempt(reply: Value) -> Result<Attempt, redis::RedisError> {
             .map(Attempt::Granted)
             .map_err(|_| unexpected(&reply)),
         Value::Array(items) => {
-            let [Value::Int(pttl), Value::Int(first), Value::Int(fence)] = items.as_slice() else {
+            let [Value::Int(pttl), Value::Int(first)] = items.as_slice() else {
                 return Err(unexpected(&reply));
             };
             Ok(Attempt::Busy {
@@ -741,7 +697,6 @@ fn parse_attempt(reply: Value) -> Result<Attempt, redis::RedisError> {
                 // lock has no ttl (-1), or it is gone (-2).
                 pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
                 first: *first == 1,
-                fence: u64::try_from(*fence).map_err(|_| unexpected(&reply))?,
             })
         }
         _ => Err(unexpected(&reply)),
@@ -1139,38 +1094,6 @@ mod tests {
     }
 
     #[test]
-    fn a_hand_off_counts_from_the_last_busy_answer_only_where_it_came_after_it() {
-        let ttl = Duration::from_secs(10);
-        let busy_sent = Instant::now();
-        let soon = busy_sent + Duration::from_millis(5);
-        // A hand-off after the busy answer (which saw fence 7): valid from the answer's send time.
-        assert_eq!(
-            handed_over(Some(8), (busy_sent, 7), ttl, soon),
-            Some(Acquired {
-                fence: 8,
-                valid_from: busy_sent
-            })
-        );
-        // No hand-off, or one that ran before the busy answer: its lease may be gone; confirm.
-        assert_eq!(handed_over(None, (busy_sent, 7), ttl, soon), None);
-        assert_eq!(handed_over(Some(7), (busy_sent, 7), ttl, soon), None);
-        assert_eq!(handed_over(Some(3), (busy_sent, 7), ttl, soon), None);
-        // Half the ttl of validity left (9 s from the answer, 4 s in): still taken as it is.
-        let four_in = busy_sent + Duration::from_secs(4);
-        assert!(handed_over(Some(8), (busy_sent, 7), ttl, four_in).is_some());
-        // Less than half left: confirm.
-        let four_and_a_bit_in = four_in + Duration::from_millis(1);
-        assert_eq!(
-            handed_over(Some(8), (busy_sent, 7), ttl, four_and_a_bit_in),
-            None
-        );
-        assert_eq!(
-            handed_over(Some(8), (busy_sent, 7), ttl, busy_sent + ttl * 2),
-            None
-        );
-    }
-
-    #[test]
     fn release_replies_name_the_waiter_handed_the_lock() {
         let reply = |held: i64, head: &str, fence: i64| {
             Value::Array(vec![
@@ -1181,10 +1104,10 @@ mod tests {
         };
         let released = parse_release(reply(1, "abc", 9)).unwrap();
         assert!(released.held);
-        assert_eq!(released.handed_to, Some(("abc".to_owned(), 9)));
+        assert_eq!(released.handed_to.as_deref(), Some("abc"));
         let released = parse_release(reply(0, "abc", 3)).unwrap();
         assert!(!released.held);
-        assert_eq!(released.handed_to, Some(("abc".to_owned(), 3)));
+        assert_eq!(released.handed_to.as_deref(), Some("abc"));
         for (reply, held) in [(Value::Int(1), true), (Value::Int(0), false)] {
             let released = parse_release(reply).unwrap();
             assert_eq!(released.held, held);
@@ -1214,15 +1137,12 @@ mod tests {
             parse_attempt(Value::Int(7)).unwrap(),
             Attempt::Granted(7)
         ));
-        let busy = Value::Array(vec![Value::Int(1500), Value::Int(1), Value::Int(7)]);
-        let Attempt::Busy { pttl, first, fence } = parse_attempt(busy).unwrap() else {
+        let busy = Value::Array(vec![Value::Int(1500), Value::Int(1)]);
+        let Attempt::Busy { pttl, first } = parse_attempt(busy).unwrap() else {
             panic!("not busy");
         };
-        assert_eq!(
-            (pttl, first, fence),
-            (Some(Duration::from_millis(1500)), true, 7)
-        );
-        let gone = Value::Array(vec![Value::Int(-2), Value::Int(0), Value::Int(7)]);
+        assert_eq!((pttl, first), (Some(Duration::from_millis(1500)), true));
+        let gone = Value::Array(vec![Value::Int(-2), Value::Int(0)]);
         assert!(matches!(
             parse_attempt(gone).unwrap(),
             Attempt::Busy { pttl: None, .. }
