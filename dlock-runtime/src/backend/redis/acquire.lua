@@ -12,9 +12,10 @@
 local lock, counter, queue = KEYS[1], KEYS[2], KEYS[3]
 local owner, ttl, liveness, instance = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
--- The uncontended path, on its own: nobody holds the lock and nobody waits for it. Three
--- commands. A waiter's calls, which expect a busy lock, go straight on.
-if not liveness and redis.call('EXISTS', lock, queue) == 0 then
+-- The uncontended path, on its own: nobody holds the lock, nobody waits for it, and this
+-- owner's acquisition was not cancelled (see `cancel` in common.lua). Three commands. A
+-- waiter's calls, which expect a busy lock, go straight on.
+if not liveness and redis.call('EXISTS', lock, queue, lock .. ':x:' .. owner) == 0 then
   -- grant(owner, ttl) of common.lua, written out: the functions are not defined yet.
   local now = redis.call('TIME')
   now = now[1] * 1000000 + now[2]
@@ -28,6 +29,13 @@ if not liveness and redis.call('EXISTS', lock, queue) == 0 then
 end
 
 --!common
+
+if redis.call('EXISTS', cancel_key(owner)) == 1 then
+  -- A call that reached the server after its caller cancelled it, and after the undo: it takes
+  -- no effect, and leaves the queue.
+  leave()
+  return {-1, 0}
+end
 
 local holder = redis.call('GET', lock)
 if holder == owner then

@@ -24,6 +24,20 @@ local function waiter_key(who)
   return lock .. ':w:' .. who
 end
 
+-- The cancel marker of an owner, `<lock>:x:<owner>`, left by `cancel`.
+local function cancel_key(who)
+  return lock .. ':x:' .. who
+end
+
+-- Marks this owner's acquisition cancelled, for a minute: an acquire call of this owner that
+-- reaches the server after the undo (it went out on another connection, and was overtaken)
+-- finds the mark and takes no effect. An owner is never reused after its undo, so the mark
+-- never turns away a caller that still waits. (A call held up for longer than a minute, far
+-- beyond any response timeout, would take effect: its key expires after its ttl, unrenewed.)
+local function cancel()
+  redis.call('SET', cancel_key(owner), 1, 'PX', 60000)
+end
+
 -- Grants the lock to `who` for `ttl` ms. Returns the grant's fence: one more than the last, and
 -- never below the server's clock in µs. The floor is what keeps fences rising when Redis loses
 -- the counter — a restart without persistence, a snapshot restored, a fail-over to a replica

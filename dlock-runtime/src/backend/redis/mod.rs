@@ -11,6 +11,7 @@
 //! | `P{K}:fences` | integer, no expiry | the last fence handed out (`INCR`, never below the server's clock in µs); while `P{K}` holds an owner, the fence of that owner's grant |
 //! | `P{K}:q` | list, expires when idle | the owners waiting for the lock, in arrival order |
 //! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: `<claim window in ms> <backend id>`, kept alive while it waits |
+//! | `P{K}:x:<owner>` | string, with PX 60 s | an acquisition cancelled by its caller (see below): an acquire call of that owner that reaches the server after the undo takes no effect |
 //! | `P{K}:ch` | pub/sub channel | `<owner>`: the owner a release handed the lock to, which is to claim it |
 //!
 //! So `redis-cli GET 'dlock:{acct:42}'` shows who holds `acct:42`. Rendered keys never contain
@@ -100,6 +101,15 @@
 //! waiter claims it all the same. A waiter of an older dlock confirms a message naming its owner
 //! alone with one acquire call, which claims the lock; its waiter key holds its ttl where a
 //! claim window goes, and a release grants it that.
+//!
+//! # Cancellation
+//!
+//! A caller that drops its acquire (a timeout, a `select!`) cannot tell whether the call reached
+//! the server: dlock undoes it with a release from its background runtime, on another
+//! connection than the call's own, so the undo may reach the server first. Where the undo finds
+//! the owner not holding the lock, it leaves a cancel marker for that owner, and an acquire call
+//! of that owner arriving later finds the marker and takes no effect. Checking for the marker
+//! costs the uncontended acquire one more key in its `EXISTS`, no command and no round trip.
 //!
 //! # Connections
 //!
