@@ -19,11 +19,11 @@ if not liveness and redis.call('EXISTS', lock, queue, lock .. ':x:' .. owner) ==
   -- grant(owner, ttl) of common.lua, written out: the functions are not defined yet.
   local now = redis.call('TIME')
   now = now[1] * 1000000 + now[2]
-  local fence = redis.call('INCR', counter)
+  local fence = (tonumber(redis.call('GET', counter)) or 0) + 1
   if fence < now then
     fence = now
-    redis.call('SET', counter, fence)
   end
+  redis.call('SET', counter, fence, 'PX', 3600000)
   redis.call('SET', lock, owner, 'PX', ttl)
   return fence
 end

@@ -4,8 +4,9 @@
 --
 -- The scripts' names, declared before the splice:
 -- `lock`    KEYS[1], the lock: a string holding its holder's owner, with the lease's PX
--- `counter` KEYS[2], the fence counter: the last fence handed out for the lock (INCR, floored
---           by the server's clock in µs, see `grant`); it never expires
+-- `counter` KEYS[2], the fence counter: the last fence handed out for the lock (one more than
+--           the last, floored by the server's clock in µs, see `grant`); it expires an hour
+--           after the last grant
 -- `queue`   KEYS[3], the owners waiting for the lock, in arrival order; it exists only while
 --           someone waits
 -- `owner`   ARGV[1], the owner the call is for
@@ -41,17 +42,18 @@ end
 -- Grants the lock to `who` for `ttl` ms. Returns the grant's fence: one more than the last, and
 -- never below the server's clock in µs. The floor is what keeps fences rising when Redis loses
 -- the counter — a restart without persistence, a snapshot restored, a fail-over to a replica
--- that missed writes: the counter starts again from the clock, past every fence handed out
--- before (one grant per µs is more than one key ever sees). A number, and exact: µs since 1970
--- stay below 2^53 until the year 2255.
+-- that missed writes — and what lets the counter expire: it starts again from the clock, past
+-- every fence handed out before (the counter runs ahead of the clock by one µs per grant at
+-- most, and an hour's expiry leaves it far behind). A number, and exact: µs since 1970 stay
+-- below 2^53 until the year 2255.
 local function grant(who, ttl)
   local now = redis.call('TIME')
   now = now[1] * 1000000 + now[2]
-  local n = redis.call('INCR', counter)
+  local n = (tonumber(redis.call('GET', counter)) or 0) + 1
   if n < now then
     n = now
-    redis.call('SET', counter, n)
   end
+  redis.call('SET', counter, n, 'PX', 3600000)
   redis.call('SET', lock, who, 'PX', ttl)
   return n
 end

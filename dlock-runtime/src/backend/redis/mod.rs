@@ -8,7 +8,7 @@
 //! | Redis key | type | what |
 //! | --- | --- | --- |
 //! | `P{K}` | string, with PX | the holder's owner token (32 hex digits); the lease's ttl is its PTTL |
-//! | `P{K}:fences` | integer, no expiry | the last fence handed out (`INCR`, never below the server's clock in µs); while `P{K}` holds an owner, the fence of that owner's grant |
+//! | `P{K}:fences` | integer, with PX 1 h | the last fence handed out (one more than the last, never below the server's clock in µs); while `P{K}` holds an owner (for up to an hour), the fence of that owner's grant |
 //! | `P{K}:q` | list, expires when idle | the owners waiting for the lock, in arrival order |
 //! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: `<claim window in ms> <backend id>`, kept alive while it waits |
 //! | `P{K}:x:<owner>` | string, with PX 60 s | an acquisition cancelled by its caller (see below): an acquire call of that owner that reaches the server after the undo takes no effect |
@@ -20,14 +20,14 @@
 //! locks never share a key), but the hash tag then ends at the first `}`. A prefix that holds a
 //! hash tag itself (say `{dlock}:`) puts every lock in one slot.
 //!
-//! The fence counter never expires, so that fences keep increasing across releases, expiries and
-//! restarts of clients: it costs one small key per distinct lock key ever used. A grant's fence is
-//! one more than the last and never below the server's clock in microseconds, so fences keep
-//! rising even where Redis loses the counter (a restart without persistence, an older snapshot
+//! A grant's fence is one more than the last and never below the server's clock in
+//! microseconds, so fences keep increasing across releases, expiries and restarts of clients,
+//! and even where Redis loses the counter (a restart without persistence, an older snapshot
 //! restored, a fail-over to a replica that missed writes), as long as the clock of the server
-//! that grants does not lag the one before by more than the time between the two grants. Run
-//! Redis with a `maxmemory-policy` that never evicts keys without a ttl (`noeviction` or a
-//! `volatile-*` policy).
+//! that grants does not lag the one before by more than the time between the two grants. The
+//! clock floor is also what lets the counter expire, an hour after the last grant, so that a
+//! key no longer used leaves nothing behind: the next grant starts again from the clock, past
+//! every fence handed out before.
 //!
 //! Leases are another matter: a restart forgets every lease unless Redis keeps them —
 //! `appendonly yes` with `appendfsync always` restores each lock with its expiry (the
@@ -37,9 +37,10 @@
 //!
 //! # Round trips
 //!
-//! - Acquire is one Lua script (`SET NX PX` in effect, plus the fence's `INCR`): one round trip.
-//!   Uncontended, it runs three commands: an `EXISTS` of the lock and its queue together, the
-//!   `INCR` and the `SET`. It is idempotent for its owner: where the lock already holds the owner,
+//! - Acquire is one Lua script (`SET NX PX` in effect, plus the fence's count): one round trip.
+//!   Uncontended, it runs five commands: an `EXISTS` of the lock, its queue and the owner's
+//!   cancel marker together, the server's `TIME`, the `GET` and `SET` of the counter, and the
+//!   `SET` of the lock. It is idempotent for its owner: where the lock already holds the owner,
 //!   it extends it to the full ttl and answers the same fence (the counter's value: every grant
 //!   counts its fence and sets the lock in one step), so a call retried after a lost reply is
 //!   harmless.
@@ -441,7 +442,7 @@ impl RedisBackend {
     }
 
     /// The Redis key that counts the fences of `key`: an integer, the last fence handed out. It
-    /// never expires.
+    /// expires an hour after the last grant (fences go on rising from the server's clock).
     ///
     /// ```
     /// let backend = dlock::backend::RedisBackend::builder("redis://127.0.0.1").build()?;
