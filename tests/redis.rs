@@ -1079,7 +1079,7 @@ async fn fence_counters_expire_and_fences_keep_rising_past_an_expired_one() {
 async fn a_key_longer_than_the_limit_is_an_invalid_key_error() {
     let redis = Redis::start();
     let locker = locker_on(&redis.server).await;
-    let limit = 16 * 1024;
+    let limit = dlock::backend::REDIS_MAX_KEY_BYTES;
     let longest = "k".repeat(limit);
     let lease = locker.lock(&*longest, LockOptions::new()).await.unwrap();
     lease.release().await.unwrap();

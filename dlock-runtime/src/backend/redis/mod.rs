@@ -175,6 +175,12 @@ use crate::locker::mask_password;
 use crate::{background, LockError, Owner};
 
 const DEFAULT_PREFIX: &str = "dlock:";
+
+/// The longest rendered key a Redis lock takes, in bytes (16 KiB). Each call names the key three
+/// times (the lock, its counter and its queue) and the scripts build two more names from it, so
+/// a call carries about five times the key; a longer key fails at once with
+/// [`LockError::InvalidKey`] rather than costing the client and the server that much per call.
+pub const MAX_KEY_BYTES: usize = 16 * 1024;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
 const DEFAULT_LIVENESS: Duration = Duration::from_secs(3);
 /// The first fallback poll of a waiter; it doubles (with jitter) up to a third of the liveness
@@ -870,6 +876,25 @@ async fn eval(mut conn: Conn, lua: &Lua, keys: &[&str], args: &[Arg<'_>]) -> Red
     }
 }
 
+/// Refuses a key longer than [`MAX_KEY_BYTES`], whole: never cut, since two keys cut alike would
+/// be one lock.
+fn check_key(key: &str) -> Result<(), LockError> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(LockError::InvalidKey {
+            // The reason says why; the key itself may be megabytes.
+            key: format!(
+                "{}…",
+                &key[..(0..=64).rev().find(|&i| key.is_char_boundary(i)).unwrap_or(0)]
+            ),
+            reason: format!(
+                "{} bytes is longer than the {MAX_KEY_BYTES} a Redis lock key may be",
+                key.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// `duration` in whole milliseconds, at least 1 (a `PX` of 0 is an error).
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis())
@@ -916,6 +941,7 @@ async fn renew_pipelined(mut conn: Conn, leases: &[(&str, &str, u64)]) -> RedisR
 
 impl Backend for RedisBackend {
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
+        check_key(request.key)?;
         let keys = self.lock_keys(request.key, request.owner);
         let deadline = Instant::now() + request.wait;
         if !request.wait.is_zero() && self.inner.subscriber.is_subscribed(&keys.channel()) {
