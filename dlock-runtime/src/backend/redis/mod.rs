@@ -18,7 +18,10 @@
 //! `{` or `}` from placeholder values, which are percent-encoded; a brace written in a key
 //! template's literal text still works (all keys of one lock keep sharing one slot, and two
 //! locks never share a key), but the hash tag then ends at the first `}`. A prefix that holds a
-//! hash tag itself (say `{dlock}:`) puts every lock in one slot.
+//! hash tag itself (say `{dlock}:`) puts every lock in one slot. A key that is empty or starts
+//! with `}` would leave the hash tag empty, which Redis Cluster ignores: its names are
+//! `P}{=K}…` instead (the hash tag `=`), so they too share a slot; no other lock's names begin
+//! with `P}`. A prefix holding an empty hash tag (`{}`) is refused.
 //!
 //! A grant's fence is one more than the last and never below the server's clock in
 //! microseconds, so fences keep increasing across releases, expiries and restarts of clients,
@@ -215,6 +218,8 @@ struct Inner {
     /// of this backend itself, and the script leaves out the message to them.
     instance: String,
     prefix: String,
+    /// Whether the prefix holds a `{`: the hash tag of every name then starts in the prefix.
+    prefix_has_tag_open: bool,
     liveness: Duration,
     cluster: bool,
 }
@@ -295,6 +300,17 @@ impl RedisBackendBuilder {
                 reason: format!("waiter liveness {:?} is shorter than 30ms", self.liveness),
             });
         }
+        if let Some(open) = self.prefix.find('{') {
+            if self.prefix[open + 1..].starts_with('}') {
+                return Err(LockError::InvalidOptions {
+                    reason: format!(
+                        "key prefix `{}` holds an empty hash tag `{{}}`, with which Redis Cluster \
+                         would hash each name of a lock to a slot of its own",
+                        self.prefix
+                    ),
+                });
+            }
+        }
         let target = parse_target(&self.url, self.connect_timeout, self.response_timeout)
             .map_err(invalid)?;
         let (subscribe_on, cluster) = match &target {
@@ -314,6 +330,7 @@ impl RedisBackendBuilder {
                     self.connect_timeout.max(self.response_timeout),
                 ),
                 instance: String::from_utf8_lossy(&Owner::random().hex()[..16]).into_owned(),
+                prefix_has_tag_open: self.prefix.contains('{'),
                 prefix: self.prefix,
                 liveness: self.liveness,
                 cluster,
@@ -436,11 +453,18 @@ impl RedisBackend {
 
     /// `P{key}` followed by `suffix`, the name of one of `key`'s Redis keys. Built by hand, in one
     /// allocation of the right size: every call of a script names its keys anew.
+    ///
+    /// A key that is empty or starts with `}` would make an empty hash tag, which Redis Cluster
+    /// ignores (it hashes the whole name, so the lock's names would fall in different slots):
+    /// such a key is named `P}{=key}` instead, whose hash tag is `=`. No other key's names begin
+    /// with `P}`, so two locks still never share a name.
     fn lock_name(&self, key: &str, suffix: &str) -> String {
         let prefix = &self.inner.prefix;
-        let mut name = String::with_capacity(prefix.len() + key.len() + 2 + suffix.len());
+        let empty_tag =
+            (key.is_empty() || key.starts_with('}')) && !self.inner.prefix_has_tag_open;
+        let mut name = String::with_capacity(prefix.len() + key.len() + 4 + suffix.len());
         name.push_str(prefix);
-        name.push('{');
+        name.push_str(if empty_tag { "}{=" } else { "{" });
         name.push_str(key);
         name.push('}');
         name.push_str(suffix);
@@ -1080,6 +1104,28 @@ mod tests {
         for name in [&keys.lock, &keys.counter, &keys.queue, &keys.channel()] {
             assert!(name.starts_with("dlock:{acct:42}"), "{name}");
         }
+    }
+
+    #[cfg(feature = "redis-cluster")]
+    #[test]
+    fn every_key_keeps_its_names_in_one_slot() {
+        for prefix in ["dlock:", "a}", "x{", "{app}:"] {
+            let backend = RedisBackend::builder("redis://127.0.0.1")
+                .key_prefix(prefix)
+                .build()
+                .unwrap();
+            for key in ["", "}", "}abc", "{", "{}", "a}b", "acct:42"] {
+                let keys = backend.lock_keys(key, Owner::random());
+                let slot = cluster_slot(keys.lock.as_bytes());
+                for name in [&keys.counter, &keys.queue, &keys.channel()] {
+                    assert_eq!(cluster_slot(name.as_bytes()), slot, "{prefix:?} {key:?}: {name}");
+                }
+            }
+        }
+        assert!(RedisBackend::builder("redis://127.0.0.1")
+            .key_prefix("locks{}:")
+            .build()
+            .is_err());
     }
 
     #[test]
