@@ -61,7 +61,9 @@
 //!   one pipeline per hash slot, sent concurrently.)
 //!
 //! Scripts are sent by `EVALSHA`, falling back to `EVAL` where the server has not seen them yet
-//! (after a restart, say). They need Redis 6.2 or later (`GETDEL`, `LPOS`).
+//! (after a restart, say). They need Redis 6.2 or later (`GETDEL`, `SET … GET`): each connection
+//! asks the server's version (`INFO server`) when it is made, and a connection to an older server
+//! fails with an error that names the version needed.
 //!
 //! # Waiting
 //!
