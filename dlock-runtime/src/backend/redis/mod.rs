@@ -58,7 +58,9 @@
 //!   release's round trip and the claim's.
 //! - Renewal is one compare-and-`PEXPIRE` script per lease, all leases of a `renew` call in one
 //!   pipeline: one round trip per watchdog tick, whatever the number of leases. (On a cluster,
-//!   one pipeline per hash slot, sent concurrently.)
+//!   one pipeline per hash slot, sent concurrently, each awaited for a third of the shortest
+//!   ttl at most: a slot that fails — its primary down — leaves its own leases unconfirmed that
+//!   round, and the other slots' leases are confirmed all the same.)
 //!
 //! Scripts are sent by `EVALSHA`, falling back to `EVAL` where the server has not seen them yet
 //! (after a restart, say). They need Redis 6.2 or later (`GETDEL`, `SET … GET`): each connection
@@ -1022,18 +1024,50 @@ impl Backend for RedisBackend {
         }
         #[cfg(feature = "redis-cluster")]
         {
-            self.renew_by_slot(&args).await
+            let (held, error) = self.renew_by_slot(&args).await;
+            match error {
+                Some(error) => Err(error),
+                None => Ok(held.into_iter().map(|held| held == Some(true)).collect()),
+            }
         }
         #[cfg(not(feature = "redis-cluster"))]
         unreachable!("a cluster backend needs the redis-cluster feature")
+    }
+
+    async fn renew_each(&self, leases: &[Renewal<'_>]) -> Result<Vec<Option<bool>>, LockError> {
+        #[cfg(feature = "redis-cluster")]
+        if self.inner.cluster && !leases.is_empty() {
+            let args: Vec<RenewArgs> = leases
+                .iter()
+                .map(|lease| {
+                    (
+                        self.lock_key(lease.key),
+                        lease.owner.hex(),
+                        millis(lease.ttl),
+                    )
+                })
+                .collect();
+            // Per slot: a node down costs the leases on its slots, not the others'.
+            let (held, error) = self.renew_by_slot(&args).await;
+            return match error {
+                Some(error) if held.iter().all(Option::is_none) => Err(error),
+                Some(error) => {
+                    tracing::warn!(%error, "distributed_lock: renewal failed on part of the cluster; retrying those leases");
+                    Ok(held)
+                }
+                None => Ok(held),
+            };
+        }
+        Ok(self.renew(leases).await?.into_iter().map(Some).collect())
     }
 }
 
 #[cfg(feature = "redis-cluster")]
 impl RedisBackend {
     /// Renews on a cluster: one pipeline per hash slot (a cluster pipeline cannot span slots),
-    /// all sent at once.
-    async fn renew_by_slot(&self, args: &[RenewArgs]) -> Result<Vec<bool>, LockError> {
+    /// all sent at once. Answers per lease, `None` for the leases of a slot that failed, with
+    /// the first failure.
+    async fn renew_by_slot(&self, args: &[RenewArgs]) -> (Vec<Option<bool>>, Option<LockError>) {
         let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> =
             std::collections::BTreeMap::new();
         for (index, (lock, _, _)) in args.iter().enumerate() {
@@ -1042,25 +1076,45 @@ impl RedisBackend {
                 .or_default()
                 .push(index);
         }
+        // A node that went down can keep its slots' calls waiting (the cluster client retries);
+        // the others' answers must not wait for it past the point where their leases could use
+        // them: a renewal comes every ttl/3, and is awaited for no longer than that.
+        let bound =
+            Duration::from_millis(args.iter().map(|(_, _, ttl)| *ttl).min().unwrap_or(1) / 3);
         let calls = by_slot.into_values().map(|indices| async move {
             let batch: Vec<_> = indices
                 .iter()
                 .map(|&i| renew_batch_entry(&args[i]))
                 .collect();
-            let held = self
+            let renewed = self
                 .inner
                 .conn
-                .run("renew", |conn| renew_pipelined(conn, &batch))
-                .await?;
+                .run("renew", |conn| renew_pipelined(conn, &batch));
+            let held = match tokio::time::timeout(bound, renewed).await {
+                Ok(held) => held?,
+                Err(_) => {
+                    return Err(LockError::backend(format!(
+                        "redis cluster: renewing a slot's leases took longer than {bound:?}"
+                    )))
+                }
+            };
             Ok::<_, LockError>(indices.into_iter().zip(held).collect::<Vec<_>>())
         });
-        let mut answers = vec![false; args.len()];
+        let mut answers = vec![None; args.len()];
+        let mut first_error = None;
         for result in futures_util::future::join_all(calls).await {
-            for (index, held) in result? {
-                answers[index] = held;
+            match result {
+                Ok(held) => {
+                    for (index, held) in held {
+                        answers[index] = Some(held);
+                    }
+                }
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
             }
         }
-        Ok(answers)
+        (answers, first_error)
     }
 }
 
