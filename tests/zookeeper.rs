@@ -357,6 +357,40 @@ async fn a_ttl_longer_than_the_session_timeout_is_refused() {
     assert!(lease.is_held());
 }
 
+/// The leader may start counting a session's expiry before the request the client counts a
+/// lease from: a follower tells it of the session's activity only in its ping replies, so the
+/// leader's clock for the session can run from the client's previous request (up to a third of
+/// the session timeout earlier) plus half a tick. A lease whose ttl equals the session timeout
+/// would then be trusted past that expiry; the client must stop trusting a confirmation within
+/// two thirds of the session timeout less half a tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmation_is_trusted_no_longer_than_the_leader_keeps_the_session() {
+    let zk = Zookeeper::shared().await;
+    let session = Duration::from_secs(6);
+    let backend = backend_at(&zk.url, session).await;
+    assert_eq!(backend.session_timeout(), session);
+    let locker = Locker::with_backend(backend);
+    let key = unique_key("ttl-within-session");
+    // The acquisition is the only confirmation: no renewal follows it.
+    let sent_at = Instant::now();
+    let lease = locker
+        .lock(&*key, ttl(6).renew(false))
+        .await
+        .expect("a ttl as long as the session timeout is served");
+    // The shared server's tick is 500 ms.
+    let leader_may_expire = sent_at + session * 2 / 3 - Duration::from_millis(250);
+    while lease.is_held() {
+        assert!(
+            Instant::now() <= leader_may_expire,
+            "the lease was still trusted {:?} after its only confirmation was sent, past the \
+             {:?} after which the leader may expire the session",
+            sent_at.elapsed(),
+            leader_may_expire - sent_at
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// ZooKeeper answers a request over its `jute.maxbuffer` (1 MiB by default) by dropping the
 /// connection, so a key whose lock node path would pass `ZOOKEEPER_MAX_PATH_BYTES` is refused up
 /// front, whole; the longest key allowed is served; neither disturbs the session's other leases.
