@@ -250,6 +250,13 @@ pub async fn write_fenced(
     Ok(())
 }
 
+/// The tick of the scenarios' ZooKeeper servers.
+const ZK_TICK: Duration = Duration::from_millis(500);
+
+/// The shortest ZooKeeper session that keeps leases of [`TTL`]: a ttl may be two thirds of the
+/// session timeout less a tick.
+const ZK_SESSION: Duration = Duration::from_secs(4);
+
 /// Connects the worker's `Locker`, retrying while its server is unreachable.
 pub async fn connect(spec: &WorkerSpec) -> Locker {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -268,7 +275,8 @@ pub async fn connect(spec: &WorkerSpec) -> Locker {
             },
             Backend::Zookeeper => match ZookeeperBackend::builder(&spec.lock_url) {
                 Ok(builder) => builder
-                    .session_timeout(TTL)
+                    .session_timeout(ZK_SESSION)
+                    .tick_time(ZK_TICK)
                     .connect()
                     .await
                     .map(Locker::with_backend),
