@@ -172,8 +172,14 @@ impl Locker {
         key: String,
         options: LockOptions,
     ) -> Result<Arc<LeaseState>, LockError> {
-        let options = options.checked()?;
+        let mut options = options.checked()?;
         check_key_length(&key)?;
+        if let Some(limit) = self.inner.backend.ttl_limit() {
+            if options.ttl > limit {
+                tracing::debug!(%key, asked = ?options.ttl, kept = ?limit, "distributed_lock: ttl shortened to the store's limit");
+                options.ttl = limit;
+            }
+        }
         let owner = Owner::random();
         let started = Instant::now();
         // Exists before the acquisition is awaited, so a dropped future still releases.

@@ -43,6 +43,9 @@ struct Faults {
     /// Chance, in millionths, that forwarding a chunk cuts its connection.
     cut_chance_ppm: AtomicU64,
     refusing: AtomicBool,
+    /// How long, in milliseconds, a new connection waits for its target to accept before the
+    /// proxy gives up on it (closing the client's side); 0: one try.
+    connect_patience_ms: AtomicU64,
     cuts: AtomicU64,
     rng: Mutex<u64>,
     open: Mutex<Vec<Arc<Connection>>>,
@@ -103,10 +106,26 @@ impl FaultProxy {
                     drop(client); // closed at once: as good as a refused connection
                     continue;
                 }
-                let Ok(server) = TcpStream::connect(target) else {
+                let patience = shared.connect_patience_ms.load(Ordering::SeqCst);
+                if patience == 0 {
+                    if let Ok(server) = TcpStream::connect(target) {
+                        serve(client, server, &shared);
+                    }
                     continue;
-                };
-                serve(client, server, &shared);
+                }
+                let shared = shared.clone();
+                std::thread::spawn(move || {
+                    let deadline = Instant::now() + Duration::from_millis(patience);
+                    loop {
+                        match TcpStream::connect(target) {
+                            Ok(server) => return serve(client, server, &shared),
+                            Err(_) if Instant::now() < deadline => {
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                            Err(_) => return,
+                        }
+                    }
+                });
             }
         });
         FaultProxy { port, faults }
@@ -179,6 +198,17 @@ impl FaultProxy {
     pub fn cut_randomly(&self, chance: f64) {
         let ppm = (chance.clamp(0.0, 1.0) * 1_000_000.0) as u64;
         self.faults.cut_chance_ppm.store(ppm, Ordering::SeqCst);
+    }
+
+    /// From now on, a new connection whose target refuses it is tried again for up to
+    /// `patience` before the proxy closes it. A peer that retries a refused connection by
+    /// itself (a ZooKeeper follower dialling a leader that is still opening its port) would
+    /// otherwise see an accepted connection close, and take that for a failure of the leader.
+    pub fn retry_refused_for(&self, patience: Duration) {
+        let millis = u64::try_from(patience.as_millis()).unwrap_or(u64::MAX);
+        self.faults
+            .connect_patience_ms
+            .store(millis, Ordering::SeqCst);
     }
 
     /// While `refusing`, new connections are closed as soon as they are accepted.
