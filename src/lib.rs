@@ -221,3 +221,9 @@
 
 pub use dlock_macros::distributed_lock;
 pub use dlock_runtime::*;
+
+// The README's examples, compiled and run by `cargo test --doc`, so the first code a user reads
+// always builds. Only under `cfg(doctest)`: it adds nothing to the library or its docs.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
