@@ -122,7 +122,7 @@
 //! | --- | --- | --- | --- | --- |
 //! | URL | `memory://` | `redis://`, `rediss://`, `redis+cluster://` | `mysql://` | `zk://host:port[/chroot]` |
 //! | exclusion across a fail-over | one process only | no: a replica promoted before it saw the lock forgets it | as far as the database's replication is synchronous | yes: quorum writes |
-//! | fencing | store counter | per-key counter that never expires | `GREATEST(fence + 1, database µs clock)` | node `czxid` |
+//! | fencing | store counter | per-key counter, floored by the server's µs clock | `GREATEST(fence + 1, database µs clock)` | node `czxid` |
 //! | fair (FIFO) waiting | yes | yes (queue + hand-off) | no (jittered back-off) | yes (each waiter watches its predecessor) |
 //! | expiry judged by | its own clock | the server (`PX`) | the database (`UTC_TIMESTAMP(6)`) | the session |
 //!
@@ -231,3 +231,9 @@
 
 pub use dlock_macros::distributed_lock;
 pub use dlock_runtime::*;
+
+// The README's examples, compiled and run by `cargo test --doc`, so the first code a user reads
+// always builds. Only under `cfg(doctest)`: it adds nothing to the library or its docs.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

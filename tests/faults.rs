@@ -7,7 +7,8 @@
 //! (a lost update if two bodies overlap), and logs when it entered and left by the clock of a
 //! private Redis all processes share (the *data server*, never faulted). The checker
 //! ([`support::history`]) then asserts: no two bodies of one key overlapped, fences increased in
-//! the order of entry, no increment was lost. Each scenario prints a row of the README's table.
+//! the order of entry, no increment was lost. Each scenario prints a row of the table in
+//! docs/correctness.md (`./scripts/write-docs.sh` collects them).
 
 mod support;
 
@@ -358,7 +359,7 @@ fn skewed_clock_holder(backend: Backend) {
 const FAKETIME: &str = "/usr/bin/faketime";
 
 /// A holder is killed (SIGKILL) in its body: the next process gets in once its lease has
-/// expired — not before, and soon after (the README's table has the figures).
+/// expired — not before, and soon after (docs/correctness.md has the figures).
 fn killed_holder(backend: Backend) {
     let mut scenario = Scenario::new("killed-holder", backend, 1);
     let mut holder = scenario.spec("holder", Duration::from_secs(60));

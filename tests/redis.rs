@@ -1,4 +1,4 @@
-//! SPEC's properties on the Redis backend, and what only a real server can show: lost updates,
+//! The lock's properties on the Redis backend, and what only a real server can show: lost updates,
 //! restarts, AUTH, the queue, round trips. Every test runs its own `redis-server` on a free port.
 
 mod support;

@@ -1,4 +1,4 @@
-//! SPEC's properties on a Redis Cluster of three primaries (feature `redis-cluster`): every key
+//! The lock's properties on a Redis Cluster of three primaries (feature `redis-cluster`): every key
 //! of a lock shares a hash slot, the scripts run on the node that owns it, and the waiters' wake-
 //! ups cross nodes through the cluster's pub/sub.
 #![cfg(feature = "redis-cluster")]

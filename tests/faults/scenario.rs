@@ -323,7 +323,8 @@ impl Scenario {
         journals
     }
 
-    /// Prints the scenario's row of the README's results table.
+    /// Prints the scenario's row of the results table in docs/correctness.md, which
+    /// `scripts/write-docs.sh` collects: keep its columns and that script's header in step.
     pub fn report(&self, verdict: &Verdict, recovery: &str) {
         eprintln!(
             "| {} | {} | {} | {} | {} | {} | {recovery} |",

@@ -1,4 +1,4 @@
-//! The ZooKeeper store: seed 002's ephemeral sequential nodes, the lock recipe of the ZooKeeper
+//! The ZooKeeper store: ephemeral sequential nodes, the lock recipe of the ZooKeeper
 //! documentation, with each waiter watching only its predecessor.
 //!
 //! # The nodes
