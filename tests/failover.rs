@@ -1,13 +1,15 @@
 //! A Redis primary with a replica, failing over the way a service sees it: the replication link
 //! is cut (a partition), the primary dies, the replica is promoted and the service's address
-//! moves to it. What the docs promise: fences keep rising whatever the new primary forgot; leases
+//! moves to it, while the holder's process stays on the old primary's side of the partition
+//! (it can reach the old primary, not the new one, until the partition heals). What the docs
+//! promise: fences keep rising whatever the new primary forgot; leases
 //! may not survive — unless `min_replicas` makes a grant and each renewal count only once a
 //! replica acknowledged it, which closes the overlap.
 
 mod support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dlock::backend::RedisBackend;
@@ -16,30 +18,37 @@ use support::fault_proxy::{Direction, FaultProxy};
 use support::redis_server::RedisServer;
 use support::{unique_key, Gauge};
 
-/// A primary, a replica that follows it through `link` (so the link can be cut), and `front`,
-/// the address clients use, which follows whichever of the two is the primary.
+/// A primary, a replica that follows it through `link` (so the link can be cut), the addresses
+/// clients use, which follow whichever of the two is the primary, and a spare server that
+/// becomes the new primary's replica after a fail-over.
 struct ReplicatedRedis {
     primary: RedisServer,
     replica: RedisServer,
+    spare: RedisServer,
     link: FaultProxy,
+    /// The address the holder's process uses: on the old primary's side of the partition.
+    holder_front: FaultProxy,
+    /// The address every other process uses.
     front: FaultProxy,
-    /// The replica started for the new primary after a fail-over.
-    new_replica: Option<RedisServer>,
 }
 
 impl ReplicatedRedis {
     async fn start() -> ReplicatedRedis {
         let primary = RedisServer::start();
         let replica = RedisServer::start();
+        let spare = RedisServer::start();
         let link = FaultProxy::start(&format!("127.0.0.1:{}", primary.port()));
         let front = FaultProxy::start(&format!("127.0.0.1:{}", primary.port()));
+        let holder_front = FaultProxy::start(&format!("127.0.0.1:{}", primary.port()));
+        sync_at_once(&primary).await;
         follow(&replica, link.port()).await;
         ReplicatedRedis {
             primary,
             replica,
+            spare,
             link,
+            holder_front,
             front,
-            new_replica: None,
         }
     }
 
@@ -47,8 +56,13 @@ impl ReplicatedRedis {
         format!("redis://127.0.0.1:{}", self.front.port())
     }
 
-    /// Kills the primary, promotes the replica and moves the front address to it; the clients'
-    /// open connections are cut, as the old primary's death would.
+    fn holder_url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.holder_front.port())
+    }
+
+    /// Kills the primary, promotes the replica and moves the service's address to it; the
+    /// clients' open connections are cut, as the old primary's death would. The holder's side
+    /// of the partition cannot reach the new primary yet.
     async fn fail_over(&mut self) {
         self.primary.stop();
         let mut admin = connect(&self.replica).await;
@@ -58,14 +72,36 @@ impl ReplicatedRedis {
             .query_async(&mut admin)
             .await
             .unwrap();
-        self.front
-            .retarget(&format!("127.0.0.1:{}", self.replica.port()));
+        let new_primary = format!("127.0.0.1:{}", self.replica.port());
+        self.holder_front.refuse_connections(true);
+        self.holder_front.retarget(&new_primary);
+        self.holder_front.cut_all();
+        self.front.retarget(&new_primary);
         self.front.cut_all();
-        // As a managed fail-over does, the new primary gets a replica of its own.
-        let new_replica = RedisServer::start();
-        follow(&new_replica, self.replica.port()).await;
-        self.new_replica = Some(new_replica);
     }
+
+    /// As a managed fail-over does, gives the new primary a replica of its own.
+    async fn attach_new_replica(&self) {
+        sync_at_once(&self.replica).await;
+        follow(&self.spare, self.replica.port()).await;
+    }
+
+    /// Ends the partition: the holder's side reaches the new primary.
+    fn heal(&self) {
+        self.holder_front.refuse_connections(false);
+    }
+}
+
+/// Lets a replica's full sync with `primary` start at once (Redis waits 5 s by default, for
+/// other replicas to share the transfer).
+async fn sync_at_once(primary: &RedisServer) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("repl-diskless-sync-delay")
+        .arg(0)
+        .query_async(&mut connect(primary).await)
+        .await
+        .unwrap();
 }
 
 /// Makes `replica` follow the server on `port`, and waits until it has the primary's data.
@@ -100,12 +136,54 @@ async fn connect(server: &RedisServer) -> redis::aio::MultiplexedConnection {
         .unwrap()
 }
 
+/// When each body ran, by fence.
+#[derive(Default)]
+struct Record {
+    stays: Mutex<Vec<Stay>>,
+}
+
+struct Stay {
+    fence: u64,
+    entered: Instant,
+    left: Option<Instant>,
+}
+
+impl Record {
+    fn enter(&self, fence: u64) {
+        self.stays.lock().unwrap().push(Stay {
+            fence,
+            entered: Instant::now(),
+            left: None,
+        });
+    }
+
+    fn leave(&self, fence: u64) {
+        let mut stays = self.stays.lock().unwrap();
+        let stay = stays.iter_mut().find(|stay| stay.fence == fence).unwrap();
+        stay.left = Some(Instant::now());
+    }
+
+    /// How long the two bodies ran at once (zero where they never did), and their fences.
+    fn overlap(&self) -> (Duration, Vec<u64>) {
+        let stays = self.stays.lock().unwrap();
+        let [first, second] = &stays[..] else {
+            panic!("expected two bodies, saw {}", stays.len());
+        };
+        let first_left = first.left.expect("the first body ended");
+        (
+            first_left.saturating_duration_since(second.entered),
+            vec![first.fence, second.fence],
+        )
+    }
+}
+
 /// Stays inside until its lease is lost (`on_lost = "cancel"` drops it) or `for_at_most` ends.
 #[distributed_lock(key = "<key>", ttl = "2s", wait = "10s", locker = locker)]
 async fn hold(
     locker: &Locker,
     key: &str,
     gauge: &Gauge,
+    record: &Record,
     fences: &AtomicU64,
     for_at_most: Duration,
 ) -> Result<(), LockError> {
@@ -115,31 +193,42 @@ async fn hold(
         "fence {fence} did not rise"
     );
     gauge.enter();
-    let _leave = scopeguard(gauge);
+    record.enter(fence);
+    let _leave = scopeguard(move || {
+        gauge.leave();
+        record.leave(fence);
+    });
     tokio::time::sleep(for_at_most).await;
     Ok(())
 }
 
-/// Leaves the gauge when the body ends, whichever way (a cancelled body is dropped).
-fn scopeguard(gauge: &Gauge) -> impl Drop + '_ {
-    struct Leave<'a>(&'a Gauge);
-    impl Drop for Leave<'_> {
+/// Runs `leave` when the body ends, whichever way (a cancelled body is dropped).
+fn scopeguard(leave: impl FnOnce()) -> impl Drop {
+    struct Leave<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Leave<F> {
         fn drop(&mut self) {
-            self.0.leave();
+            if let Some(leave) = self.0.take() {
+                leave();
+            }
         }
     }
-    Leave(gauge)
+    Leave(Some(leave))
 }
 
 /// What one fail-over did to a holder and the next caller.
 struct Outcome {
     overlapped: bool,
+    /// How long the two bodies ran at once.
+    overlap: Duration,
+    /// The holder's fence and the next caller's.
+    fences: Vec<u64>,
     holder: Result<(), LockError>,
 }
 
-/// A holder enters; the replication link is cut; 2.5 s later (past the ttl, so the replica's
-/// copy of the lease has run out) the primary dies and the replica takes over; a second caller
-/// then asks for the key on the new primary.
+/// A holder enters; the replication link is cut, and the holder's process stays on the old
+/// primary's side of the partition; 2.5 s later (past the ttl, so the replica's copy of the lease
+/// has run out) the primary dies and the replica takes over; a second caller then asks for the
+/// key on the new primary, while the new primary is given a replica of its own.
 async fn fail_over_under_a_holder(min_replicas: usize) -> Outcome {
     let mut redis = ReplicatedRedis::start().await;
     let locker = |url: String| async move {
@@ -150,15 +239,26 @@ async fn fail_over_under_a_holder(min_replicas: usize) -> Outcome {
             .unwrap();
         Locker::with_backend(backend)
     };
-    let (holder_locker, next_locker) = (locker(redis.url()).await, locker(redis.url()).await);
+    let (holder_locker, next_locker) =
+        (locker(redis.holder_url()).await, locker(redis.url()).await);
     let key = unique_key("failover");
     let gauge = Arc::new(Gauge::default());
+    let record = Arc::new(Record::default());
     let fences = Arc::new(AtomicU64::new(0));
 
     let holder = {
-        let (key, gauge, fences) = (key.clone(), gauge.clone(), fences.clone());
+        let (key, gauge, record, fences) =
+            (key.clone(), gauge.clone(), record.clone(), fences.clone());
         tokio::spawn(async move {
-            hold(&holder_locker, &key, &gauge, &fences, Duration::from_secs(8)).await
+            hold(
+                &holder_locker,
+                &key,
+                &gauge,
+                &record,
+                &fences,
+                Duration::from_secs(8),
+            )
+            .await
         })
     };
     while gauge.entered() == 0 {
@@ -166,14 +266,44 @@ async fn fail_over_under_a_holder(min_replicas: usize) -> Outcome {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     redis.link.stall(Direction::Both);
+    let cut_at = Instant::now();
     tokio::time::sleep(Duration::from_millis(2500)).await;
     redis.fail_over().await;
+    let failed_over_at = Instant::now();
 
-    let next = hold(&next_locker, &key, &gauge, &fences, Duration::from_millis(300)).await;
+    let (next, ()) = tokio::join!(
+        hold(
+            &next_locker,
+            &key,
+            &gauge,
+            &record,
+            &fences,
+            Duration::from_millis(300)
+        ),
+        redis.attach_new_replica(),
+    );
     assert!(next.is_ok(), "the caller after the fail-over: {next:?}");
+    redis.heal();
     let holder = holder.await.unwrap();
+    let (overlap, fences) = record.overlap();
+    {
+        let stays = record.stays.lock().unwrap();
+        let origin = stays[0].entered;
+        let at = |instant: Instant| instant.saturating_duration_since(origin);
+        eprintln!(
+            "cut at {:?}, fail-over at {:?}; bodies (entered, left): {:?}",
+            at(cut_at),
+            at(failed_over_at),
+            stays
+                .iter()
+                .map(|stay| (at(stay.entered), stay.left.map(at)))
+                .collect::<Vec<_>>()
+        );
+    }
     Outcome {
         overlapped: gauge.max() > 1,
+        overlap,
+        fences,
         holder,
     }
 }
@@ -181,18 +311,38 @@ async fn fail_over_under_a_holder(min_replicas: usize) -> Outcome {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_min_replicas_a_failover_that_forgot_the_lease_lets_a_second_holder_in() {
     let outcome = fail_over_under_a_holder(0).await;
+    eprintln!(
+        "overlap {:?}, fences {:?}, holder {:?}",
+        outcome.overlap, outcome.fences, outcome.holder
+    );
     // What the docs warn of: the new primary never heard of the renewals made after the
     // partition, so it let the second caller in while the first still held the lease by every
-    // confirmation it had received. Its next renewal, refused, stops it; the fences still rose.
+    // confirmation it had received (the old primary's, until it died). Once the partition
+    // heals, the holder's next renewal, refused, stops it (or its own deadline would, a ttl
+    // less the margin after the old primary's last confirmation); the fences still rose.
     assert!(outcome.overlapped, "expected the documented overlap");
-    assert!(matches!(outcome.holder, Err(LockError::Lost { .. })), "{:?}", outcome.holder);
+    assert!(!outcome.overlap.is_zero());
+    assert!(
+        matches!(outcome.holder, Err(LockError::Lost { .. })),
+        "{:?}",
+        outcome.holder
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_min_replicas_a_holder_cut_off_from_its_replica_stops_before_the_failover() {
     let outcome = fail_over_under_a_holder(1).await;
+    eprintln!(
+        "overlap {:?}, fences {:?}, holder {:?}",
+        outcome.overlap, outcome.fences, outcome.holder
+    );
     // Renewals no replica acknowledged do not count: the holder lost its lease by its own
     // deadline, before the replica's copy ran out, so the two never overlapped.
     assert!(!outcome.overlapped, "two holders after the fail-over");
-    assert!(matches!(outcome.holder, Err(LockError::Lost { .. })), "{:?}", outcome.holder);
+    assert!(outcome.overlap.is_zero(), "{:?}", outcome.overlap);
+    assert!(
+        matches!(outcome.holder, Err(LockError::Lost { .. })),
+        "{:?}",
+        outcome.holder
+    );
 }

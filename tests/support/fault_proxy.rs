@@ -107,7 +107,11 @@ impl FaultProxy {
                     drop(client); // closed at once: as good as a refused connection
                     continue;
                 }
-                let target = shared.target.lock().unwrap().expect("a target is always set");
+                let target = shared
+                    .target
+                    .lock()
+                    .unwrap()
+                    .expect("a target is always set");
                 let Ok(server) = TcpStream::connect(target) else {
                     continue;
                 };
