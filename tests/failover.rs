@@ -8,12 +8,13 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dlock::backend::RedisBackend;
-use dlock::{current_lease, distributed_lock, LockError, Locker};
+use dlock::backend::{AcquireRequest, Backend, RedisBackend, Renewal};
+use dlock::{current_lease, distributed_lock, LockError, LockOptions, Locker, Owner};
 use support::fault_proxy::{Direction, FaultProxy};
 use support::redis_server::RedisServer;
 use support::{unique_key, Gauge};
@@ -345,4 +346,158 @@ async fn with_min_replicas_a_holder_cut_off_from_its_replica_stops_before_the_fa
         "{:?}",
         outcome.holder
     );
+}
+
+/// Every command `server` ran so far, by name (`INFO commandstats`, the commands scripts run
+/// included), without the `INFO` calls that read it and the replicas' `REPLCONF ACK`s (which
+/// come every second, and when a `WAIT` asks for them).
+async fn command_counts(server: &RedisServer) -> BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut connect(server).await)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| line.strip_prefix("cmdstat_"))
+        .filter_map(|line| {
+            let (name, rest) = line.split_once(":calls=")?;
+            let calls = rest.split(',').next()?.parse().ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .filter(|(name, _)| name != "info" && name != "replconf")
+        .collect()
+}
+
+/// The commands run between two [`command_counts`].
+fn commands_between(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> Vec<(String, u64)> {
+    after
+        .iter()
+        .map(|(name, calls)| (name.clone(), calls - before.get(name).copied().unwrap_or(0)))
+        .filter(|(_, calls)| *calls > 0)
+        .collect()
+}
+
+fn commands(list: &[(&str, u64)]) -> Vec<(String, u64)> {
+    list.iter()
+        .map(|&(name, calls)| (name.to_owned(), calls))
+        .collect()
+}
+
+/// What `min_replicas` costs the server: one `WAIT` after each acquire call and one after each
+/// renewal pipeline, and nothing else (the release waits for nobody).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_adds_one_wait_to_an_acquire_and_to_a_renewal_and_nothing_else() {
+    let redis = ReplicatedRedis::start().await;
+    let backend = RedisBackend::builder(redis.url())
+        .min_replicas(1)
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend.clone());
+    // The first pair teaches the server the scripts.
+    let lease = locker.lock("warm-up", LockOptions::new()).await.unwrap();
+    let owner = Owner::random();
+    let renewal = [Renewal::new("warm-up", owner, Duration::from_secs(30))];
+    backend.renew(&renewal).await.unwrap();
+    lease.release().await.unwrap();
+    for round in 0..3 {
+        let key = unique_key("commands");
+        let before = command_counts(&redis.primary).await;
+        let lease = locker.lock(&*key, LockOptions::new()).await.unwrap();
+        lease.release().await.unwrap();
+        let ran = commands_between(&before, &command_counts(&redis.primary).await);
+        let expected = commands(&[
+            ("del", 1),
+            ("evalsha", 2),
+            ("exists", 1),
+            ("get", 2),
+            ("lpop", 1),
+            ("set", 2),
+            ("time", 1),
+            ("wait", 1),
+        ]);
+        assert_eq!(ran, expected, "acquire and release, round {round}");
+
+        let granted = backend
+            .acquire(&AcquireRequest::new(
+                &key,
+                owner,
+                Duration::from_secs(30),
+                Duration::ZERO,
+            ))
+            .await
+            .unwrap();
+        assert!(granted.is_some());
+        let before = command_counts(&redis.primary).await;
+        let renewal = [Renewal::new(&key, owner, Duration::from_secs(30))];
+        assert_eq!(backend.renew(&renewal).await.unwrap(), vec![true]);
+        let ran = commands_between(&before, &command_counts(&redis.primary).await);
+        assert_eq!(
+            ran,
+            commands(&[("evalsha", 1), ("get", 1), ("pexpire", 1), ("wait", 1)]),
+            "renewal, round {round}"
+        );
+        assert!(backend.release(&key, owner).await.unwrap());
+    }
+}
+
+/// A grant no replica acknowledged does not count: a caller that may not wait gets an error
+/// naming `min_replicas`, and the key is free again on the primary at once; a caller that may
+/// wait is granted the key once the replica catches up within its wait, and not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_no_replica_acknowledged_is_undone_or_asked_again_within_the_wait() {
+    let redis = ReplicatedRedis::start().await;
+    let backend = RedisBackend::builder(redis.url())
+        .min_replicas(1)
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend.clone());
+    redis.link.stall(Direction::Both);
+    let key = unique_key("unacknowledged");
+    let ttl = Duration::from_secs(2);
+
+    let started = Instant::now();
+    let error = locker
+        .lock(&*key, LockOptions::new().ttl(ttl))
+        .await
+        .unwrap_err();
+    let message = error.to_string();
+    assert!(matches!(error, LockError::Backend(_)), "{error:?}");
+    assert!(
+        message.contains("min_replicas") && message.contains("0 of the 1"),
+        "{message}"
+    );
+    // WAIT gave up after ttl/12.
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    let holder: Option<String> = redis::cmd("GET")
+        .arg(backend.lock_key(&key))
+        .query_async(&mut connect(&redis.primary).await)
+        .await
+        .unwrap();
+    assert_eq!(holder, None, "the grant was not undone");
+
+    let waiter = {
+        let (locker, key) = (locker.clone(), key.clone());
+        tokio::spawn(async move {
+            let options = LockOptions::new().ttl(ttl).wait(Duration::from_secs(10));
+            locker.lock(&*key, options).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        !waiter.is_finished(),
+        "granted with no replica acknowledging"
+    );
+    redis.link.resume(Direction::Both);
+    let lease = waiter.await.unwrap().unwrap();
+    assert!(lease.is_held());
+    lease.release().await.unwrap();
 }

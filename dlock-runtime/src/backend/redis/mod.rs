@@ -1501,6 +1501,69 @@ mod tests {
     }
 
     #[test]
+    fn min_replicas_comes_from_the_builder_or_else_the_url() {
+        let min_replicas =
+            |builder: RedisBackendBuilder| builder.build().unwrap().inner.min_replicas;
+        assert_eq!(min_replicas(RedisBackend::builder("redis://h")), 0);
+        assert_eq!(
+            min_replicas(RedisBackend::builder("redis://:pw@h:1/0?min_replicas=2")),
+            2
+        );
+        assert_eq!(
+            min_replicas(RedisBackend::builder(
+                "redis://h/?protocol=resp2&min_replicas=1#x"
+            )),
+            1
+        );
+        assert_eq!(
+            min_replicas(RedisBackend::builder("redis://h/?min_replicas=2").min_replicas(0)),
+            0
+        );
+        let error = RedisBackend::builder("redis://:secret@h/?min_replicas=all")
+            .build()
+            .map(drop)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("min_replicas") && !error.contains("secret"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn wait_blocks_for_a_twelfth_of_the_ttl_within_half_the_response_timeout() {
+        let backend = RedisBackend::builder("redis://h")
+            .min_replicas(1)
+            .response_timeout(Duration::from_secs(3))
+            .build()
+            .unwrap();
+        let timeout = |ttl: u64| backend.replicas_for(Duration::from_millis(ttl)).timeout_ms;
+        assert_eq!(timeout(2_400), 200);
+        assert_eq!(timeout(30_000), 1_500);
+        assert_eq!(timeout(1), 1, "WAIT 0 would block for ever");
+        assert_eq!(backend.replicas_for(Duration::from_secs(1)).count, 1);
+    }
+
+    #[test]
+    fn a_renewal_too_few_replicas_acknowledged_confirms_nothing_but_a_refusal() {
+        let asked = ReplicaWait {
+            count: 2,
+            timeout_ms: 100,
+        };
+        let renewed = |acknowledged| Renewed {
+            held: vec![true, false],
+            replicas: Some((acknowledged, asked)),
+        };
+        assert_eq!(renewed(1).judged(), vec![None, Some(false)]);
+        assert_eq!(renewed(2).judged(), vec![Some(true), Some(false)]);
+        let unasked = Renewed {
+            held: vec![true, false],
+            replicas: None,
+        };
+        assert_eq!(unasked.judged(), vec![Some(true), Some(false)]);
+    }
+
+    #[test]
     fn backoff_grows_with_jitter_up_to_the_cap() {
         let mut backoff = Backoff::new(
             Duration::from_millis(100),
