@@ -62,6 +62,10 @@
 //!   ttl at most: a slot that fails — its primary down — leaves its own leases unconfirmed that
 //!   round, and the other slots' leases are confirmed all the same.)
 //!
+//! With [`min_replicas`](RedisBackendBuilder::min_replicas) set, each acquire call and each
+//! renewal pipeline carries a `WAIT` after its script(s), in the same round trip (see
+//! *Fail-over* below); without it (the default), nothing is added.
+//!
 //! Scripts are sent by `EVALSHA`, falling back to `EVAL` where the server has not seen them yet
 //! (after a restart, say). They need Redis 6.2 or later (`GETDEL`, `SET … GET`): each connection
 //! asks the server's version (`INFO server`) when it is made, and a connection to an older server
@@ -141,8 +145,9 @@
 //!
 //! # URLs, AUTH and TLS
 //!
-//! `redis://[[user]:password@]host[:port][/db]`, as redis-rs reads it: `redis://:secret@host`
-//! authenticates with a password, `redis://user:secret@host` as an ACL user. `rediss://` is the
+//! `redis://[[user]:password@]host[:port][/db][?min_replicas=n]`, as redis-rs reads it:
+//! `redis://:secret@host` authenticates with a password, `redis://user:secret@host` as an ACL
+//! user; `min_replicas` is dlock's (see *Fail-over*). `rediss://` is the
 //! same over TLS, and needs the `redis-tls` feature (`dlock = { features = ["redis-tls"] }`).
 //! TLS comes from rustls with the `ring` provider, which builds with a C compiler but no system
 //! libraries or cmake; it is not on by default because it is heavy for what most users need:
@@ -160,11 +165,32 @@
 //! seed when it drops. (Sharded pub/sub would spare the other nodes that broadcast, at the cost of
 //! one subscriber connection per node; it is not used.)
 //!
+//! # Fail-over
+//!
 //! Redis replicates asynchronously: a lock granted by a primary that fails before replicating it
 //! can be granted again by the promoted replica, and a fence counter that had not reached the
 //! replica counts again from an older value — which the clock floor lifts past every fence the
-//! old primary handed out. Mutual exclusion holds as long as the store keeps its writes; fences
-//! are what protect the data when it does not — pass them to the protected store.
+//! old primary handed out. Renewals are no different: a holder whose primary is cut off from its
+//! replicas goes on renewing there, and a replica promoted after the lease's ttl ran out on its
+//! copy lets a second caller in while the first still holds the lease by every confirmation it
+//! received (`tests/failover.rs` shows it: the two bodies overlapped for about half a second, the
+//! time the holder's side of the partition took to heal). By default, then, mutual exclusion
+//! holds as long as the store keeps its writes; fences still rise across the fail-over and are
+//! what protect the data — pass them to the protected store.
+//!
+//! [`min_replicas(n)`](RedisBackendBuilder::min_replicas) (or `?min_replicas=n` in the URL)
+//! closes that gap: a grant counts only once `WAIT n` says `n` replicas acknowledged it, and a
+//! renewal only where they acknowledged it; a holder cut off from its replicas loses its lease by
+//! its own deadline, before the replicas' copy runs out. The `WAIT` rides in the same pipeline
+//! as the script (on a cluster, to the primary that ran it), blocks for at most ttl/12 (and half
+//! the response timeout), and costs the time the replicas take to acknowledge — Redisson's
+//! replica-sync check is the analogue. A grant too few replicas acknowledged is asked for again
+//! within the caller's `wait`, then released and reported as [`LockError::Backend`]. Leases still
+//! do not survive a fail-over to a replica that missed them, and a promotion that picks a replica
+//! which had not acknowledged (more replicas than `n`) can still forget a lease: count every
+//! replica that can be promoted. Redis's own `min-replicas-to-write` refuses writes on a primary
+//! with too few replicas in touch, but judges by their last acknowledgement, up to
+//! `min-replicas-max-lag` (10 s) old: it narrows the window without closing it.
 
 mod conn;
 mod subscriber;
