@@ -121,7 +121,7 @@
 //! | | memory | Redis | MySQL / MariaDB | ZooKeeper |
 //! | --- | --- | --- | --- | --- |
 //! | URL | `memory://` | `redis://`, `rediss://`, `redis+cluster://` | `mysql://` | `zk://host:port[/chroot]` |
-//! | exclusion across a fail-over | one process only | no: a replica promoted before it saw the lock forgets it | as far as the database's replication is synchronous | yes: quorum writes |
+//! | exclusion across a fail-over | one process only | no by default: a replica promoted before it saw the lock (or the last renewals) forgets it; yes with `min_replicas = N` (grants and renewals count after `WAIT N`, one more command in the same round trip) where the promoted replica is one of those counted; fences rise either way | as far as the database's replication is synchronous | yes: quorum writes |
 //! | fencing | store counter | per-key counter, floored by the server's µs clock | `GREATEST(fence + 1, database µs clock)` | node `czxid` |
 //! | fair (FIFO) waiting | yes | yes (queue + hand-off) | no (jittered back-off) | yes (each waiter watches its predecessor) |
 //! | expiry judged by | its own clock | the server (`PX`) | the database (`UTC_TIMESTAMP(6)`) | the session |

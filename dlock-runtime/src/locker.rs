@@ -56,9 +56,11 @@ impl Locker {
 
     /// A locker on the Redis server (or, with the `redis-cluster` feature, the cluster) that `url`
     /// names, connected: `redis://[[user]:password@]host[:port][/db]`, `rediss://…` with the
-    /// `redis-tls` feature, `redis+cluster://host:port,host:port`. For options (key prefix,
-    /// timeouts), build a [`RedisBackend`](crate::backend::RedisBackend) and use
-    /// [`Locker::with_backend`].
+    /// `redis-tls` feature, `redis+cluster://host:port,host:port`; `?min_replicas=n` makes a
+    /// grant and each renewal count only once `n` replicas acknowledged them (see
+    /// [`RedisBackendBuilder::min_replicas`](crate::backend::RedisBackendBuilder::min_replicas)).
+    /// For other options (key prefix, timeouts), build a
+    /// [`RedisBackend`](crate::backend::RedisBackend) and use [`Locker::with_backend`].
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {

@@ -46,6 +46,9 @@ struct Faults {
     /// How long, in milliseconds, a new connection waits for its target to accept before the
     /// proxy gives up on it (closing the client's side); 0: one try.
     connect_patience_ms: AtomicU64,
+    /// Where new connections go; [`FaultProxy::retarget`] moves it, as a fail-over moves a
+    /// service's address to the new primary.
+    target: Mutex<Option<SocketAddr>>,
     cuts: AtomicU64,
     rng: Mutex<u64>,
     open: Mutex<Vec<Arc<Connection>>>,
@@ -96,6 +99,7 @@ impl FaultProxy {
         let port = listener.local_addr().unwrap().port();
         let faults = Arc::new(Faults {
             rng: Mutex::new(u64::from(port) ^ std::process::id() as u64),
+            target: Mutex::new(Some(target)),
             ..Faults::default()
         });
         let shared = faults.clone();
@@ -106,6 +110,11 @@ impl FaultProxy {
                     drop(client); // closed at once: as good as a refused connection
                     continue;
                 }
+                let target = shared
+                    .target
+                    .lock()
+                    .unwrap()
+                    .expect("a target is always set");
                 let patience = shared.connect_patience_ms.load(Ordering::SeqCst);
                 if patience == 0 {
                     if let Ok(server) = TcpStream::connect(target) {
@@ -214,6 +223,13 @@ impl FaultProxy {
     /// While `refusing`, new connections are closed as soon as they are accepted.
     pub fn refuse_connections(&self, refusing: bool) {
         self.faults.refusing.store(refusing, Ordering::SeqCst);
+    }
+
+    /// Sends new connections to `target` (`ip:port`) from now on; open ones stay where they are
+    /// (cut them with [`cut_all`](Self::cut_all)).
+    pub fn retarget(&self, target: &str) {
+        let target: SocketAddr = target.parse().expect("target must be an ip:port");
+        *self.faults.target.lock().unwrap() = Some(target);
     }
 
     /// How many connections the proxy has cut so far.
