@@ -60,8 +60,8 @@ impl LockError {
     /// An unusable `url`, with its password masked in the URL and in `reason`.
     pub(crate) fn invalid_url(url: &str, reason: impl std::fmt::Display) -> Self {
         LockError::InvalidUrl {
-            url: crate::locker::mask_password(url),
-            reason: crate::locker::redact(&reason.to_string(), url),
+            url: crate::url::mask_password(url),
+            reason: crate::url::redact(&reason.to_string(), url),
         }
     }
 

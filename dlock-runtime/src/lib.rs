@@ -10,6 +10,7 @@
 //! - [`backend`] — the small trait a store implements, and the stores: `memory`, `redis` (and
 //!   `redis-cluster`, `redis-tls`), `mysql`, `zookeeper`, each behind its cargo feature.
 //! - `background` — dlock's own small runtime, for the work no caller waits on.
+//! - `url` — the schemes of locker URLs, and masking their secrets.
 //! - [`LockError`] / [`FromLockError`] (`error`) — failures, and how a locked fn returns them.
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
@@ -26,6 +27,7 @@ mod locker;
 mod options;
 mod owner;
 mod reentry;
+mod url;
 mod watchdog;
 
 pub use error::{FromLockError, LockError};

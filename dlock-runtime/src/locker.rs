@@ -8,6 +8,7 @@ use tokio::sync::watch;
 use crate::backend::{AcquireRequest, Backend, DynBackend};
 use crate::background;
 use crate::lease::{Lease, LeaseState};
+use crate::url::{self, Scheme};
 use crate::watchdog::Watchdog;
 use crate::{LockError, LockOptions, Owner};
 
@@ -96,52 +97,34 @@ impl Locker {
     /// Connects to the store a URL names: `memory://`, `redis://`, `rediss://`, `mysql://` or
     /// `zk://host:port[,host:port][/chroot]`, each where its cargo feature is enabled.
     pub async fn connect(url: &str) -> Result<Locker, LockError> {
-        let scheme = url
-            .split_once("://")
-            .map(|(scheme, _)| scheme)
-            .unwrap_or("");
         let invalid = |reason: String| LockError::invalid_url(url, reason);
-        match scheme {
+        match Scheme::of(url) {
             #[cfg(feature = "memory")]
-            "memory" => Ok(Locker::memory().described(url)),
+            Some(Scheme::Memory) => Ok(Locker::memory().described(url)),
             #[cfg(feature = "mysql")]
-            "mysql" => Ok(
-                Locker::with_backend(crate::backend::MysqlBackend::connect(url).await?)
-                    .described(url),
-            ),
+            Some(Scheme::Mysql) => Ok(Locker::with_backend(
+                crate::backend::MysqlBackend::connect(url).await?,
+            )
+            .described(url)),
             #[cfg(feature = "redis")]
-            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => Locker::redis(url).await,
+            Some(Scheme::Redis | Scheme::RedisCluster) => Locker::redis(url).await,
             #[cfg(feature = "zookeeper")]
-            "zk" => Ok(
-                Locker::with_backend(crate::backend::ZookeeperBackend::connect(url).await?)
-                    .described(url),
-            ),
-            known
-                if [
-                    "memory",
-                    "redis",
-                    "rediss",
-                    "redis+cluster",
-                    "rediss+cluster",
-                    "mysql",
-                    "zk",
-                ]
-                .contains(&known) =>
-            {
-                Err(invalid(format!(
-                    "this build of dlock lacks the `{}` feature; enable it in Cargo.toml",
-                    feature_of(scheme)
-                )))
-            }
-            _ => Err(invalid(
-                "unknown scheme; use memory://, redis://, rediss://, mysql:// or zk://".into(),
-            )),
+            Some(Scheme::Zookeeper) => Ok(Locker::with_backend(
+                crate::backend::ZookeeperBackend::connect(url).await?,
+            )
+            .described(url)),
+            #[allow(unreachable_patterns)]
+            Some(scheme) => Err(invalid(format!(
+                "this build of dlock lacks the `{}` feature; enable it in Cargo.toml",
+                scheme.feature()
+            ))),
+            None => Err(invalid(format!("unknown scheme; use {}", url::KNOWN))),
         }
     }
 
     fn described(mut self, url: &str) -> Locker {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.description = mask_password(url);
+            inner.description = url::mask_password(url);
         }
         self
     }
@@ -327,81 +310,6 @@ impl std::fmt::Debug for Locker {
     }
 }
 
-fn feature_of(scheme: &str) -> &'static str {
-    match scheme {
-        "memory" => "memory",
-        "redis" | "rediss" => "redis",
-        "redis+cluster" | "rediss+cluster" => "redis-cluster",
-        "mysql" => "mysql",
-        _ => "zookeeper",
-    }
-}
-
-/// `url` with its secrets replaced by `***`, for errors and logs.
-///
-/// The secrets are the password of the user information and the values of query parameters
-/// that carry one (`password`, `pass`, `auth`, `token`, `secret`). The user information is taken
-/// to run from the scheme's `:` (and any slashes after it) to the last `@`, so a password holding
-/// `/`, `@`, `:`, `?` or `#` (which users write unescaped), or a URL with a slash too few, is
-/// masked whole; without a `:` in it, the whole user information is masked. Where that guess is
-/// wrong it masks too much, never too little.
-pub(crate) fn mask_password(url: &str) -> String {
-    let mut masked = String::with_capacity(url.len());
-    let mut from = 0;
-    for (start, end) in secrets(url) {
-        masked.push_str(&url[from..start]);
-        masked.push_str("***");
-        from = end;
-    }
-    masked.push_str(&url[from..]);
-    masked
-}
-
-/// `text` with every secret of `url` replaced by `***`: for messages of other crates' parsers,
-/// which may quote the URL they were given.
-pub(crate) fn redact(text: &str, url: &str) -> String {
-    secrets(url)
-        .into_iter()
-        .map(|(start, end)| &url[start..end])
-        .fold(text.to_owned(), |text, secret| text.replace(secret, "***"))
-}
-
-/// The byte ranges of `url`'s secrets, in order, none empty.
-fn secrets(url: &str) -> Vec<(usize, usize)> {
-    let mut found = Vec::new();
-    let Some(scheme_end) = url.find(':') else {
-        return found;
-    };
-    let authority = scheme_end + 1 + url[scheme_end + 1..].len()
-        - url[scheme_end + 1..].trim_start_matches('/').len();
-    if let Some(at) = url.rfind('@').filter(|&at| at > authority) {
-        let userinfo = &url[authority..at];
-        let start = userinfo
-            .find(':')
-            .map_or(authority, |colon| authority + colon + 1);
-        if start < at {
-            found.push((start, at));
-        }
-    }
-    let query_from = found.last().map_or(authority, |&(_, end)| end);
-    if let Some(question) = url[query_from..].find('?') {
-        let mut offset = query_from + question + 1;
-        for pair in url[offset..].split('&') {
-            if let Some((name, value)) = pair.split_once('=') {
-                let secret = ["password", "pass", "auth", "token", "secret"]
-                    .iter()
-                    .any(|n| name.eq_ignore_ascii_case(n));
-                if secret && !value.is_empty() {
-                    let start = offset + name.len() + 1;
-                    found.push((start, start + value.len()));
-                }
-            }
-            offset += pair.len() + 1;
-        }
-    }
-    found
-}
-
 static DEFAULT: RwLock<Option<Locker>> = RwLock::new(None);
 static FROM_ENV: Mutex<FromEnv> = Mutex::new(FromEnv::Unset);
 
@@ -483,39 +391,5 @@ struct ResetOnDrop;
 impl Drop for ResetOnDrop {
     fn drop(&mut self) {
         *FROM_ENV.lock().unwrap_or_else(|p| p.into_inner()) = FromEnv::Unset;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{mask_password, redact};
-
-    #[test]
-    fn masks_only_the_password() {
-        assert_eq!(
-            mask_password("redis://:secret@host:6379/0"),
-            "redis://:***@host:6379/0"
-        );
-        assert_eq!(
-            mask_password("mysql://root:pw@127.0.0.1/test"),
-            "mysql://root:***@127.0.0.1/test"
-        );
-        assert_eq!(mask_password("redis://host:6379"), "redis://host:6379");
-        assert_eq!(mask_password("memory://"), "memory://");
-        assert_eq!(
-            mask_password("redis://:p@ss:w/rd@host:6379/0"),
-            "redis://:***@host:6379/0"
-        );
-        assert_eq!(
-            mask_password("mysql://root:a/b?c#d@db/test"),
-            "mysql://root:***@db/test"
-        );
-        assert_eq!(
-            redact(
-                "invalid port in mysql://root:a/b@db:x",
-                "mysql://root:a/b@db:x"
-            ),
-            "invalid port in mysql://root:***@db:x"
-        );
     }
 }

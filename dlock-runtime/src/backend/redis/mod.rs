@@ -204,7 +204,7 @@ use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 use self::conn::{Conn, Connection, Timeouts};
 use self::subscriber::{Subscriber, Subscription};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
-use crate::locker::mask_password;
+use crate::url::mask_password;
 use crate::{background, LockError, Owner};
 
 const DEFAULT_PREFIX: &str = "dlock:";
