@@ -17,21 +17,16 @@ use crate::{LockError, Owner};
 /// queue and wakes only that waiter, so nobody starves and nobody polls. Fences come from one
 /// counter for the whole store, so they increase per key across releases and expiries.
 ///
-/// Besides [`Backend`], it has hooks for tests: [`expire`](Self::expire) and
-/// [`steal`](Self::steal) take a lease away from its holder, and
-/// [`acquire_calls`](Self::acquire_calls) counts the acquisitions asked of it.
-///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// use dlock::{backend::MemoryBackend, LockOptions, Locker};
 ///
 /// let store = MemoryBackend::new();
 /// let locker = Locker::with_backend(store.clone());
-/// let options = LockOptions::new().ttl(std::time::Duration::from_millis(300));
-/// let lease = locker.lock("job:1", options).await.unwrap();
-/// assert!(store.steal("job:1"));
-/// lease.lost().await; // seen at the next renewal
-/// assert!(!lease.is_held());
+/// let lease = locker.lock("job:1", LockOptions::new()).await.unwrap();
+/// assert!(store.is_held("job:1"));
+/// lease.release().await.unwrap();
+/// assert!(!store.is_held("job:1"));
 /// # }
 /// ```
 #[derive(Clone, Default)]
@@ -93,6 +88,7 @@ impl MemoryBackend {
         Self::default()
     }
 
+    #[doc(hidden)] // A hook for tests, not part of the API.
     /// Makes `key`'s lease expire now, as if its holder had stopped renewing long ago. Returns
     /// whether the key was held.
     pub fn expire(&self, key: &str) -> bool {
@@ -108,6 +104,7 @@ impl MemoryBackend {
         }
     }
 
+    #[doc(hidden)] // A hook for tests, not part of the API.
     /// Gives `key` to a stranger for an hour, as a split-brain takeover would. Returns whether
     /// the key was held.
     pub fn steal(&self, key: &str) -> bool {
@@ -125,6 +122,7 @@ impl MemoryBackend {
         }
     }
 
+    #[doc(hidden)] // A hook for tests, not part of the API.
     /// How many acquisitions were asked of this store.
     pub fn acquire_calls(&self) -> u64 {
         self.shared.acquire_calls.load(Ordering::Relaxed)

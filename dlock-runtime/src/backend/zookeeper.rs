@@ -300,6 +300,7 @@ impl ZookeeperBackend {
         safe_ttl(self.shared.current().timeout, self.shared.tick)
     }
 
+    #[doc(hidden)] // A hook for tests, not part of the API.
     /// How many predecessor watches have fired: one per wake-up of a waiter by the deletion of
     /// the node below its own. A release wakes one waiter, never the whole queue.
     pub fn watch_events(&self) -> u64 {
