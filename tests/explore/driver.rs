@@ -281,10 +281,17 @@ pub fn run_seed<S: Store>(plan: &SeedPlan, store: &S) -> Outcome {
             std::thread::Builder::new()
                 .name(format!("explore-{}-w{index}", plan.seed))
                 .spawn(move || {
-                    let runtime = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .unwrap();
+                    let runtime = match worker.threads {
+                        1 => tokio::runtime::Builder::new_current_thread(),
+                        threads => {
+                            let mut builder = tokio::runtime::Builder::new_multi_thread();
+                            builder.worker_threads(threads);
+                            builder
+                        }
+                    }
+                    .enable_all()
+                    .build()
+                    .unwrap();
                     let ctx = Ctx {
                         run,
                         locker,
@@ -383,6 +390,31 @@ async fn run_worker(ctx: Ctx, plan: WorkerPlan) {
 }
 
 async fn run_task(ctx: Ctx, task: TaskPlan) {
+    if task.together {
+        for _ in 0..task.rounds {
+            let ops: Vec<_> = task
+                .ops
+                .iter()
+                .cloned()
+                .map(|op| {
+                    let ctx = ctx.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(op.start_after).await;
+                        run_op(&ctx, &op).await;
+                    })
+                })
+                .collect();
+            for op in ops {
+                if let Err(error) = op.await {
+                    ctx.run.checker.report(
+                        Kind::Broken,
+                        format!("worker {}: an op failed: {error}", ctx.worker),
+                    );
+                }
+            }
+        }
+        return;
+    }
     loop {
         for op in &task.ops {
             tokio::time::sleep(op.start_after).await;

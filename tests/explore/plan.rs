@@ -31,6 +31,9 @@ pub struct SeedPlan {
 pub struct WorkerPlan {
     /// The seed of this worker's chaos layer.
     pub chaos_seed: u64,
+    /// Threads of the worker's runtime: 1 for a current-thread runtime, where one blocked thread
+    /// stalls every task; 2 for a multi-thread one, where two tasks run at the same instant.
+    pub threads: usize,
     pub faults: Faults,
     /// Times (from the start) at which a sibling task blocks the worker's thread, and for how
     /// long.
@@ -41,8 +44,12 @@ pub struct WorkerPlan {
 #[derive(Clone, Debug)]
 pub struct TaskPlan {
     pub ops: Vec<Op>,
-    /// Repeats its ops until the worker's lease that must be kept is done.
+    /// Repeats its ops until the seed's lease that must be kept is done.
     pub churn: bool,
+    /// Starts every op at once, each as a task of its own, instead of one after another; the
+    /// whole group this many times over (once for ops run one after another).
+    pub together: bool,
+    pub rounds: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -88,7 +95,7 @@ pub enum Step {
 impl SeedPlan {
     pub fn new(seed: u64) -> SeedPlan {
         let mut rng = SplitMix::new(seed);
-        if rng.chance(150) {
+        if rng.chance(100) {
             renewal_pressure(seed, &mut rng)
         } else {
             chaos(seed, &mut rng)
@@ -134,19 +141,26 @@ fn chaos(seed: u64, rng: &mut SplitMix) -> SeedPlan {
             };
             let stalls = if !calm && rng.chance(400) {
                 (0..rng.between(1, 3))
-                    .map(|_| (rng.millis(0, 150), rng.millis(20, 300)))
+                    .map(|_| (rng.millis(0, 150), rng.millis(20, 250)))
                     .collect()
             } else {
                 Vec::new()
             };
-            let tasks = (0..rng.between(1, 3))
+            let threads = if rng.chance(350) { 2 } else { 1 };
+            let mut tasks: Vec<TaskPlan> = (0..rng.between(1, 3))
                 .map(|_| TaskPlan {
                     ops: (0..rng.between(1, 4)).map(|_| chaos_op(rng, keys)).collect(),
                     churn: false,
+                    together: false,
+        rounds: 1,
                 })
                 .collect();
+            if threads > 1 && rng.chance(600) {
+                tasks.extend((0..rng.between(1, 3)).map(|_| hand_off_race(rng, keys)));
+            }
             WorkerPlan {
                 chaos_seed: rng.next_u64(),
+                threads,
                 faults,
                 stalls,
                 tasks,
@@ -161,6 +175,47 @@ fn chaos(seed: u64, rng: &mut SplitMix) -> SeedPlan {
     }
 }
 
+/// A holder and a waiter started at the same instant on two threads, the holder's body as long
+/// as the waiter's wait (or its caller's patience): the release and the giving up fall on the
+/// same timer tick. The waiter's ttl is long, so a key left to it after it gave up is still
+/// held when the seed ends.
+fn hand_off_race(rng: &mut SplitMix, keys: usize) -> TaskPlan {
+    let key = rng.below(keys as u64) as usize;
+    let holder = variants_where(|v| v.wait_ms == 0);
+    let waiter = variants_where(|v| v.wait_ms > 0 && v.ttl_ms >= 2000);
+    let wait = Duration::from_millis(VARIANTS[waiter[0]].wait_ms);
+    let holder = Op {
+        start_after: Duration::ZERO,
+        call: Call {
+            key,
+            variant: *rng.pick(&holder),
+            steps: vec![Step::Sleep(wait)],
+        },
+        cut: Cut::None,
+        must_keep_lease: false,
+    };
+    let waiter = Op {
+        start_after: Duration::ZERO,
+        call: Call {
+            key,
+            variant: *rng.pick(&waiter),
+            steps: vec![Step::Yield],
+        },
+        cut: if rng.chance(500) {
+            Cut::Timeout(wait)
+        } else {
+            Cut::None
+        },
+        must_keep_lease: false,
+    };
+    TaskPlan {
+        ops: vec![holder, waiter],
+        churn: false,
+        together: true,
+        rounds: rng.between(1, 4),
+    }
+}
+
 fn chaos_faults(rng: &mut SplitMix) -> Faults {
     Faults {
         late_reply: rng.below(300) as u32,
@@ -168,7 +223,7 @@ fn chaos_faults(rng: &mut SplitMix) -> Faults {
         lost_reply: rng.below(80) as u32,
         duplicate: rng.below(100) as u32,
         grant_stall: rng.below(200) as u32,
-        grant_stall_max: rng.millis(20, 400),
+        grant_stall_max: rng.millis(20, 300),
         renew_pause: rng.below(250) as u32,
         renew_pause_min: Duration::ZERO,
         renew_pause_max: rng.millis(10, 100),
@@ -198,7 +253,7 @@ fn chaos_call(rng: &mut SplitMix, keys: usize, key: usize, depth: u32) -> Call {
             match roll {
                 0..45 => Step::Sleep(rng.millis(0, 12)),
                 45..60 => Step::Yield,
-                60..68 => Step::Block(rng.millis(5, 120)),
+                60..68 => Step::Block(rng.millis(5, 100)),
                 68..83 if depth < 2 => Step::Nested(chaos_call(rng, keys, key, depth + 1)),
                 83..93 if depth < 2 => Step::Joined(
                     chaos_call(rng, keys, key, depth + 1),
@@ -220,8 +275,8 @@ fn chaos_call(rng: &mut SplitMix, keys: usize, key: usize, depth: u32) -> Call {
 }
 
 /// The long lease's ttl, and the shortest lease's: every renewal is answered 80–86 % of a short
-/// ttl late — too late for a short lease, a twentieth of the long one's validity.
-const LONG_TTL_MS: u64 = 600;
+/// ttl late — too late for a short lease, a tenth of the long one's validity.
+const LONG_TTL_MS: u64 = 300;
 const SHORT_TTL_MS: u64 = 30;
 
 fn renewal_pressure(seed: u64, rng: &mut SplitMix) -> SeedPlan {
@@ -250,9 +305,12 @@ fn renewal_pressure(seed: u64, rng: &mut SplitMix) -> SeedPlan {
             })
             .collect(),
         churn: true,
+        together: false,
+        rounds: 1,
     };
     let holder = WorkerPlan {
         chaos_seed: rng.next_u64(),
+        threads: 1,
         faults,
         stalls: Vec::new(),
         tasks: std::iter::once(TaskPlan {
@@ -270,12 +328,15 @@ fn renewal_pressure(seed: u64, rng: &mut SplitMix) -> SeedPlan {
                 must_keep_lease: true,
             }],
             churn: false,
+            together: false,
+        rounds: 1,
         })
         .chain((0..rng.between(1, 3)).map(|_| churn(rng)))
         .collect(),
     };
     let neighbour = WorkerPlan {
         chaos_seed: rng.next_u64(),
+        threads: 1,
         faults,
         stalls: Vec::new(),
         tasks: (0..rng.between(1, 2)).map(|_| churn(rng)).collect(),
