@@ -49,7 +49,7 @@ if cargo nextest --version >/dev/null 2>&1; then
     # The UI tests compile a crate against dlock; with the default features that is a fraction
     # of the build all features would make it repeat.
     cargo nextest run --workspace --all-features --no-fail-fast -E 'not binary(ui)'
-    cargo nextest run -p dlock --test ui
+    cargo nextest run -p dlock-rs --test ui
 else
     cargo test --workspace --all-features --no-fail-fast --lib --bins --tests
 fi

@@ -75,7 +75,19 @@
 //!   renewal take effect only where the stored owner matches, atomically on the store.
 //! - **Re-entrancy.** A call awaited inside the body, in the same task, on the same key and
 //!   locker re-enters the held lease without asking the store; only the outermost exit releases.
-//!   Calls joined side by side (`tokio::join!`) or spawned are other owners.
+//!   Calls joined side by side (`tokio::join!`) or spawned are other owners. A re-entered call
+//!   runs under the outer call's lease: the outer `ttl` and renewal hold for it, whatever its own
+//!   `ttl`, `wait` and `renew` say, while its own `on_lost` applies to its own body.
+//! - **Siblings inside a body take turns.** Calls on the held key joined inside the body
+//!   (`tokio::join!`, `join_all`, `select!`) re-enter one at a time, each waiting in process for
+//!   the one before it to end; a call nested inside a re-entered call re-enters at once.
+//! - **Stacked attributes.** Two `#[distributed_lock]` attributes on one function take both
+//!   locks, the one written lower first (it wraps the other), and release them in the opposite
+//!   order; inside the body [`current_lease()`] reports the one written on top.
+//! - **A body never runs on an invalid lease.** Validity is checked before the body's first poll
+//!   and, with `on_lost = "cancel"`, before every later poll: a grant that reaches a stalled
+//!   caller after its lease ran out, or a body whose lease ran out while its runtime was busy
+//!   elsewhere, is dropped and the call returns `LockError::Lost`.
 //! - **Watchdog.** One renewal driver per [`Locker`] renews every lease it holds, in batches:
 //!   one store call per tick, not one timer and request per lease.
 //! - **Loss.** A lease is lost when a renewal is refused, or when none was confirmed before the
@@ -203,6 +215,8 @@
 //! `tracing` events at `debug` for acquire (with the time waited and the fence) and release, at
 //! `trace` for re-entry and renewal, and at `warn` for a lost lease, a failed renewal, a failed
 //! release and a call skipped for want of its lock.
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 pub use dlock_macros::distributed_lock;

@@ -90,3 +90,64 @@ mod rendered_keys {
         }
     }
 }
+
+/// What stacked attributes and nested calls with arguments of their own do.
+mod composition {
+    use std::time::Duration;
+
+    use dlock::backend::MemoryBackend;
+    use dlock::{current_lease, distributed_lock, LockError, LockOptions, Locker};
+
+    #[distributed_lock(key = "top:<id>", locker = locker)]
+    #[distributed_lock(key = "bottom:<id>", locker = locker)]
+    async fn stacked(locker: &Locker, id: u32) -> Result<String, LockError> {
+        Ok(current_lease().unwrap().key().to_owned())
+    }
+
+    #[tokio::test]
+    async fn stacked_attributes_take_the_lower_lock_first_and_report_the_upper() {
+        let store = MemoryBackend::new();
+        let locker = Locker::with_backend(store.clone());
+        assert_eq!(stacked(&locker, 1).await.unwrap(), "top:1");
+        assert!(!store.is_held("top:1") && !store.is_held("bottom:1"));
+
+        // With the upper key busy, the lower one was asked for first: two acquisitions.
+        let busy = locker.lock("top:2", LockOptions::new()).await.unwrap();
+        let before = store.acquire_calls();
+        assert!(
+            matches!(stacked(&locker, 2).await, Err(LockError::Busy { key }) if key == "top:2")
+        );
+        assert_eq!(store.acquire_calls() - before, 2);
+        assert!(!store.is_held("bottom:2"), "the lower lock was released");
+        drop(busy);
+
+        // With the lower key busy, the upper one is never asked for.
+        let busy = locker.lock("bottom:3", LockOptions::new()).await.unwrap();
+        let before = store.acquire_calls();
+        assert!(
+            matches!(stacked(&locker, 3).await, Err(LockError::Busy { key }) if key == "bottom:3")
+        );
+        assert_eq!(store.acquire_calls() - before, 1);
+        drop(busy);
+    }
+
+    #[distributed_lock(key = "job:<id>", ttl = "2s", locker = locker)]
+    async fn long_outer(locker: &Locker, id: u32) -> Result<bool, LockError> {
+        short_inner(locker, id).await
+    }
+
+    #[distributed_lock(key = "job:<id>", ttl = "50ms", renew = false, locker = locker)]
+    async fn short_inner(locker: &Locker, id: u32) -> Result<bool, LockError> {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok(current_lease().unwrap().is_held())
+    }
+
+    #[tokio::test]
+    async fn a_nested_call_runs_under_the_outer_ttl_and_renewal() {
+        let locker = Locker::memory();
+        assert!(
+            long_outer(&locker, 1).await.unwrap(),
+            "the nested call's own 50 ms ttl without renewal applied"
+        );
+    }
+}

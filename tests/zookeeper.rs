@@ -490,3 +490,159 @@ async fn locker_connects_by_url_and_creates_the_chroot() {
         );
     }
 }
+
+/// The queue is the order in which the lock nodes were created, whatever the numbers in their
+/// names say. ZooKeeper numbers a key's lock nodes with a signed 32-bit counter of changes to
+/// the key's children, so a key that stays busy long enough sees the number jump from
+/// `2147483647` to `-2147483648`: the node created after the jump must still queue behind the
+/// one created before it. (Two nodes named as the counter leaves them around the jump, made
+/// directly, stand in for the 2^31 creations it would take.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_follows_creation_order_not_the_numbers_in_node_names() {
+    use zookeeper_client::{Acls, CreateMode};
+
+    let zk = Zookeeper::shared().await;
+    let key = unique_key("wrap");
+    let parent = format!("{ROOT}/{key}");
+    let plain = zk_server::plain_client(&zk.url).await;
+    plain
+        .mkdir(
+            &parent,
+            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let ephemeral = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+    let (before, after) = (Owner::random(), Owner::random());
+    let before_wrap = format!("{before}-2147483647");
+    let after_wrap = format!("{after}--2147483648");
+    for (name, owner) in [(&before_wrap, before), (&after_wrap, after)] {
+        plain
+            .create(
+                &format!("{parent}/{name}"),
+                owner.to_string().as_bytes(),
+                &ephemeral,
+            )
+            .await
+            .unwrap();
+    }
+
+    // A dlock waiter comes third; ZooKeeper numbers its node 2.
+    let got_in = Arc::new(AtomicBool::new(false));
+    let locker = Locker::with_backend(zk.backend().await);
+    let waiter = {
+        let (key, got_in) = (key.clone(), got_in.clone());
+        tokio::spawn(async move {
+            let lease = locker
+                .lock(&*key, ttl(60).wait(Duration::from_secs(60)))
+                .await
+                .unwrap();
+            got_in.store(true, Ordering::SeqCst);
+            lease
+        })
+    };
+    zk.until_queue_is(&key, 3).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !got_in.load(Ordering::SeqCst),
+        "the newest node got the key while two older ones were ahead of it: {:?}",
+        zk.queue(&key).await
+    );
+    let queue = zk.queue(&key).await;
+    assert_eq!(
+        &queue[..2],
+        [before_wrap.clone(), after_wrap.clone()],
+        "not in creation order: {queue:?}"
+    );
+
+    plain
+        .delete(&format!("{parent}/{before_wrap}"), None)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !got_in.load(Ordering::SeqCst),
+        "the newest node got the key while an older one was ahead of it"
+    );
+    plain
+        .delete(&format!("{parent}/{after_wrap}"), None)
+        .await
+        .unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter did not get the key once it was first")
+        .unwrap();
+    assert!(lease.is_held());
+    lease.release().await.unwrap();
+}
+
+/// A follower cut off from the quorum goes on answering reads from its own copy of the data
+/// for `syncLimit` ticks, while the leader expires the sessions it serves and grants their keys
+/// to others. A lease renewed through such a follower must not be confirmed by it: the client
+/// gives the lease up by its own deadline, before the leader can grant the key again, and no
+/// two holders overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_cut_off_from_the_quorum_confirms_no_lease() {
+    let ensemble = tokio::task::spawn_blocking(zk_server::ZkEnsemble::start)
+        .await
+        .unwrap();
+    assert_eq!(ensemble.server(0).mode(), "follower");
+    let session = Duration::from_secs(4);
+    let through_follower = Locker::with_backend(backend_at(&ensemble.url_of(&[0]), session).await);
+    let elsewhere = Locker::with_backend(backend_at(&ensemble.url_of(&[1, 2]), session).await);
+    let key = unique_key("stale-follower");
+    let lease = through_follower.lock(&*key, ttl(4)).await.unwrap();
+    // Renewals go through while the ensemble is whole.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(lease.is_held(), "lost while the ensemble was whole");
+
+    ensemble.cut_off_first();
+    let cut_at = Instant::now();
+    let rival_got_in = Arc::new(Mutex::new(None));
+    let rival = {
+        let (key, got_in) = (key.clone(), rival_got_in.clone());
+        tokio::spawn(async move {
+            let lease = elsewhere
+                .lock(&*key, ttl(4).wait(Duration::from_secs(60)))
+                .await
+                .unwrap();
+            *got_in.lock().unwrap() = Some(Instant::now());
+            lease
+        })
+    };
+    // The lease's deadline: the ttl past the last confirmation, which came before the cut.
+    let deadline = cut_at + Duration::from_secs(4);
+    let mut lost_at = None;
+    while rival_got_in.lock().unwrap().is_none() {
+        let now = Instant::now();
+        if lost_at.is_none() && !lease.is_held() {
+            lost_at = Some(now);
+        }
+        assert!(
+            lost_at.is_some() || now < deadline + Duration::from_millis(500),
+            "the lease was still held {:?} after the cut, past its ttl: confirmed by a follower \
+             cut off from the quorum",
+            now - cut_at
+        );
+        assert!(
+            now < cut_at + Duration::from_secs(60),
+            "the rival never got the key"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let rival_at = rival_got_in.lock().unwrap().unwrap();
+    let Some(lost_at) = lost_at else {
+        panic!(
+            "the rival got the key {:?} after the cut while the lease was still held: two holders",
+            rival_at - cut_at
+        );
+    };
+    assert!(
+        lost_at <= rival_at,
+        "two holders for {:?}",
+        lost_at - rival_at
+    );
+    let second = rival.await.unwrap();
+    assert!(second.is_held());
+    assert!(!lease.is_held());
+}

@@ -122,10 +122,7 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
                 };
                 Ok(())
             }),
-            "locker" => {
-                locker = Some(value);
-                Ok(())
-            }
+            "locker" => locker_built_here(&value).map(|()| locker = Some(value)),
             "crate" => string_literal(&value, "crate = \"::dlock\"").and_then(|lit| {
                 krate = lit.parse().map_err(|_| {
                     syn::Error::new(lit.span(), "`crate` takes a path to the dlock crate, e.g. crate = \"::my_app::dlock\"")
@@ -163,6 +160,39 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
         locker,
         krate,
     })
+}
+
+/// Refuses a `locker` expression that builds a `Locker` (`&Locker::memory()`,
+/// `&Locker::connect(url).await?`, …): it is evaluated at every call, so each call would get a
+/// store of its own and no two calls would ever exclude each other.
+fn locker_built_here(value: &Expr) -> syn::Result<()> {
+    let mut expr = value;
+    let call = loop {
+        expr = match expr {
+            Expr::Reference(e) => &e.expr,
+            Expr::Paren(e) => &e.expr,
+            Expr::Group(e) => &e.expr,
+            Expr::Await(e) => &e.base,
+            Expr::Try(e) => &e.expr,
+            Expr::MethodCall(e) => &e.receiver,
+            Expr::Call(call) => break call,
+            _ => return Ok(()),
+        };
+    };
+    let Expr::Path(path) = &*call.func else {
+        return Ok(());
+    };
+    let segments: Vec<_> = path.path.segments.iter().collect();
+    match segments.as_slice() {
+        [.., ty, _] if ty.ident == "Locker" => Err(syn::Error::new_spanned(
+            value,
+            "this builds a new `Locker`, with a store of its own, at every call: no two calls \
+             would ever exclude each other. Build it once and refer to it, e.g. \
+             `static LOCKS: LazyLock<Locker> = LazyLock::new(Locker::memory);` and \
+             `locker = &LOCKS`, or `locker = &self.locker`",
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn string_literal(value: &Expr, example: &str) -> syn::Result<LitStr> {

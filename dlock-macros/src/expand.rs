@@ -5,27 +5,37 @@ use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::parse::{Parse, ParseStream, Parser};
 use syn::spanned::Spanned;
-use syn::{Attribute, Block, FnArg, Ident, Pat, ReturnType, Signature, Type, Visibility};
+use syn::{
+    braced, Attribute, Block, FnArg, Ident, Pat, ReturnType, Signature, Stmt, Type, Visibility,
+};
 
 use crate::attr::{self, Args, Errors, OnLost};
 use crate::template::{self, Segment};
 
 /// An `async fn` as it appears as a free function, a method or a trait default: attributes,
-/// visibility, signature and body. Parsed leniently so methods and free functions share one path.
+/// visibility, signature, the body's inner attributes (`#![allow(…)]`) and its statements.
+/// Parsed leniently so methods and free functions share one path.
 struct LockedFn {
     attrs: Vec<Attribute>,
     vis: Visibility,
     sig: Signature,
-    block: Block,
+    inner_attrs: Vec<Attribute>,
+    stmts: Vec<Stmt>,
 }
 
 impl Parse for LockedFn {
     fn parse(input: ParseStream) -> syn::Result<Self> {
+        let attrs = input.call(Attribute::parse_outer)?;
+        let vis = input.parse()?;
+        let sig = input.parse()?;
+        let body;
+        braced!(body in input);
         Ok(LockedFn {
-            attrs: input.call(Attribute::parse_outer)?,
-            vis: input.parse()?,
-            sig: input.parse()?,
-            block: input.parse()?,
+            attrs,
+            vis,
+            sig,
+            inner_attrs: body.call(Attribute::parse_inner)?,
+            stmts: body.call(Block::parse_within)?,
         })
     }
 }
@@ -36,10 +46,17 @@ impl ToTokens for LockedFn {
             attrs,
             vis,
             sig,
-            block,
+            inner_attrs,
+            stmts,
         } = self;
-        tokens.extend(quote!(#(#attrs)* #vis #sig #block));
+        tokens.extend(quote!(#(#attrs)* #vis #sig { #(#inner_attrs)* #(#stmts)* }));
     }
+}
+
+/// A name for a local of the expansion, hygienic: a parameter or item of the user's with the
+/// same name is neither shadowed by it nor able to reach it.
+fn local(name: &str) -> Ident {
+    Ident::new(name, Span::mixed_site())
 }
 
 /// A parameter a placeholder may name.
@@ -101,7 +118,8 @@ fn expand(args: TokenStream, function: &LockedFn) -> syn::Result<TokenStream> {
         attrs,
         vis,
         sig,
-        block,
+        inner_attrs,
+        stmts,
     } = function;
     let krate = &args.krate;
     let ttl_ms = args.ttl_ms;
@@ -119,7 +137,6 @@ fn expand(args: TokenStream, function: &LockedFn) -> syn::Result<TokenStream> {
     };
     let name = sig.ident.to_string();
     let return_hint = return_type_hint(&sig.output);
-    let stmts = &block.stmts;
     // A return type that cannot carry a lock failure is reported on the return type.
     let return_span = match &sig.output {
         ReturnType::Type(_, ty) => ty.span(),
@@ -136,11 +153,12 @@ fn expand(args: TokenStream, function: &LockedFn) -> syn::Result<TokenStream> {
             quote_spanned!(return_span=> <() as #krate::FromLockError>::from_lock_error)
         }
     };
+    let (key_local, locker_local) = (local("__dlock_key"), local("__dlock_locker"));
     let call = quote! {
         #krate::__private::locked(
             #krate::__private::LockSpec::new(#name, #ttl_ms, #wait_ms, #renew, #on_lost),
-            __dlock_locker,
-            __dlock_key,
+            #locker_local,
+            #key_local,
             #on_failure,
             async move {
                 #return_hint
@@ -153,8 +171,9 @@ fn expand(args: TokenStream, function: &LockedFn) -> syn::Result<TokenStream> {
     Ok(quote! {
         #(#attrs)*
         #vis #sig {
-            let __dlock_key: ::std::string::String = #key;
-            let __dlock_locker = #locker;
+            #(#inner_attrs)*
+            let #key_local: ::std::string::String = #key;
+            let #locker_local = #locker;
             #call
         }
     })
@@ -168,14 +187,15 @@ fn return_type_hint(output: &ReturnType) -> TokenStream {
         ReturnType::Type(_, ty) if contains_impl_trait(ty) => return TokenStream::new(),
         ReturnType::Type(_, ty) => quote!(#ty),
     };
+    let value = local("__dlock_return");
     quote! {
         #[allow(
             unknown_lints, unreachable_code, clippy::diverging_sub_expression,
             clippy::let_unit_value, clippy::unreachable, clippy::empty_loop, clippy::needless_return
         )]
         if false {
-            let __dlock_return: #ty = loop {};
-            return __dlock_return;
+            let #value: #ty = loop {};
+            return #value;
         }
     }
 }
@@ -248,11 +268,12 @@ fn render_key(args: &Args, sig: &Signature) -> syn::Result<TokenStream> {
     let params = collect_params(sig);
     let mut pushes = Vec::new();
     let mut capacity = 0usize;
+    let builder = local("__dlock_builder");
     for segment in &segments {
         match segment {
             Segment::Literal(text) => {
                 capacity += text.len();
-                pushes.push(quote!(__dlock_builder.push_literal(#text);));
+                pushes.push(quote!(#builder.push_literal(#text);));
             }
             Segment::Placeholder { root, path } => {
                 capacity += 16;
@@ -271,15 +292,15 @@ fn render_key(args: &Args, sig: &Signature) -> syn::Result<TokenStream> {
                     Err(_) => Ident::new(field, type_span).into_token_stream(),
                 });
                 pushes.push(quote_spanned! {type_span=>
-                    #krate::__private::KeyBuilder::push_display(&mut __dlock_builder, &#root_tokens #(.#fields)*);
+                    #krate::__private::KeyBuilder::push_display(&mut #builder, &#root_tokens #(.#fields)*);
                 });
             }
         }
     }
     Ok(quote! {{
-        let mut __dlock_builder = #krate::__private::KeyBuilder::with_capacity(#capacity);
+        let mut #builder = #krate::__private::KeyBuilder::with_capacity(#capacity);
         #(#pushes)*
-        __dlock_builder.finish()
+        #builder.finish()
     }})
 }
 

@@ -7,6 +7,7 @@
 //! `duration` and `template` check the two little languages inside it, and `expand` writes the
 //! function back with its body handed to one runtime call. All of it works on `proc_macro2` so
 //! that it is unit-tested without a compiler.
+#![forbid(unsafe_code)]
 
 mod attr;
 mod duration;
@@ -15,9 +16,65 @@ mod template;
 
 use proc_macro::TokenStream;
 
-/// Serialises calls of an `async fn` per rendered key with a lease on a distributed store.
+/// Serialises calls of an `async fn` per rendered key with a lease on a distributed store: at
+/// most one caller per key, in every process that shares the store, runs the body at a time.
 ///
-/// See the `dlock` crate for the arguments and their defaults.
+/// ```
+/// use dlock::{distributed_lock, LockError};
+///
+/// #[distributed_lock(key = "acct:<open_id>", ttl = "3s")]
+/// async fn submit(open_id: &str, local_id: &str) -> Result<(), LockError> {
+///     // check, then insert or update: no concurrent duplicate gets in between
+///     Ok(())
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// # dlock::set_default_locker(dlock::Locker::memory());
+/// # submit("oX7f", "device-1").await.unwrap();
+/// # }
+/// ```
+///
+/// # Arguments
+///
+/// | argument | default | meaning |
+/// | --- | --- | --- |
+/// | `key = "…"` | required | literal text and placeholders `<param>` or `<param.field.field>` (`self` included) |
+/// | `ttl = "…"` | `"30s"` | lease length: an integer and a unit (`ms`, `s`, `m`, `h`), combinable (`"1m30s"`) |
+/// | `wait = "…"` | `"0s"` | how long to wait for a busy key; `"0s"` tries once |
+/// | `renew = bool` | `true` | a watchdog renews the lease every ttl/3 while the body runs |
+/// | `on_lost = "…"` | `"cancel"` | `"cancel"`: the body is dropped at its next await and the call returns `LockError::Lost`; `"continue"`: the body runs on and `current_lease().is_held()` says the lease is gone |
+/// | `locker = EXPR` | the default locker | a `&Locker` evaluated at each call: `&LOCKS` for a `static LOCKS: LazyLock<Locker>`, `&self.locker`, a parameter |
+/// | `crate = "path"` | `::dlock` | where dlock is, for crates that re-export it |
+///
+/// # Keys
+///
+/// Each placeholder's value is rendered through `Display` and percent-encoded except ASCII
+/// letters, digits and `-_.@`, so two different argument tuples never render the same key:
+/// `acct:<open_id>` with `open_id = "a:b"` is `acct:a%3Ab`.
+///
+/// # When the lock cannot be had
+///
+/// Busy after `wait`, a store error, or a lease lost under `on_lost = "cancel"`: the function
+/// returns early without running (the rest of) its body, through `dlock::FromLockError`:
+/// `Err(LockError.into())` for `Result<T, E>` where `E: From<LockError>`, `None` for
+/// `Option<T>`, and nothing for `()` (a `tracing` warning says why).
+///
+/// # Composition
+///
+/// - A call on the same key and locker awaited inside the body re-enters the held lease without
+///   a round trip, under the outer call's ttl and renewal; calls joined inside the body on that
+///   key re-enter one at a time. Calls joined side by side outside any body, and spawned tasks,
+///   are other owners.
+/// - Two attributes stacked on one function take both locks, the lower one first.
+///
+/// # Compile errors
+///
+/// Each on the offending token, with the fix in the message: a placeholder naming no parameter
+/// (the parameters are listed), `<>`, an unclosed `<`, a stray `>`, a placeholder on a
+/// destructured parameter, a value that is not `Display`, a non-literal or empty key, a
+/// malformed, zero or overflowing duration, an unknown or repeated argument, a function that is
+/// not `async`, a return type that cannot carry a lock failure, and a `locker` expression that
+/// builds a new `Locker` at every call (`&Locker::memory()`: no two calls would exclude each
+/// other).
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::distributed_lock(args.into(), item.into()).into()

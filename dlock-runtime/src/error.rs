@@ -57,6 +57,36 @@ pub enum LockError {
 }
 
 impl LockError {
+    /// An unusable `url`, with its password masked in the URL and in `reason`.
+    pub(crate) fn invalid_url(url: &str, reason: impl std::fmt::Display) -> Self {
+        LockError::InvalidUrl {
+            url: crate::locker::mask_password(url),
+            reason: crate::locker::redact(&reason.to_string(), url),
+        }
+    }
+
+    /// A copy of this error for a second caller that shares its cause. A store's error keeps
+    /// its message, not its type.
+    pub(crate) fn duplicate(&self) -> Self {
+        match self {
+            LockError::Busy { key } => LockError::Busy { key: key.clone() },
+            LockError::Lost { key } => LockError::Lost { key: key.clone() },
+            LockError::NoLocker => LockError::NoLocker,
+            LockError::InvalidUrl { url, reason } => LockError::InvalidUrl {
+                url: url.clone(),
+                reason: reason.clone(),
+            },
+            LockError::InvalidOptions { reason } => LockError::InvalidOptions {
+                reason: reason.clone(),
+            },
+            LockError::InvalidKey { key, reason } => LockError::InvalidKey {
+                key: key.clone(),
+                reason: reason.clone(),
+            },
+            LockError::Backend(error) => LockError::backend(error.to_string()),
+        }
+    }
+
     /// Wraps a store's error.
     pub fn backend(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         LockError::Backend(error.into())

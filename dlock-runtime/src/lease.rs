@@ -2,13 +2,14 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
 use crate::clock;
 use crate::locker::Locker;
+use crate::reentry::Turns;
 use crate::{LockError, Owner};
 
 /// The shared state of one held lease: read by its holder, `current_lease()` and the watchdog.
@@ -25,8 +26,8 @@ pub(crate) struct LeaseState {
     lost: AtomicBool,
     released: AtomicBool,
     lost_wake: Notify,
-    /// The lease of the body this lease's body runs inside, for re-entrancy (`reentry`).
-    outer: OnceLock<Arc<LeaseState>>,
+    /// Which of the bodies re-entering this lease may run now (`reentry`).
+    pub(crate) turns: Turns,
 }
 
 /// Why a lease stopped being held, for the log.
@@ -60,16 +61,8 @@ impl LeaseState {
             lost: AtomicBool::new(false),
             released: AtomicBool::new(false),
             lost_wake: Notify::new(),
-            outer: OnceLock::new(),
+            turns: Turns::new(),
         }
-    }
-
-    pub(crate) fn outer(&self) -> Option<&Arc<LeaseState>> {
-        self.outer.get()
-    }
-
-    pub(crate) fn set_outer(&self, outer: Arc<LeaseState>) {
-        let _ = self.outer.set(outer);
     }
 
     fn validity_from(confirmed_at: Instant, ttl: Duration) -> Instant {
@@ -90,6 +83,20 @@ impl LeaseState {
 
     pub(crate) fn is_held(&self) -> bool {
         !self.is_lost() && !self.is_released() && Instant::now() < self.valid_until()
+    }
+
+    /// Whether a body may be polled under this lease now: held, and within its validity. A lease
+    /// found past its validity is marked lost here, so that its loss is reported even when no
+    /// timer has fired yet (the runtime was busy, or the grant itself arrived late).
+    pub(crate) fn may_run(&self) -> bool {
+        if self.is_lost() || self.is_released() {
+            return false;
+        }
+        if Instant::now() >= self.valid_until() {
+            self.mark_lost(LossCause::Unconfirmed);
+            return false;
+        }
+        true
     }
 
     /// Records a renewal the store confirmed for a request sent at `sent_at`. A lease that was

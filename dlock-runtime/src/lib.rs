@@ -12,6 +12,8 @@
 //! - `background` — dlock's own small runtime, for the work no caller waits on.
 //! - [`LockError`] / [`FromLockError`] (`error`) — failures, and how a locked fn returns them.
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
 mod background;

@@ -94,12 +94,15 @@ where
     };
 
     let outer = match reentry::enter(locker.id(), &key) {
-        reentry::Entry::Reenter(held) => {
-            if !held.is_held() {
+        reentry::Entry::Reenter { parent, top } => {
+            // Siblings joined inside the body take turns under the lease; waiting for one
+            // ends early if the lease is lost meanwhile.
+            let Some(turn) = reentry::Turn::take(&parent, top).await else {
                 return on_failure(LockError::Lost { key });
-            }
+            };
             tracing::trace!(%key, function = spec.name, "distributed_lock: re-entered");
-            return body.await;
+            let output = run_body(spec.on_lost, turn.lease(), turn.scope(body)).await;
+            return output.unwrap_or_else(|| on_failure(LockError::Lost { key }));
         }
         reentry::Entry::Acquire { outer } => outer,
     };
@@ -111,17 +114,11 @@ where
     // From here `lease` releases on every exit: its `Drop` queues the release when the body
     // panics or this future is dropped, and the release below awaits it on a normal return.
     let body = reentry::scope(lease.state.clone(), outer, body);
-    let output = match spec.on_lost {
-        OnLost::Cancel => match until_lost(body, &lease.state).await {
-            Some(output) => output,
-            // Returns at once; dropping the lease queues its release.
-            None => {
-                return on_failure(LockError::Lost {
-                    key: lease.state.key.clone(),
-                })
-            }
-        },
-        OnLost::Continue => body.await,
+    let Some(output) = run_body(spec.on_lost, &lease.state, body).await else {
+        // Returns at once; dropping the lease queues its release.
+        return on_failure(LockError::Lost {
+            key: lease.state.key.clone(),
+        });
     };
     if let Err(error) = lease.locker.release(&lease.state).await {
         // The body's work is done and must be reported as it ended; the lease will expire.
@@ -130,17 +127,37 @@ where
     output
 }
 
-/// Polls `body` until it finishes (`Some`) or the lease is lost (`None`, and `body` is dropped).
-/// The body goes first, and the loss watcher with its timer is only set up once the body has to
-/// wait: a body that finishes in its first poll pays nothing for it.
-async fn until_lost<F: Future>(body: F, state: &LeaseState) -> Option<F::Output> {
+/// Runs `body` under `lease` as `on_lost` says; `None` when the lease was lost and the body
+/// dropped, or never started.
+///
+/// The body is never started on a lease the client knows is invalid: a grant can reach a
+/// caller whose runtime was stalled after the lease ran out. With `Cancel` the same check comes
+/// before every later poll, so a body whose lease ran out while its runtime was busy elsewhere
+/// is dropped instead of resumed, even before any timer reports the loss.
+async fn run_body<F: Future>(on_lost: OnLost, lease: &LeaseState, body: F) -> Option<F::Output> {
+    if !lease.may_run() {
+        return None;
+    }
+    match on_lost {
+        OnLost::Cancel => until_lost(body, lease).await,
+        OnLost::Continue => Some(body.await),
+    }
+}
+
+/// Polls `body` while the lease may run it, until it finishes (`Some`) or the lease is lost
+/// (`None`, and `body` is dropped). The loss watcher with its timer is only set up once the body
+/// has to wait: a body that finishes in its first poll pays nothing for it.
+async fn until_lost<F: Future>(body: F, lease: &LeaseState) -> Option<F::Output> {
     let mut body = std::pin::pin!(body);
     let mut watcher = None;
     std::future::poll_fn(|cx| {
+        if !lease.may_run() {
+            return Poll::Ready(None);
+        }
         if let Poll::Ready(output) = body.as_mut().poll(cx) {
             return Poll::Ready(Some(output));
         }
-        let watcher = watcher.get_or_insert_with(|| Box::pin(state.wait_lost()));
+        let watcher = watcher.get_or_insert_with(|| Box::pin(lease.wait_lost()));
         watcher.as_mut().poll(cx).map(|()| None)
     })
     .await

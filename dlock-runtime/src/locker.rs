@@ -1,7 +1,9 @@
 //! `Locker`: a handle to one store that hands out leases; and the default locker.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
+
+use tokio::sync::watch;
 
 use crate::backend::{AcquireRequest, Backend, DynBackend};
 use crate::background;
@@ -38,6 +40,14 @@ struct Inner {
 }
 
 impl Locker {
+    /// The longest key, in bytes, that any store is asked to hold: 1 MiB. Longer keys fail with
+    /// [`LockError::InvalidKey`] before any I/O. A key is usually rendered from request data; a
+    /// runaway one (a whole payload in a placeholder) would cost the store memory and every
+    /// call a transfer of that size, and never names a resource anyone meant to lock. Most
+    /// stores allow less, each checked by its backend: Redis 16 KiB, ZooKeeper a node path of
+    /// 1,000,000 bytes, MySQL 255 bytes.
+    pub const MAX_KEY_BYTES: usize = 1 << 20;
+
     /// A locker on a fresh in-process store (see [`MemoryBackend`](crate::backend::MemoryBackend)).
     #[cfg(feature = "memory")]
     pub fn memory() -> Locker {
@@ -88,10 +98,7 @@ impl Locker {
             .split_once("://")
             .map(|(scheme, _)| scheme)
             .unwrap_or("");
-        let invalid = |reason: String| LockError::InvalidUrl {
-            url: mask_password(url),
-            reason,
-        };
+        let invalid = |reason: String| LockError::invalid_url(url, reason);
         match scheme {
             #[cfg(feature = "memory")]
             "memory" => Ok(Locker::memory().described(url)),
@@ -165,7 +172,8 @@ impl Locker {
         key: String,
         options: LockOptions,
     ) -> Result<Arc<LeaseState>, LockError> {
-        options.validate()?;
+        let options = options.checked()?;
+        check_key_length(&key)?;
         let owner = Owner::random();
         let started = Instant::now();
         // Exists before the acquisition is awaited, so a dropped future still releases.
@@ -200,7 +208,7 @@ impl Locker {
             self.id(),
         ));
         if options.renew {
-            self.inner.watchdog.watch(&state);
+            self.inner.watchdog.watch(&state, acquired.valid_from);
         }
         Ok(state)
     }
@@ -249,6 +257,26 @@ impl Locker {
             }
         });
     }
+}
+
+fn check_key_length(key: &str) -> Result<(), LockError> {
+    if key.len() <= Locker::MAX_KEY_BYTES {
+        return Ok(());
+    }
+    // The error names the key by its start: repeating a runaway key would only move the problem
+    // into the logs.
+    let mut shown = 64;
+    while !key.is_char_boundary(shown) {
+        shown -= 1;
+    }
+    Err(LockError::InvalidKey {
+        key: format!("{}…", &key[..shown]),
+        reason: format!(
+            "{} bytes long; keys may be at most {} bytes",
+            key.len(),
+            Locker::MAX_KEY_BYTES
+        ),
+    })
 }
 
 /// Releases a key whose acquisition was abandoned mid-flight: the store may have granted it.
@@ -301,25 +329,49 @@ fn feature_of(scheme: &str) -> &'static str {
     }
 }
 
-/// `url` with the password (the part between `:` and `@` of the authority) replaced by `***`,
-/// for errors and logs.
+/// `url` with its password replaced by `***`, for errors and logs.
+///
+/// The user information is taken to end at the last `@`, and the password to start after the
+/// first `:` in it, so a password holding `/`, `@`, `:`, `?` or `#` (which users write unescaped)
+/// is masked whole. Where that guess is wrong it masks too much, never too little.
 pub(crate) fn mask_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
-            None => url.to_owned(),
-        },
+    match split_password(url) {
+        Some((before, _, after)) => format!("{before}***{after}"),
         None => url.to_owned(),
     }
 }
 
+/// `text` with every occurrence of `url`'s password replaced by `***`: for messages of other
+/// crates' parsers, which may quote the URL they were given.
+pub(crate) fn redact(text: &str, url: &str) -> String {
+    match split_password(url) {
+        Some((_, password, _)) if !password.is_empty() => text.replace(password, "***"),
+        _ => text.to_owned(),
+    }
+}
+
+/// `url` cut around its password: what comes before it, the password, what comes after it.
+fn split_password(url: &str) -> Option<(&str, &str, &str)> {
+    let (_, rest) = url.split_once("://")?;
+    let rest_from = url.len() - rest.len();
+    let at = rest.rfind('@')?;
+    let colon = rest[..at].find(':')?;
+    let (start, end) = (rest_from + colon + 1, rest_from + at);
+    Some((&url[..start], &url[start..end], &url[end..]))
+}
+
 static DEFAULT: RwLock<Option<Locker>> = RwLock::new(None);
-static FROM_ENV: tokio::sync::OnceCell<Locker> = tokio::sync::OnceCell::const_new();
+static FROM_ENV: Mutex<FromEnv> = Mutex::new(FromEnv::Unset);
+
+/// The locker built from `DLOCK_URL`.
+enum FromEnv {
+    /// Not built, or the last attempt failed: the next caller tries again.
+    Unset,
+    /// An attempt is under way; callers arriving now wait for its outcome instead of queueing
+    /// attempts of their own behind it.
+    Connecting(watch::Receiver<Option<Result<Locker, Arc<LockError>>>>),
+    Ready(Locker),
+}
 
 /// Sets the locker that `#[distributed_lock]` uses where it names none. A later call replaces
 /// the locker for calls that start after it.
@@ -337,21 +389,51 @@ pub(crate) async fn default_locker() -> Result<Locker, LockError> {
     if let Some(locker) = DEFAULT.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
         return Ok(locker.clone());
     }
-    match std::env::var("DLOCK_URL") {
-        Ok(url) if !url.trim().is_empty() => {
-            // A failed connection is not cached: the next call tries again.
-            FROM_ENV
-                .get_or_try_init(|| Locker::connect(url.trim()))
-                .await
-                .cloned()
+    let mut outcome = {
+        let mut from_env = FROM_ENV.lock().unwrap_or_else(|p| p.into_inner());
+        match &*from_env {
+            FromEnv::Ready(locker) => return Ok(locker.clone()),
+            FromEnv::Connecting(outcome) => outcome.clone(),
+            FromEnv::Unset => {
+                let url = match std::env::var("DLOCK_URL") {
+                    Ok(url) if !url.trim().is_empty() => url.trim().to_owned(),
+                    _ => return Err(LockError::NoLocker),
+                };
+                let outcome = connect_from_env(url);
+                *from_env = FromEnv::Connecting(outcome.clone());
+                outcome
+            }
         }
-        _ => Err(LockError::NoLocker),
-    }
+    };
+    let result = match outcome.wait_for(Option::is_some).await.as_deref() {
+        Ok(Some(Ok(locker))) => Ok(locker.clone()),
+        Ok(Some(Err(error))) => Err(error.duplicate()),
+        _ => Err(LockError::backend(
+            "the connection to DLOCK_URL was abandoned",
+        )),
+    };
+    result
+}
+
+/// Connects to `url` on the background runtime, so the attempt goes on if the caller that
+/// started it is dropped, and publishes the outcome to every caller waiting on it.
+fn connect_from_env(url: String) -> watch::Receiver<Option<Result<Locker, Arc<LockError>>>> {
+    let (publish, outcome) = watch::channel(None);
+    background::spawn(async move {
+        let connected = Locker::connect(&url).await;
+        *FROM_ENV.lock().unwrap_or_else(|p| p.into_inner()) = match &connected {
+            Ok(locker) => FromEnv::Ready(locker.clone()),
+            // A failed connection is not kept: the next call tries again.
+            Err(_) => FromEnv::Unset,
+        };
+        let _ = publish.send(Some(connected.map_err(Arc::new)));
+    });
+    outcome
 }
 
 #[cfg(test)]
 mod tests {
-    use super::mask_password;
+    use super::{mask_password, redact};
 
     #[test]
     fn masks_only_the_password() {
@@ -365,5 +447,20 @@ mod tests {
         );
         assert_eq!(mask_password("redis://host:6379"), "redis://host:6379");
         assert_eq!(mask_password("memory://"), "memory://");
+        assert_eq!(
+            mask_password("redis://:p@ss:w/rd@host:6379/0"),
+            "redis://:***@host:6379/0"
+        );
+        assert_eq!(
+            mask_password("mysql://root:a/b?c#d@db/test"),
+            "mysql://root:***@db/test"
+        );
+        assert_eq!(
+            redact(
+                "invalid port in mysql://root:a/b@db:x",
+                "mysql://root:a/b@db:x"
+            ),
+            "invalid port in mysql://root:***@db:x"
+        );
     }
 }

@@ -19,7 +19,8 @@ pub struct LockOptions {
     /// Lease length (default 30 s). The store lets the lease expire this long after the last
     /// acquisition or renewal it confirmed.
     pub ttl: Duration,
-    /// How long to wait for a busy key (default zero: try once).
+    /// How long to wait for a busy key (default zero: try once). Waits longer than
+    /// [`MAX_WAIT`](Self::MAX_WAIT), `Duration::MAX` among them, wait that long.
     pub wait: Duration,
     /// Whether the watchdog renews the lease every ttl/3 while it is held (default `true`).
     pub renew: bool,
@@ -53,7 +54,19 @@ impl LockOptions {
         self
     }
 
-    pub(crate) fn validate(&self) -> Result<(), LockError> {
+    /// The longest wait honoured: a century, which is forever for a lock, and far enough from
+    /// the end of `Instant`'s range that adding it to the present never overflows.
+    pub const MAX_WAIT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+    /// The options as every store gets them: checked, with `wait` capped at
+    /// [`MAX_WAIT`](Self::MAX_WAIT) so that `Duration::MAX` means "wait forever" everywhere.
+    pub(crate) fn checked(mut self) -> Result<Self, LockError> {
+        self.validate()?;
+        self.wait = self.wait.min(Self::MAX_WAIT);
+        Ok(self)
+    }
+
+    fn validate(&self) -> Result<(), LockError> {
         if self.ttl < Duration::from_millis(1) {
             return Err(LockError::InvalidOptions {
                 reason: format!("ttl {:?} is shorter than 1ms", self.ttl),

@@ -3,7 +3,6 @@
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::LazyLock;
 
 /// Identifies one acquisition of a key. Release and renewal take effect on the server only where
 /// the stored owner equals this one, so a holder that lost its lease can never release or extend
@@ -20,26 +19,31 @@ use std::sync::LazyLock;
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Owner(u128);
 
-/// A per-process random seed, from the operating system's randomness that `std` already draws for
-/// `HashMap` keys, so no extra dependency is needed.
-static SEED: LazyLock<(RandomState, u128)> = LazyLock::new(|| {
-    let state = RandomState::new();
-    let high = state.hash_one((std::process::id(), 0x5eed_u32));
-    let low = state.hash_one((std::process::id(), std::time::SystemTime::now()));
-    (state, (u128::from(high) << 64) | u128::from(low))
-});
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
 impl Owner {
-    /// A fresh token: unique in this process by a counter, across processes by a 128-bit random
-    /// seed drawn once per process.
+    /// A fresh token: 128 bits drawn from the operating system's generator for each call.
+    ///
+    /// Drawn afresh rather than derived from per-process state, because a process that forks
+    /// would hand the same state to its child: parent and child would then draw the same
+    /// tokens, and a store could not tell their leases apart.
     pub fn random() -> Owner {
-        let (state, seed) = &*SEED;
+        let mut bytes = [0u8; 16];
+        if getrandom::fill(&mut bytes).is_err() {
+            // The generator is unavailable (a sandbox without it): mix what tells this call
+            // apart, in this process and from every other, under std's own random keys.
+            return Owner::fallback();
+        }
+        Owner(u128::from_le_bytes(bytes))
+    }
+
+    #[cold]
+    fn fallback() -> Owner {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let state = RandomState::new();
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        // Hashing the counter under the secret seed spreads consecutive tokens over the whole
-        // space; the seed keeps two processes' sequences apart.
-        let mixed = (u128::from(state.hash_one(n)) << 64) | u128::from(state.hash_one(!n));
-        Owner(seed ^ mixed)
+        let time = std::time::SystemTime::now();
+        let high = state.hash_one((std::process::id(), n, time));
+        let low = state.hash_one((time, n, std::thread::current().id()));
+        Owner((u128::from(high) << 64) | u128::from(low))
     }
 
     /// The token as a number.

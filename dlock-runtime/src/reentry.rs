@@ -1,39 +1,80 @@
-//! Re-entrancy: the leases held by the annotated bodies a task is inside of.
+//! Re-entrancy: the leases held by the annotated bodies a task is inside of, and the turns that
+//! keep re-entered calls on one lease from running side by side.
 //!
 //! The stack lives in a `tokio::task_local!` scope around each body, never in a `thread_local!`
 //! (a task moves between threads). A scope covers exactly one body's future, so a call awaited
 //! inside the body sees the lease and re-enters, while a call joined beside it (`tokio::join!`)
 //! or spawned from it does not: those are other owners.
+//!
+//! Re-entering is not the same as running alone: a body may join two calls on its own key
+//! (`tokio::join!(withdraw(id), withdraw(id))`), and both find the lease on the stack. So each
+//! lease has one *occupant*, the body that may run under it now: the acquiring body at first.
+//! A re-entering call waits until the occupant is the body it was called from (its parent
+//! frame), takes the turn, and gives it back when it ends, whichever way. Siblings therefore go
+//! one at a time, while a call nested inside a re-entered call (whose parent is that call)
+//! never waits on itself.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use tokio::sync::Notify;
 
 use crate::lease::{LeaseInfo, LeaseState};
 
 tokio::task_local! {
-    /// The lease of the innermost body; each lease links to the one around it
-    /// (`LeaseState::outer`), so entering a body allocates nothing beyond the lease itself.
-    static HELD: Arc<LeaseState>;
+    /// The frame of the innermost body; each links to the frame around it.
+    static HELD: Arc<Frame>;
+}
+
+/// One annotated body a task is inside of: the lease it runs under, and the body around it.
+pub(crate) struct Frame {
+    lease: Arc<LeaseState>,
+    /// This body's identity in its lease's turns; [`Turns::ACQUIRER`] for the body that acquired.
+    id: u64,
+    outer: Option<Arc<Frame>>,
+}
+
+/// Whose turn it is to run under one lease; kept in the lease.
+pub(crate) struct Turns {
+    occupant: AtomicU64,
+    handed_back: Notify,
+}
+
+impl Turns {
+    /// The frame id of the body that acquired the lease, the first occupant.
+    const ACQUIRER: u64 = 0;
+
+    pub(crate) fn new() -> Self {
+        Turns {
+            occupant: AtomicU64::new(Self::ACQUIRER),
+            handed_back: Notify::new(),
+        }
+    }
 }
 
 /// Where a call on `key` by `locker_id` stands.
 pub(crate) enum Entry {
-    /// An enclosing body of this task holds the key: re-enter its lease.
-    Reenter(Arc<LeaseState>),
-    /// The call must acquire; `outer` is the innermost enclosing lease, if any.
-    Acquire { outer: Option<Arc<LeaseState>> },
+    /// A body of this task holds the key: `parent` is the innermost frame under that lease, and
+    /// `top` the innermost frame of all.
+    Reenter { parent: Arc<Frame>, top: Arc<Frame> },
+    /// The call must acquire; `outer` is the innermost enclosing frame, if any.
+    Acquire { outer: Option<Arc<Frame>> },
 }
 
 /// Looks `key` up among the leases of the enclosing bodies, with one task-local access, as this
 /// is on every call's path.
 pub(crate) fn enter(locker_id: usize, key: &str) -> Entry {
     HELD.try_with(|top| {
-        let mut lease = Some(top);
-        while let Some(state) = lease {
-            if state.locker_id == locker_id && state.key == key {
-                return Entry::Reenter(state.clone());
+        let mut frame = Some(top);
+        while let Some(current) = frame {
+            if current.lease.locker_id == locker_id && current.lease.key == key {
+                return Entry::Reenter {
+                    parent: current.clone(),
+                    top: top.clone(),
+                };
             }
-            lease = state.outer();
+            frame = current.outer.as_ref();
         }
         Entry::Acquire {
             outer: Some(top.clone()),
@@ -42,23 +83,89 @@ pub(crate) fn enter(locker_id: usize, key: &str) -> Entry {
     .unwrap_or(Entry::Acquire { outer: None })
 }
 
-/// Runs `body` with `state` on top of the held stack, above `outer`.
+/// Runs the body of the call that acquired `lease` with the lease on top of the held stack.
 pub(crate) fn scope<F: Future>(
-    state: Arc<LeaseState>,
-    outer: Option<Arc<LeaseState>>,
+    lease: Arc<LeaseState>,
+    outer: Option<Arc<Frame>>,
     body: F,
 ) -> impl Future<Output = F::Output> {
-    if let Some(outer) = outer {
-        state.set_outer(outer);
+    let frame = Frame {
+        lease,
+        id: Turns::ACQUIRER,
+        outer,
+    };
+    HELD.scope(Arc::new(frame), body)
+}
+
+/// A re-entering call's turn under its parent's lease; handing it back on drop, so a body that
+/// returns, panics or is dropped lets the next sibling in.
+pub(crate) struct Turn {
+    frame: Arc<Frame>,
+    parent: u64,
+}
+
+static NEXT_FRAME: AtomicU64 = AtomicU64::new(Turns::ACQUIRER + 1);
+
+impl Turn {
+    /// Waits until `parent` is the lease's occupant, then takes the turn for a new frame above
+    /// `top`. `None` when the lease is lost first.
+    pub(crate) async fn take(parent: &Frame, top: Arc<Frame>) -> Option<Turn> {
+        let lease = &parent.lease;
+        let turns = &lease.turns;
+        let id = NEXT_FRAME.fetch_add(1, Ordering::Relaxed);
+        loop {
+            let handed_back = turns.handed_back.notified();
+            tokio::pin!(handed_back);
+            handed_back.as_mut().enable();
+            if turns
+                .occupant
+                .compare_exchange(parent.id, id, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                let frame = Frame {
+                    lease: lease.clone(),
+                    id,
+                    outer: Some(top),
+                };
+                return Some(Turn {
+                    frame: Arc::new(frame),
+                    parent: parent.id,
+                });
+            }
+            tokio::select! {
+                () = handed_back => {}
+                () = lease.wait_lost() => return None,
+            }
+        }
     }
-    HELD.scope(state, body)
+
+    /// The lease this turn runs under.
+    pub(crate) fn lease(&self) -> &Arc<LeaseState> {
+        &self.frame.lease
+    }
+
+    /// Runs `body` with this turn's frame on top of the held stack.
+    pub(crate) fn scope<F: Future>(&self, body: F) -> impl Future<Output = F::Output> {
+        HELD.scope(self.frame.clone(), body)
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let turns = &self.frame.lease.turns;
+        turns.occupant.store(self.parent, Ordering::Release);
+        turns.handed_back.notify_waiters();
+    }
 }
 
 /// The lease of the innermost `#[distributed_lock]` body this code runs in, or `None` outside
 /// any.
 ///
 /// ```
-/// use dlock::distributed_lock;
+/// use std::sync::LazyLock;
+/// use dlock::{distributed_lock, Locker};
+///
+/// static LOCKS: LazyLock<Locker> = LazyLock::new(Locker::memory);
 ///
 /// #[derive(Debug)]
 /// struct Stale;
@@ -66,7 +173,7 @@ pub(crate) fn scope<F: Future>(
 ///     fn from(_: dlock::LockError) -> Self { Stale }
 /// }
 ///
-/// #[distributed_lock(key = "stock:<sku>", locker = &dlock::Locker::memory())]
+/// #[distributed_lock(key = "stock:<sku>", locker = &LOCKS)]
 /// async fn deduct(sku: &str) -> Result<u64, Stale> {
 ///     let lease = dlock::current_lease().expect("inside a locked body");
 ///     assert_eq!(lease.key(), "stock:apple");
@@ -79,5 +186,8 @@ pub(crate) fn scope<F: Future>(
 /// # }
 /// ```
 pub fn current_lease() -> Option<LeaseInfo> {
-    HELD.try_with(|top| LeaseInfo { state: top.clone() }).ok()
+    HELD.try_with(|top| LeaseInfo {
+        state: top.lease.clone(),
+    })
+    .ok()
 }

@@ -4,6 +4,11 @@
 //! next half period, so leases taken at about the same time share a round trip and a `Locker`
 //! with ten thousand leases makes a handful of round trips per period, not ten thousand. The
 //! driver runs on dlock's own background runtime and exits when it has nothing to renew.
+//!
+//! Each batch's round trip runs as a task of its own, so a slow store never holds up the ticks of
+//! other leases, and each lease's confirmation is judged against its own deadline: a batch waits
+//! as long as its longest-lived lease can, and a short lease in it is lost by its own timer
+//! without cutting the others' patience short.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -16,7 +21,7 @@ use crate::background;
 use crate::clock;
 use crate::lease::{LeaseState, LossCause};
 
-/// How soon a renewal is tried again after the store failed to answer.
+/// The shortest time before a renewal is tried again after the store failed to answer.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_millis(100);
 
 pub(crate) struct Watchdog {
@@ -52,9 +57,11 @@ impl Watchdog {
         }
     }
 
-    /// Starts renewing `state` every ttl/3.
-    pub(crate) fn watch(&self, state: &Arc<LeaseState>) {
-        let renew_at = Instant::now() + clock::renew_interval(state.ttl);
+    /// Starts renewing `state` every ttl/3, counting from `confirmed_at`, the instant its
+    /// validity counts from: a grant that took long to arrive is renewed at once, not a full
+    /// period after it arrived.
+    pub(crate) fn watch(&self, state: &Arc<LeaseState>, confirmed_at: Instant) {
+        let renew_at = confirmed_at + clock::renew_interval(state.ttl);
         let mut registry = self.shared.registry();
         registry.leases.insert(
             state.id,
@@ -119,8 +126,8 @@ impl Shared {
             let early = clock::renew_interval(state.ttl) / 2;
             if entry.renew_at <= now + early {
                 batch.push(state.clone());
-                // Until the answer comes, look again after a failure's retry delay.
-                entry.renew_at = now + RETRY_AFTER_FAILURE.min(clock::renew_interval(state.ttl));
+                // Until an answer comes, try again after a retry delay: a reply may be lost.
+                entry.renew_at = now + retry_delay(state.ttl);
             }
             next = Some(next.map_or(entry.renew_at, |n| n.min(entry.renew_at)));
         }
@@ -134,18 +141,18 @@ impl Shared {
         }
     }
 
-    async fn renew(&self, batch: Vec<Arc<LeaseState>>) {
+    async fn renew(self: Arc<Self>, batch: Vec<Arc<LeaseState>>) {
         let sent_at = Instant::now();
         let renewals: Vec<Renewal<'_>> = batch
             .iter()
             .map(|s| Renewal::new(&s.key, s.owner, s.ttl))
             .collect();
-        // Waiting longer than the first lease's validity would only tell that lease what its
-        // own timer already knows.
+        // An answer is worth waiting for as long as some lease of the batch is still valid;
+        // `confirm` judges each lease against its own validity.
         let patience = batch
             .iter()
             .map(|s| s.valid_until().saturating_duration_since(sent_at))
-            .min()
+            .max()
             .unwrap_or_default()
             .max(Duration::from_millis(1));
         match tokio::time::timeout(patience, self.backend.renew(&renewals)).await {
@@ -173,11 +180,20 @@ impl Shared {
     }
 }
 
+/// How long after a renewal is sent the lease is renewed again if no answer came: a quarter
+/// period (at least 100 ms), so a lost reply costs a fraction of the lease while a slow store is
+/// not flooded with requests that overlap.
+fn retry_delay(ttl: Duration) -> Duration {
+    (clock::renew_interval(ttl) / 4)
+        .max(RETRY_AFTER_FAILURE)
+        .min(clock::renew_interval(ttl))
+}
+
 async fn drive(shared: Arc<Shared>) {
     loop {
         let (batch, next) = shared.due(Instant::now());
         if !batch.is_empty() {
-            shared.renew(batch).await;
+            background::spawn(shared.clone().renew(batch));
             continue;
         }
         let Some(next) = next else {

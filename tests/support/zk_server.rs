@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use super::fault_proxy::{Direction, FaultProxy};
 use super::free_port;
 
 const JAR: &str = "/usr/share/java/zookeeper.jar";
@@ -26,6 +27,8 @@ pub struct ZkServer {
     dir: PathBuf,
     /// The shell that runs the server; `None` while stopped.
     shell: Option<Child>,
+    /// A member of an ensemble, rather than a standalone server.
+    in_ensemble: bool,
 }
 
 impl ZkServer {
@@ -34,14 +37,8 @@ impl ZkServer {
     /// Its tick is 500 ms and it grants session timeouts from 1 s to 120 s, so tests may ask
     /// for short sessions (to see them expire) and for leases of a minute.
     pub fn start_new() -> ZkServer {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
         let port = free_port();
-        let dir = std::env::temp_dir().join(format!(
-            "dlock-zk-{}-{}-{port}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(dir.join("data")).unwrap();
+        let dir = ZkServer::new_dir(port);
         let config = format!(
             "tickTime=500\n\
              minSessionTimeout=1000\n\
@@ -60,9 +57,22 @@ impl ZkServer {
             port,
             dir,
             shell: None,
+            in_ensemble: false,
         };
         server.start();
         server
+    }
+
+    /// A fresh data directory for a server on client port `port`.
+    fn new_dir(port: u16) -> PathBuf {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "dlock-zk-{}-{}-{port}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        dir
     }
 
     /// The `zk://` URL of the server.
@@ -73,6 +83,21 @@ impl ZkServer {
     /// Starts the server again (same port, same data: sessions and nodes survive a restart,
     /// as on a real ensemble) and waits until it serves.
     pub fn start(&mut self) {
+        let pid = self.spawn();
+        self.wait_until_serving(&pid);
+    }
+
+    /// The Java class that runs the server: a standalone one, or a member of an ensemble.
+    fn main_class(&self) -> &'static str {
+        if self.in_ensemble {
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+        } else {
+            "org.apache.zookeeper.server.ZooKeeperServerMain"
+        }
+    }
+
+    /// Runs the server's JVM under the watching shell; returns the JVM's pid.
+    fn spawn(&mut self) -> String {
         assert!(self.shell.is_none(), "the server is running");
         assert!(
             Path::new(JAR).exists(),
@@ -85,7 +110,7 @@ impl ZkServer {
             java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto \
                 -Dzookeeper.admin.enableServer=false \
                 -cp /etc/zookeeper/conf:/usr/share/java/zookeeper.jar \
-                org.apache.zookeeper.server.ZooKeeperServerMain "$1/zoo.cfg" >>"$1/server.log" 2>&1 &
+                "$2" "$1/zoo.cfg" >>"$1/server.log" 2>&1 &
             server=$!
             echo "$server"
             read -r command
@@ -96,6 +121,7 @@ impl ZkServer {
         let mut shell = Command::new("sh")
             .args(["-c", script, "zk-server"])
             .arg(&self.dir)
+            .arg(self.main_class())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -105,8 +131,13 @@ impl ZkServer {
         BufReader::new(shell.stdout.take().unwrap())
             .read_line(&mut pid)
             .unwrap();
-        let pid = pid.trim().to_owned();
         self.shell = Some(shell);
+        pid.trim().to_owned()
+    }
+
+    /// Waits until the server whose JVM is `pid` serves clients; panics with its log if it dies
+    /// or takes longer than [`START_TIMEOUT`].
+    fn wait_until_serving(&self, pid: &str) {
         let started = Instant::now();
         while !self.is_serving() {
             let alive = Path::new(&format!("/proc/{pid}")).exists();
@@ -134,14 +165,31 @@ impl ZkServer {
     /// Whether the server serves clients: `srvr` answers its version once it does (`ruok`
     /// answers `imok` before that).
     fn is_serving(&self) -> bool {
+        self.srvr().starts_with("Zookeeper version")
+    }
+
+    /// The server's role as `srvr` tells it: `standalone`, `leader` or `follower`; empty while
+    /// it serves no clients.
+    pub fn mode(&self) -> String {
+        self.srvr()
+            .lines()
+            .find_map(|line| line.strip_prefix("Mode: "))
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    }
+
+    /// The answer to the `srvr` command; empty if there is none.
+    fn srvr(&self) -> String {
         let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
+            return String::new();
         };
         let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
         let mut answer = String::new();
-        stream.write_all(b"srvr").is_ok()
-            && stream.read_to_string(&mut answer).is_ok()
-            && answer.starts_with("Zookeeper version")
+        if stream.write_all(b"srvr").is_err() || stream.read_to_string(&mut answer).is_err() {
+            return String::new();
+        }
+        answer
     }
 }
 
@@ -211,3 +259,128 @@ async fn warm_up(_: &str) {}
 
 /// Lock-release cycles of the warm-up: each is four writes and two reads on the server.
 const WARM_UP_LOCKS: usize = 100;
+
+/// A plain ZooKeeper client on `url` (`zk://host:port[/chroot]`), for tests that create or read
+/// nodes directly. Its session task runs on the calling test's runtime.
+pub async fn plain_client(url: &str) -> zookeeper_client::Client {
+    struct OnTestRuntime(tokio::runtime::Handle);
+    impl spawns_core::Spawn for OnTestRuntime {
+        fn spawn(&self, task: spawns_core::Task) {
+            drop(self.0.spawn(Box::into_pin(task.future)));
+        }
+    }
+    use std::future::Future;
+
+    let spawner = OnTestRuntime(tokio::runtime::Handle::current());
+    let hosts = url.strip_prefix("zk://").expect("a zk:// URL");
+    let connect = zookeeper_client::Client::connector()
+        .with_session_timeout(Duration::from_secs(30))
+        .connect(hosts);
+    let mut connect = std::pin::pin!(connect);
+    std::future::poll_fn(|cx| {
+        let _scope = spawns_core::enter(&spawner);
+        connect.as_mut().poll(cx)
+    })
+    .await
+    .expect("cannot connect a plain ZooKeeper client")
+}
+
+/// A private ensemble of three servers on 127.0.0.1 whose first server can be cut off from the
+/// other two while its clients stay connected to it: every connection between the first server
+/// and another (its link to the leader, and the election links) runs through a [`FaultProxy`].
+///
+/// Its tick is 500 ms and a follower keeps following a silent leader for `syncLimit` = 20
+/// ticks, so a follower cut off from the quorum goes on serving its clients from its own copy
+/// of the data for about 10 s: longer than the sessions the tests ask for.
+pub struct ZkEnsemble {
+    servers: Vec<ZkServer>,
+    /// The proxies on the first server's links to the other two.
+    links: Vec<FaultProxy>,
+}
+
+impl ZkEnsemble {
+    /// Starts the three servers and waits until all serve: the first is a follower then, as a
+    /// fresh ensemble elects the server with the highest id.
+    pub fn start() -> ZkEnsemble {
+        let client: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let quorum: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let election: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let proxy = |port: u16| FaultProxy::start(&format!("127.0.0.1:{port}"));
+        // The first server's ports as the others reach them, and theirs as it reaches them.
+        let first_seen = (proxy(quorum[0]), proxy(election[0]));
+        let others_seen: Vec<(FaultProxy, FaultProxy)> = (1..3)
+            .map(|i| (proxy(quorum[i]), proxy(election[i])))
+            .collect();
+        let mut servers = Vec::new();
+        for (me, &client_port) in client.iter().enumerate() {
+            let dir = ZkServer::new_dir(client_port);
+            std::fs::write(dir.join("data").join("myid"), format!("{}\n", me + 1)).unwrap();
+            let mut config = format!(
+                "tickTime=500\n\
+                 initLimit=20\n\
+                 syncLimit=20\n\
+                 minSessionTimeout=1000\n\
+                 maxSessionTimeout=120000\n\
+                 dataDir={data}\n\
+                 clientPort={port}\n\
+                 clientPortAddress=127.0.0.1\n\
+                 maxClientCnxns=0\n\
+                 forceSync=no\n\
+                 admin.enableServer=false\n\
+                 4lw.commands.whitelist=srvr\n",
+                data = dir.join("data").display(),
+                port = client_port
+            );
+            for peer in 0..3 {
+                let (q, e) = match (me, peer) {
+                    _ if me == peer => (quorum[peer], election[peer]),
+                    (0, _) => (
+                        others_seen[peer - 1].0.port(),
+                        others_seen[peer - 1].1.port(),
+                    ),
+                    (_, 0) => (first_seen.0.port(), first_seen.1.port()),
+                    _ => (quorum[peer], election[peer]),
+                };
+                config.push_str(&format!("server.{}=127.0.0.1:{q}:{e}\n", peer + 1));
+            }
+            std::fs::write(dir.join("zoo.cfg"), config).unwrap();
+            servers.push(ZkServer {
+                port: client_port,
+                dir,
+                shell: None,
+                in_ensemble: true,
+            });
+        }
+        let pids: Vec<String> = servers.iter_mut().map(ZkServer::spawn).collect();
+        for (server, pid) in servers.iter().zip(&pids) {
+            server.wait_until_serving(pid);
+        }
+        let mut links = vec![first_seen.0, first_seen.1];
+        for (q, e) in others_seen {
+            links.extend([q, e]);
+        }
+        ZkEnsemble { servers, links }
+    }
+
+    /// The server `index` (0, 1 or 2).
+    pub fn server(&self, index: usize) -> &ZkServer {
+        &self.servers[index]
+    }
+
+    /// A `zk://` URL naming the servers `indices`, so a client connects to those only.
+    pub fn url_of(&self, indices: &[usize]) -> String {
+        let hosts: Vec<String> = indices
+            .iter()
+            .map(|&i| format!("127.0.0.1:{}", self.servers[i].port))
+            .collect();
+        format!("zk://{}", hosts.join(","))
+    }
+
+    /// Cuts the first server off from the other two, both ways, keeping every connection open
+    /// (its bytes are held, as in a partition); its clients still reach it.
+    pub fn cut_off_first(&self) {
+        for link in &self.links {
+            link.stall(Direction::Both);
+        }
+    }
+}

@@ -159,7 +159,11 @@ impl Shared {
     }
 
     fn release(&self, key: &str, owner: Owner) -> bool {
-        let mut keys = self.lock();
+        self.release_in(&mut self.lock(), key, owner)
+    }
+
+    /// [`release`](Self::release) on the already locked map.
+    fn release_in(&self, keys: &mut HashMap<String, KeyState>, key: &str, owner: Owner) -> bool {
         let Some(state) = keys.get_mut(key) else {
             return false;
         };
@@ -172,6 +176,25 @@ impl Shared {
             keys.remove(key);
         }
         true
+    }
+
+    /// Takes `waiter` out of `key`'s queue, or releases the key if it was handed to the waiter
+    /// already. One critical section for both, since a hand-off sets `granted` under the lock:
+    /// looking at `granted` outside it could miss a hand-off that lands just after.
+    fn leave_queue(&self, key: &str, waiter: &Arc<Waiter>) {
+        let mut keys = self.lock();
+        if waiter.granted.get().is_some() {
+            self.release_in(&mut keys, key, waiter.owner);
+            return;
+        }
+        if let Some(state) = keys.get_mut(key) {
+            state.queue.retain(|w| !Arc::ptr_eq(w, waiter));
+            // If it was this waiter's turn, pass the turn on.
+            self.hand_off(state, Instant::now());
+            if state.is_empty() {
+                keys.remove(key);
+            }
+        }
     }
 }
 
@@ -186,21 +209,8 @@ struct QueueGuard<'a> {
 
 impl Drop for QueueGuard<'_> {
     fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        if self.waiter.granted.get().is_some() {
-            self.shared.release(self.key, self.waiter.owner);
-            return;
-        }
-        let mut keys = self.shared.lock();
-        if let Some(state) = keys.get_mut(self.key) {
-            state.queue.retain(|w| !Arc::ptr_eq(w, &self.waiter));
-            // If it was this waiter's turn, pass the turn on.
-            self.shared.hand_off(state, Instant::now());
-            if state.is_empty() {
-                keys.remove(self.key);
-            }
+        if !self.done {
+            self.shared.leave_queue(self.key, &self.waiter);
         }
     }
 }
@@ -259,6 +269,7 @@ impl Backend for MemoryBackend {
                     return Ok(Some(shared.grant(state, request.owner, request.ttl, now)));
                 }
                 if now >= deadline {
+                    // The guard leaves the queue, or gives back a key handed over meanwhile.
                     return Ok(None);
                 }
                 is_head

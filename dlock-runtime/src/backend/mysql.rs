@@ -29,6 +29,8 @@
 //!   (seed 001 §3.1): one `UPDATE … WHERE lock_key = ? AND (expires_at <= UTC_TIMESTAMP(6) OR
 //!   owner = ?)` takes it over only if it expired by the database's clock (or is already ours,
 //!   which makes a retried acquire idempotent). No `INSERT IGNORE`, which would hide real errors.
+//!   An acquisition whose caller stops waiting deletes its row itself, after the statement that
+//!   wrote it, never before (a statement can wait on another transaction's row lock for long).
 //! - **Release**: `DELETE … WHERE lock_key = ? AND owner = ?`; retried once if its reply is lost —
 //!   the goal is that the row is no longer ours, which a second delete achieves either way.
 //! - **Renewal**: one `UPDATE … WHERE lock_key IN (…) AND (lock_key, owner) IN (…)` for every
@@ -111,13 +113,29 @@ struct Statements {
 }
 
 /// Options of a [`MysqlBackend`], from [`MysqlBackend::builder`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct MysqlBuilder {
     options: MySqlConnectOptions,
     table: String,
     max_connections: u32,
     create_table: bool,
     time_zone: Option<String>,
+}
+
+/// Everything but the password, which the connect options would print.
+impl std::fmt::Debug for MysqlBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MysqlBuilder")
+            .field("host", &self.options.get_host())
+            .field("port", &self.options.get_port())
+            .field("username", &self.options.get_username())
+            .field("database", &self.options.get_database())
+            .field("table", &self.table)
+            .field("max_connections", &self.max_connections)
+            .field("create_table", &self.create_table)
+            .field("time_zone", &self.time_zone)
+            .finish()
+    }
 }
 
 impl MysqlBackend {
@@ -128,10 +146,9 @@ impl MysqlBackend {
 
     /// Options for a connection to `url` (`mysql://user:password@host:port/database`).
     pub fn builder(url: &str) -> Result<MysqlBuilder, LockError> {
-        let options: MySqlConnectOptions = url.parse().map_err(|error| LockError::InvalidUrl {
-            url: crate::locker::mask_password(url),
-            reason: format!("{error}"),
-        })?;
+        let options: MySqlConnectOptions = url
+            .parse()
+            .map_err(|error| LockError::invalid_url(url, error))?;
         Ok(MysqlBuilder {
             options,
             table: "dlock_locks".into(),
@@ -166,6 +183,16 @@ impl MysqlBackend {
         &self.shared.sql.table
     }
 
+    /// One try at the key: its `INSERT`, and the take-over `UPDATE` if the row exists.
+    ///
+    /// The statements run in a task of their own on the background runtime, which a dropped
+    /// caller does not stop. So a caller that stops waiting cannot undo them itself: a release
+    /// it queued could reach the database before a statement still waiting on a row lock (a
+    /// reader's gap lock delays an `INSERT`, not a `DELETE` of the absent row), and the row the
+    /// statement then writes would stay for the whole ttl, held by nobody. The task therefore
+    /// hands its answer over a channel, and when nobody is left to take it, deletes what it
+    /// wrote itself, after the statement that wrote it. A caller dropped after taking the
+    /// answer is covered by the locker's own release, which then runs after the statement too.
     async fn try_acquire(
         &self,
         key: &str,
@@ -174,35 +201,69 @@ impl MysqlBackend {
     ) -> Result<Option<u64>, LockError> {
         let shared = self.shared.clone();
         let (key, owner) = (key.as_bytes().to_vec(), owner.to_owned());
-        on_background(async move {
-            let insert = retry_transient(|| {
-                sqlx::query(AssertSqlSafe(shared.sql.insert.clone()))
-                    .bind(&key)
-                    .bind(&owner)
-                    .bind(ttl_us)
-                    .execute(&shared.pool)
-            })
-            .await;
-            match insert {
-                Ok(done) => return Ok(Some(done.last_insert_id())),
-                Err(error) if !is_duplicate_key(&error) => return Err(backend_error(error)),
-                Err(_) => {}
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        background::spawn(async move {
+            let outcome = acquire_row(&shared, &key, &owner, ttl_us).await;
+            if answer.send(outcome).is_err() {
+                // Whatever the outcome, even an error that leaves it unknown whether the row was
+                // written: deleting a row only where we own it is harmless.
+                if let Err(error) = delete_row(&shared, &key, &owner).await {
+                    tracing::warn!(%error, "distributed_lock: cannot undo an abandoned MySQL acquisition; its row expires with its ttl");
+                }
             }
-            // Held or expired? Take the row over only if it expired by the database's clock.
-            let take_over = retry_transient(|| {
-                sqlx::query(AssertSqlSafe(shared.sql.take_over.clone()))
-                    .bind(&owner)
-                    .bind(ttl_us)
-                    .bind(&key)
-                    .bind(&owner)
-                    .execute(&shared.pool)
-            })
+        });
+        answered
             .await
-            .map_err(backend_error)?;
-            Ok((take_over.rows_affected() == 1).then(|| take_over.last_insert_id()))
-        })
-        .await
+            .map_err(|_| LockError::backend("MySQL task failed before answering"))?
     }
+}
+
+/// `INSERT`s the row of `key` for `owner`, or takes an expired (or already ours) row over;
+/// `Some(fence)` when the key is ours.
+async fn acquire_row(
+    shared: &Shared,
+    key: &[u8],
+    owner: &str,
+    ttl_us: u64,
+) -> Result<Option<u64>, LockError> {
+    let insert = retry_transient(|| {
+        sqlx::query(AssertSqlSafe(shared.sql.insert.clone()))
+            .bind(key)
+            .bind(owner)
+            .bind(ttl_us)
+            .execute(&shared.pool)
+    })
+    .await;
+    match insert {
+        Ok(done) => return Ok(Some(done.last_insert_id())),
+        Err(error) if !is_duplicate_key(&error) => return Err(backend_error(error)),
+        Err(_) => {}
+    }
+    // Held or expired? Take the row over only if it expired by the database's clock.
+    let take_over = retry_transient(|| {
+        sqlx::query(AssertSqlSafe(shared.sql.take_over.clone()))
+            .bind(owner)
+            .bind(ttl_us)
+            .bind(key)
+            .bind(owner)
+            .execute(&shared.pool)
+    })
+    .await
+    .map_err(backend_error)?;
+    Ok((take_over.rows_affected() == 1).then(|| take_over.last_insert_id()))
+}
+
+/// Deletes the row of `key` where `owner` holds it; whether it did.
+async fn delete_row(shared: &Shared, key: &[u8], owner: &str) -> Result<bool, LockError> {
+    let done = retry_transient(|| {
+        sqlx::query(AssertSqlSafe(shared.sql.release.clone()))
+            .bind(key)
+            .bind(owner)
+            .execute(&shared.pool)
+    })
+    .await
+    .map_err(backend_error)?;
+    Ok(done.rows_affected() == 1)
 }
 
 impl MysqlBuilder {
@@ -308,18 +369,7 @@ impl Backend for MysqlBackend {
     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
         let shared = self.shared.clone();
         let (key, owner) = (key.as_bytes().to_vec(), owner.to_string());
-        on_background(async move {
-            let done = retry_transient(|| {
-                sqlx::query(AssertSqlSafe(shared.sql.release.clone()))
-                    .bind(&key)
-                    .bind(&owner)
-                    .execute(&shared.pool)
-            })
-            .await
-            .map_err(backend_error)?;
-            Ok(done.rows_affected() == 1)
-        })
-        .await
+        on_background(async move { delete_row(&shared, &key, &owner).await }).await
     }
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {

@@ -21,15 +21,26 @@
 //!   token. The owner in the name makes creation *protected* (Curator's term): when the reply to
 //!   a create is lost with the connection, the node is found again by its prefix, so a retried or
 //!   abandoned acquisition never leaves an orphan node that would block the key for as long as
-//!   the session lives. Queue order is the sequence number, not the name.
+//!   the session lives.
+//! - **Queue order** is creation order: the nodes' `czxid`s (see *Fences*), not the numbers in
+//!   their names. ZooKeeper numbers a child with its parent's count of child changes, a signed
+//!   32-bit number: a key that stays busy through 2^31 creations and deletions sees the number
+//!   go from `2147483647` to `-2147483648`, and a node created after that would sort first by
+//!   its number, becoming a second holder. Comparing numbers modulo 2^32 would be right only
+//!   while the live nodes span fewer than 2^31 changes, which a key held for weeks while waiters
+//!   come and give up can pass. A `czxid` is a 64-bit zxid that does not wrap, and it is the
+//!   fence too, so the queue order and the fence order are one by construction. The price is
+//!   small: an acquirer that finds other lock nodes reads their stats once, in one `multiRead`;
+//!   a node missing from that first listing was created after its own, so later wake-ups need
+//!   no stats.
 //!
 //! # The calls
 //!
 //! - **Acquire**: `create` the lock node and `getChildren` of the parent, pipelined in one round
 //!   trip (a session's requests are processed in order, so the list includes the new node; where
-//!   the parent was seen missing, its `create` goes first in the same round trip). The lowest
+//!   the parent was seen missing, its `create` goes first in the same round trip). The oldest
 //!   node holds the lock. Otherwise the waiter sets an `exists` watch on the node just
-//!   below its own and sleeps until that node goes, then lists again: a release wakes exactly
+//!   ahead of its own and sleeps until that node goes, then lists again: a release wakes exactly
 //!   one waiter (no herd), and waiters are served in the order their nodes were created,
 //!   first come first served. A waiter whose predecessor gave up finds a new predecessor and
 //!   watches it instead. `wait` is kept exactly: when it runs out the waiter deletes its node
@@ -41,10 +52,21 @@
 //!   tries again: the two never need a lock of their own. The node to delete is the one this
 //!   backend created for the owner (kept in a map, owner → node), and its name carries the owner,
 //!   so a release can only ever delete its own node: `Ok(false)` when it was already gone.
-//! - **Renewal**: one `multiRead` of `getData` on every lease's node (1,000 per request, the
-//!   requests pipelined): a lease is held while its node exists and belongs to the live session.
-//!   Nothing is extended on the server, because the lease *is* the session: the client's
-//!   heartbeats keep the session, and the session keeps the nodes.
+//! - **Renewal**: one `multi` of version checks (any version) on every lease's node (1,000 per
+//!   request, the requests pipelined): a lease is held while its node exists on the live
+//!   session. Nothing is extended on the server, because the lease *is* the session: the
+//!   client's heartbeats keep the session, and the session keeps the nodes.
+//! - **Confirmation through the quorum**: a server answers reads from its own copy of the data.
+//!   A follower cut off from the leader goes on doing so for up to `syncLimit × tickTime`,
+//!   while the leader expires the sessions it serves and grants their keys to others; a read
+//!   could then confirm a lease that is gone. So whatever makes the client trust a lease is a
+//!   write, which only the leader answers, once a quorum committed it: the create of the lock
+//!   node when it is granted at once, a check of the node when it is granted after waiting
+//!   (the listing that shows no node ahead may be stale, but only about nodes that went, never
+//!   about older ones), and the renewal's checks. A `multi` rather than a `sync` before a read:
+//!   a `sync` is answered by a leader that may itself have lost its quorum and not noticed yet,
+//!   a committed write cannot be. The price is one transaction per renewal tick (per thousand
+//!   leases) in the ensemble's log, instead of a read.
 //! - **Abandonment**: a waiter that gives up, or whose future is dropped, deletes its node at
 //!   once (a drop guard queues the delete on dlock's background runtime), so it never becomes a
 //!   holder that nobody serves.
@@ -84,7 +106,7 @@
 //! # Why zookeeper-client
 //!
 //! `zookeeper-client` is pure Rust and async, speaks the 3.5+ protocol (`create2` returns the
-//! new node's stat, so the fence comes with the create; `multiRead` for batched renewal; needs
+//! new node's stat, so the fence comes with the create; `multi` for batched renewal; needs
 //! ZooKeeper 3.6 or newer), and drives its connection on its own `async-io` reactor, so the
 //! session outlives whichever tokio runtime first used the backend. Its session task is spawned
 //! through the `spawns` hook, which dlock points at its own background runtime.
@@ -98,7 +120,7 @@ use std::time::{Duration, Instant};
 
 use zookeeper_client::{
     Acls, Client, CreateMode, CreateOptions, Error as ZkError, EventType, MultiReadResult,
-    SessionId,
+    MultiWriteError, SessionId,
 };
 
 use super::{AcquireRequest, Acquired, Backend, Renewal};
@@ -125,7 +147,8 @@ const LOCK_NODE_NAME_BYTES: usize = 1 + 32 + 1 + 11;
 /// otherwise. Leases may be as long as the timeout the ensemble grants.
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Leases renewed by one `multiRead`; a tick with more pipelines more requests.
+/// Leases renewed by one `multi` (and nodes read by one `multiRead`); more pipeline more
+/// requests.
 const RENEW_CHUNK: usize = 1_000;
 
 /// How often an acquisition recreates a parent that a concurrent release deleted before giving
@@ -221,10 +244,7 @@ impl ZookeeperBackend {
     /// Options for a connection to `url`: `zk://host:port[,host:port…][/chroot]`. The chroot is
     /// created if missing.
     pub fn builder(url: &str) -> Result<ZookeeperBuilder, LockError> {
-        let invalid = |reason: &str| LockError::InvalidUrl {
-            url: crate::locker::mask_password(url),
-            reason: reason.to_owned(),
-        };
+        let invalid = |reason: &str| LockError::invalid_url(url, reason);
         let rest = url
             .strip_prefix("zk://")
             .ok_or_else(|| invalid("expected zk://host:port[,host:port][/chroot]"))?;
@@ -268,11 +288,9 @@ impl ZookeeperBackend {
     pub async fn queue(&self, key: &str) -> Result<Vec<String>, LockError> {
         let parent = self.shared.parent(key)?;
         let session = self.session().await?;
-        match session.client.list_children(&parent).await {
-            Ok(children) => Ok(queue_of(children)),
-            Err(ZkError::NoNode) => Ok(Vec::new()),
-            Err(error) => Err(zk_error(error)),
-        }
+        queue_in_creation_order(&session.client, &parent)
+            .await
+            .map_err(zk_error)
     }
 
     /// Deletes the node of `key`'s holder, whoever it is, as an operator's `delete` in `zkCli`
@@ -281,12 +299,10 @@ impl ZookeeperBackend {
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
         let parent = self.shared.parent(key)?;
         let session = self.session().await?;
-        let children = match session.client.list_children(&parent).await {
-            Ok(children) => children,
-            Err(ZkError::NoNode) => return Ok(false),
-            Err(error) => return Err(zk_error(error)),
-        };
-        let Some(holder) = queue_of(children).into_iter().next() else {
+        let queue = queue_in_creation_order(&session.client, &parent)
+            .await
+            .map_err(zk_error)?;
+        let Some(holder) = queue.into_iter().next() else {
             return Ok(false);
         };
         match session
@@ -391,6 +407,8 @@ impl ZookeeperBackend {
         deadline: Instant,
     ) -> Result<Option<Acquired>, ZkError> {
         let client = node.client.clone();
+        // A listing that came with the create, and the create's send time: the create was a
+        // write, so its success confirms the session and the node through the quorum.
         let mut listed: Option<(Vec<String>, Instant)> = None;
         let mut parents_made = 0;
         loop {
@@ -450,15 +468,11 @@ impl ZookeeperBackend {
                     Err(error) => return Err(error),
                 }
             }
-            let (children, listed_at) = match listed.take() {
-                Some(listed) => listed,
-                None => {
-                    let sent_at = Instant::now();
-                    (list_or_empty(&client, &node.parent).await?, sent_at)
-                }
+            let (children, confirmed_at) = match listed.take() {
+                Some((children, sent_at)) => (children, Some(sent_at)),
+                None => (list_or_empty(&client, &node.parent).await?, None),
             };
-            let queue = queue_of(children);
-            let Some(position) = queue.iter().position(|name| node.is(name)) else {
+            if !children.iter().any(|name| node.is(name)) {
                 // Deleted from outside (an operator, or a forced release of a waiter).
                 node.name = None;
                 if Instant::now() >= deadline {
@@ -466,8 +480,29 @@ impl ZookeeperBackend {
                     return Ok(None);
                 }
                 continue;
-            };
-            if position == 0 {
+            }
+            let ahead = node.still_ahead(&children).await?;
+            if ahead.is_empty() {
+                // No node is ahead any more, and none can come ahead: that holds whoever served
+                // the listing. Whether our node and session still live is the leader's word,
+                // which a server cut off from it would answer from a stale copy: unless the
+                // create just confirmed it, a write does.
+                let valid_from = match confirmed_at {
+                    Some(sent_at) => sent_at,
+                    None => {
+                        let sent_at = Instant::now();
+                        let path = format!(
+                            "{}/{}",
+                            node.parent,
+                            node.name.as_deref().unwrap_or_default()
+                        );
+                        if !confirm_nodes(&client, &[path.as_str()]).await?[0] {
+                            node.name = None;
+                            continue;
+                        }
+                        sent_at
+                    }
+                };
                 let path = node.grant();
                 let fence = u64::try_from(node.fence).unwrap_or(0);
                 self.shared.held().insert(
@@ -478,16 +513,14 @@ impl ZookeeperBackend {
                         session: node.session,
                     },
                 );
-                return Ok(Some(Acquired {
-                    fence,
-                    valid_from: listed_at,
-                }));
+                return Ok(Some(Acquired { fence, valid_from }));
             }
             if Instant::now() >= deadline {
                 node.remove().await;
                 return Ok(None);
             }
-            let predecessor = format!("{}/{}", node.parent, queue[position - 1]);
+            let (_, just_ahead) = &ahead[ahead.len() - 1];
+            let predecessor = format!("{}/{just_ahead}", node.parent);
             let (stat, watcher) = client.check_and_watch_stat(&predecessor).await?;
             if stat.is_none() {
                 // Gone between the list and the watch: list again.
@@ -647,25 +680,11 @@ impl Backend for ZookeeperBackend {
         if asked.is_empty() {
             return Ok(vec![false; leases.len()]);
         }
-        // Every request is sent before any answer is awaited: one round trip in all.
-        let mut commits = Vec::new();
-        for chunk in asked.chunks(RENEW_CHUNK) {
-            let mut reader = session.client.new_multi_reader();
-            for path in chunk {
-                reader.add_get_data(path).map_err(zk_error)?;
-            }
-            commits.push(reader.commit());
-        }
-        let mut found = Vec::with_capacity(asked.len());
-        for commit in commits {
-            match commit.await {
-                Ok(results) => found.extend(results.into_iter().map(|result| {
-                    matches!(result, MultiReadResult::Data { stat, .. } if stat.ephemeral_owner == session.id.0)
-                })),
-                Err(error) if ends_session(&error) => return Ok(vec![false; leases.len()]),
-                Err(error) => return Err(zk_error(error)),
-            }
-        }
+        let found = match confirm_nodes(&session.client, &asked).await {
+            Ok(found) => found,
+            Err(error) if ends_session(&error) => return Ok(vec![false; leases.len()]),
+            Err(error) => return Err(zk_error(error)),
+        };
         let mut found = found.into_iter();
         Ok(paths
             .iter()
@@ -689,6 +708,9 @@ struct LockNode {
     /// The node's name, once created.
     name: Option<String>,
     fence: i64,
+    /// The lock nodes created before this one that were still there at the last listing, oldest
+    /// first, with their `czxid`s; `None` until a listing after the create was read.
+    ahead: Option<Vec<(i64, String)>>,
     /// A create was sent whose answer has not been seen.
     in_flight: bool,
     /// The parent was seen missing: the create is preceded by one of the parent.
@@ -708,6 +730,7 @@ impl LockNode {
             data: owner.to_string(),
             name: None,
             fence: 0,
+            ahead: None,
             in_flight: false,
             parent_missing: false,
             armed: true,
@@ -725,7 +748,38 @@ impl LockNode {
     fn adopt(&mut self, name: String, czxid: i64) {
         self.name = Some(name);
         self.fence = czxid;
+        self.ahead = None;
         self.in_flight = false;
+    }
+
+    /// The nodes still ahead of this one, oldest first, from `children`: a listing read after
+    /// this node was created. The first such listing holds every older node still there, so
+    /// their ages are read then, once; a node missing from it is younger than this one, so
+    /// later listings only drop the nodes that went.
+    async fn still_ahead(&mut self, children: &[String]) -> Result<Vec<(i64, String)>, ZkError> {
+        let ahead = match self.ahead.take() {
+            Some(mut ahead) => {
+                ahead.retain(|(_, name)| children.contains(name));
+                ahead
+            }
+            None => {
+                let others: Vec<String> = children
+                    .iter()
+                    .filter(|name| sequence(name).is_some() && !self.is(name))
+                    .cloned()
+                    .collect();
+                let mut ahead: Vec<(i64, String)> =
+                    creation_zxids(&self.client, &self.parent, others)
+                        .await?
+                        .into_iter()
+                        .filter(|(czxid, _)| *czxid < self.fence)
+                        .collect();
+                ahead.sort_unstable();
+                ahead
+            }
+        };
+        self.ahead = Some(ahead.clone());
+        Ok(ahead)
     }
 
     /// The node is the holder's now: the guard lets it be. Returns its path.
@@ -782,6 +836,56 @@ impl Drop for LockNode {
             }
         });
     }
+}
+
+/// Whether each node of `paths` exists, in the leader's word: a `multi` of version checks (any
+/// version), one per thousand nodes, the requests pipelined. A `multi` is a write, so its
+/// answer is the leader's, committed by a quorum, never a stale copy's: a server cut off from
+/// the leader cannot answer it, which leaves the leases unconfirmed until the client's own
+/// deadline. A `multi` fails whole when one check fails and names that check: the node is
+/// gone, and the rest are checked again without it.
+async fn confirm_nodes(client: &Client, paths: &[&str]) -> Result<Vec<bool>, ZkError> {
+    let mut found = vec![true; paths.len()];
+    let mut pending: Vec<Vec<usize>> = (0..paths.len())
+        .collect::<Vec<_>>()
+        .chunks(RENEW_CHUNK)
+        .map(<[usize]>::to_vec)
+        .collect();
+    while !pending.is_empty() {
+        let mut commits = Vec::with_capacity(pending.len());
+        for chunk in &pending {
+            let mut writer = client.new_multi_writer();
+            for &i in chunk {
+                writer.add_check_version(paths[i], -1)?;
+            }
+            commits.push(writer.commit());
+        }
+        // Every request is sent before any answer is awaited: one round trip in all.
+        let mut again = Vec::new();
+        for (chunk, commit) in pending.iter().zip(commits) {
+            match commit.await {
+                Ok(_) => {}
+                Err(MultiWriteError::OperationFailed {
+                    index,
+                    source: ZkError::NoNode | ZkError::BadVersion,
+                }) => {
+                    found[chunk[index]] = false;
+                    let rest: Vec<usize> = chunk
+                        .iter()
+                        .copied()
+                        .filter(|&i| i != chunk[index])
+                        .collect();
+                    if !rest.is_empty() {
+                        again.push(rest);
+                    }
+                }
+                Err(MultiWriteError::OperationFailed { source, .. }) => return Err(source),
+                Err(MultiWriteError::RequestFailed { source }) => return Err(source),
+            }
+        }
+        pending = again;
+    }
+    Ok(found)
 }
 
 /// Deletes the lock node at `path` and, pipelined after it, its `parent` if that is left empty
@@ -860,23 +964,74 @@ async fn with_spawner<F: Future>(future: F) -> F::Output {
     .await
 }
 
-/// The queue of a parent's children: the lock nodes, in sequence order.
-fn queue_of(children: Vec<String>) -> Vec<String> {
-    let mut nodes: Vec<(i64, String)> = children
+/// The lock nodes under `parent`, in creation order (the holder first); empty when there is no
+/// parent.
+async fn queue_in_creation_order(client: &Client, parent: &str) -> Result<Vec<String>, ZkError> {
+    let children = list_or_empty(client, parent).await?;
+    Ok(creation_order(
+        creation_zxids(client, parent, children).await?,
+    ))
+}
+
+/// The `czxid` of each lock node among `children` of `parent`, read in one `multiRead` per
+/// thousand nodes, the requests pipelined. Other names, and nodes gone since the listing, are
+/// left out.
+async fn creation_zxids(
+    client: &Client,
+    parent: &str,
+    children: Vec<String>,
+) -> Result<Vec<(i64, String)>, ZkError> {
+    let names: Vec<String> = children
         .into_iter()
-        .filter_map(|name| sequence(&name).map(|n| (n, name)))
+        .filter(|name| sequence(name).is_some())
+        .collect();
+    let mut reads = Vec::new();
+    for chunk in names.chunks(RENEW_CHUNK) {
+        let mut reader = client.new_multi_reader();
+        for name in chunk {
+            reader.add_get_data(&format!("{parent}/{name}"))?;
+        }
+        reads.push(reader.commit());
+    }
+    let mut found = Vec::with_capacity(names.len());
+    let mut names = names.into_iter();
+    for read in reads {
+        for result in read.await? {
+            let name = names.next().unwrap_or_default();
+            if let MultiReadResult::Data { stat, .. } = result {
+                found.push((stat.czxid, name));
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Lock nodes with their `czxid`s, in creation order; other names are left out. The numbers in
+/// the names play no part: they wrap (see the module docs).
+fn creation_order(nodes: Vec<(i64, String)>) -> Vec<String> {
+    let mut nodes: Vec<(i64, String)> = nodes
+        .into_iter()
+        .filter(|(_, name)| sequence(name).is_some())
         .collect();
     nodes.sort_unstable();
     nodes.into_iter().map(|(_, name)| name).collect()
 }
 
-/// The sequence number of a lock node's name, `{owner}-{sequence}`; `None` for other names.
+/// The number in a lock node's name, `{owner}-{number}`, where ZooKeeper wrote the number as
+/// Java's `%010d` of its signed counter: ten digits, or a minus sign and ten digits (or
+/// `-000000001`) once the counter wrapped. `None` for names of another shape. Only says whether
+/// a child is a lock node: the queue is ordered by creation, not by this number.
 fn sequence(name: &str) -> Option<i64> {
-    let (owner, digits) = name.rsplit_once('-')?;
-    if owner.is_empty() || digits.len() < 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    let digits_at = name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    let (head, digits) = name.split_at(digits_at);
+    let (owner, number) = match head.strip_suffix("--") {
+        Some(owner) => (owner, &name[digits_at - 1..]),
+        None => (head.strip_suffix('-')?, digits),
+    };
+    if owner.is_empty() || owner.ends_with('-') || digits.is_empty() || number.len() < 10 {
         return None;
     }
-    digits.parse().ok()
+    number.parse().ok()
 }
 
 /// The path of `key`'s parent under `base`, or [`LockError::InvalidKey`] when the lock nodes
@@ -985,7 +1140,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::{
-        check_path, node_name, parent_path, parent_path_within, queue_of, sequence,
+        check_path, creation_order, node_name, parent_path, parent_path_within, sequence,
         ZookeeperBackend, MAX_PATH_BYTES,
     };
     use crate::LockError;
@@ -1025,20 +1180,59 @@ mod tests {
     }
 
     #[test]
-    fn the_queue_is_in_sequence_order_and_skips_foreign_nodes() {
-        let children = vec![
-            "b-0000000010".to_owned(),
-            "a-0000000009".to_owned(),
-            "readme".to_owned(),
-            "c-2147483648000".to_owned(),
-            "-0000000001".to_owned(),
+    fn the_queue_is_in_creation_order_and_skips_foreign_nodes() {
+        let nodes = vec![
+            (12, "b-0000000010".to_owned()),
+            (11, "a-0000000009".to_owned()),
+            (5, "readme".to_owned()),
+            (13, "c-2147483648000".to_owned()),
+            (1, "-0000000001".to_owned()),
         ];
         assert_eq!(
-            queue_of(children),
+            creation_order(nodes),
             vec!["a-0000000009", "b-0000000010", "c-2147483648000"]
         );
         assert_eq!(sequence("x-y-0000000003"), Some(3));
         assert_eq!(sequence("x-003"), None);
+    }
+
+    /// Around the counter's wrap the numbers in the names fall from the largest to the smallest
+    /// while the nodes keep being created in order: the queue follows the creation zxids, so
+    /// the node created before the wrap stays first, and one whose number is `-1` is not lost.
+    #[test]
+    fn the_queue_keeps_creation_order_across_the_counter_wrap() {
+        let czxid = |n: i64| 0x0000_0007_0000_0000 + n;
+        let nodes = vec![
+            (czxid(4), "e--000000001".to_owned()),
+            (czxid(3), "d--2147483647".to_owned()),
+            (czxid(1), "b-2147483647".to_owned()),
+            (czxid(0), "a-2147483646".to_owned()),
+            (czxid(2), "c--2147483648".to_owned()),
+            (czxid(5), "f-0000000000".to_owned()),
+        ];
+        assert_eq!(
+            creation_order(nodes),
+            vec![
+                "a-2147483646",
+                "b-2147483647",
+                "c--2147483648",
+                "d--2147483647",
+                "e--000000001",
+                "f-0000000000"
+            ]
+        );
+    }
+
+    /// ZooKeeper writes a lock node's number as Java's `%010d` of a signed 32-bit counter, so
+    /// past 2^31 changes to a key's children the names go on with a minus sign.
+    #[test]
+    fn node_names_past_the_counter_wrap_are_lock_nodes() {
+        assert_eq!(sequence("a-2147483647"), Some(2147483647));
+        assert_eq!(sequence("a--2147483648"), Some(-2147483648));
+        assert_eq!(sequence("a--000000001"), Some(-1));
+        assert_eq!(sequence("a-0000000000"), Some(0));
+        assert_eq!(sequence("a--"), None);
+        assert_eq!(sequence("a---000000001"), None);
     }
 
     #[test]

@@ -221,7 +221,7 @@ struct Inner {
 /// assert_eq!(backend.lock_key("job:7"), "app:locks:{job:7}");
 /// # Ok::<(), dlock::LockError>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[must_use = "a builder does nothing until `build` or `connect`"]
 pub struct RedisBackendBuilder {
     url: String,
@@ -229,6 +229,18 @@ pub struct RedisBackendBuilder {
     connect_timeout: Duration,
     response_timeout: Duration,
     liveness: Duration,
+}
+
+impl std::fmt::Debug for RedisBackendBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackendBuilder")
+            .field("url", &mask_password(&self.url))
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("liveness", &self.liveness)
+            .finish()
+    }
 }
 
 /// What to connect to. One per backend, cloned only to connect: its size does not matter.
@@ -272,10 +284,7 @@ impl RedisBackendBuilder {
     /// The backend, without connecting: the first call connects.
     pub fn build(self) -> Result<RedisBackend, LockError> {
         let masked: Arc<str> = mask_password(&self.url).into();
-        let invalid = |reason: String| LockError::InvalidUrl {
-            url: masked.to_string(),
-            reason,
-        };
+        let invalid = |reason: String| LockError::invalid_url(&self.url, reason);
         if self.liveness < Duration::from_millis(30) {
             return Err(LockError::InvalidOptions {
                 reason: format!("waiter liveness {:?} is shorter than 30ms", self.liveness),

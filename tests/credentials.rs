@@ -1,0 +1,72 @@
+//! No credential is ever printed: not by `Debug`, not in an error, whatever characters the
+//! password holds.
+
+use dlock::backend::RedisBackend;
+use dlock::Locker;
+
+/// Passwords written the way users write them: with the characters that end a URL's parts.
+const PASSWORDS: [&str; 4] = ["s3cret", "pa/ss", "p@ss:w/rd", "a%2Fb?c#d"];
+
+fn assert_hidden(password: &str, printed: &str) {
+    assert!(
+        !printed.contains(password),
+        "password `{password}` printed in `{printed}`"
+    );
+}
+
+#[tokio::test]
+async fn a_redis_password_never_shows_in_debug_or_errors() {
+    for password in PASSWORDS {
+        let url = format!("redis://:{password}@127.0.0.1:1/0");
+        let builder = RedisBackend::builder(&url);
+        assert_hidden(password, &format!("{builder:?}"));
+        // A URL the client cannot use reports itself without the password.
+        for bad in [
+            format!("redis://:{password}@/0"),
+            format!("redis://:{password}@127.0.0.1:notaport/0"),
+            format!("nosuch://:{password}@127.0.0.1:1/0"),
+        ] {
+            if let Err(error) = Locker::connect(&bad).await {
+                assert_hidden(password, &error.to_string());
+                assert_hidden(password, &format!("{error:?}"));
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_password_in_a_url_with_a_typo_never_shows() {
+    for url in [
+        "redis:/:hunter2@127.0.0.1:6379",
+        "redis:hunter2@127.0.0.1:6379",
+        "nosuch://:hunter2@127.0.0.1:1",
+        "redis+unix:///tmp/redis.sock?pass=hunter2",
+        "mysql://127.0.0.1:1/test?password=hunter2&x=1",
+    ] {
+        if let Err(error) = Locker::connect(url).await {
+            assert_hidden("hunter2", &error.to_string());
+            assert_hidden("hunter2", &format!("{error:?}"));
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn a_mysql_password_never_shows_in_debug_or_errors() {
+    use dlock::backend::MysqlBackend;
+    for password in PASSWORDS {
+        let url = format!("mysql://root:{password}@127.0.0.1:1/test");
+        if let Ok(builder) = MysqlBackend::builder(&url) {
+            assert_hidden(password, &format!("{builder:?}"));
+        }
+        for bad in [
+            format!("mysql://root:{password}@127.0.0.1:notaport/test"),
+            format!("mysql://root:{password}@127.0.0.1:1/test"),
+        ] {
+            if let Err(error) = Locker::connect(&bad).await {
+                assert_hidden(password, &error.to_string());
+                assert_hidden(password, &format!("{error:?}"));
+            }
+        }
+    }
+}
