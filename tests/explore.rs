@@ -36,8 +36,8 @@ use driver::{run_seed, MemoryStore, RedisStore, Store};
 use plan::SeedPlan;
 
 /// Seeds run by default: together well under a minute on a loaded two-core machine.
-const MEMORY_SEEDS: u64 = 160;
-const REDIS_SEEDS: u64 = 60;
+const MEMORY_SEEDS: u64 = 300;
+const REDIS_SEEDS: u64 = 120;
 
 #[test]
 fn memory() {
@@ -136,7 +136,7 @@ fn explore<S: Store>(test: &str, default_seeds: u64, store: impl Fn(u64) -> S + 
             (first..first + env("DLOCK_EXPLORE_SEEDS").unwrap_or(default_seeds)).collect()
         }
     };
-    let jobs = env("DLOCK_EXPLORE_JOBS").unwrap_or(4).max(1);
+    let jobs = env("DLOCK_EXPLORE_JOBS").unwrap_or(8).max(1);
     let started = Instant::now();
     let next = AtomicU64::new(0);
     let failures: Mutex<BTreeMap<u64, (String, Vec<Finding>)>> = Mutex::default();
@@ -175,7 +175,7 @@ fn explore<S: Store>(test: &str, default_seeds: u64, store: impl Fn(u64) -> S + 
     let (tally, slowest) = *totals.lock().unwrap();
     let failures = failures.into_inner().unwrap();
     println!(
-        "explore {test}: {} seeds in {:?} (slowest {:?}); {} bodies, {} lost, {} busy, {} store errors, {} cut short; {} seeds failing",
+        "explore {test}: {} seeds in {:?} (slowest {:?}); {} bodies, {} lost, {} busy, {} store errors, {} cut short, {} suspect polls unjudged (thread preempted); {} seeds failing",
         seeds.len(),
         started.elapsed(),
         slowest,
@@ -184,6 +184,7 @@ fn explore<S: Store>(test: &str, default_seeds: u64, store: impl Fn(u64) -> S + 
         tally.busy,
         tally.store_errors,
         tally.cut,
+        tally.unjudged,
         failures.len()
     );
     if failures.is_empty() {

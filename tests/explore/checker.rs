@@ -2,12 +2,17 @@
 //! the checker judges each report against what the store told the caller (the chaos layer's
 //! [`LeaseBook`]) and against the other bodies inside the same key.
 //!
-//! A finding is only recorded when it cannot be the thread's own bad luck: a body polled on an
-//! invalid lease counts only when the lease was invalid for sure more than [`GRACE`] earlier,
-//! since the runtime checks validity a moment before the body's own check, and the operating
-//! system may pause a thread between the two.
+//! A finding is only recorded when it cannot be the thread's own bad luck. The runtime checks a
+//! lease's validity a moment before the body's own check, and the operating system may pause a
+//! thread between the two: so a body polled on an invalid lease counts only when the lease was
+//! invalid for sure more than [`GRACE`] earlier, and only when the thread was not preempted
+//! during that poll (every task of a worker runs [`marked`], which notes the thread's count of
+//! involuntary context switches as each poll starts). Blocking the thread on purpose (a sleep)
+//! is a voluntary switch and does not count.
 
+use std::cell::Cell;
 use std::collections::HashMap;
+use std::future::Future;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,6 +26,45 @@ use crate::support::chaos::LeaseBook;
 /// How long after a lease was invalid for sure a poll of its body still counts as a race of
 /// threads, not a finding.
 pub const GRACE: Duration = Duration::from_millis(20);
+
+thread_local! {
+    /// The thread's involuntary context switches when the poll of the current task began.
+    static POLL_MARK: Cell<Option<i64>> = const { Cell::new(None) };
+}
+
+/// How many times the operating system has preempted the calling thread.
+#[cfg(target_os = "linux")]
+fn preemptions() -> i64 {
+    // SAFETY: getrusage writes one plain struct, which is zeroed first.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut usage);
+        usage.ru_nivcsw
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn preemptions() -> i64 {
+    0
+}
+
+/// Runs `task`, noting at the start of each of its polls how often the thread has been preempted.
+pub async fn marked<F: Future>(task: F) -> F::Output {
+    let mut task = std::pin::pin!(task);
+    std::future::poll_fn(|cx| {
+        let outer = POLL_MARK.replace(Some(preemptions()));
+        let poll = task.as_mut().poll(cx);
+        POLL_MARK.set(outer);
+        poll
+    })
+    .await
+}
+
+/// Whether the thread was preempted since the current task's poll began (true outside
+/// [`marked`]: nobody can say).
+fn preempted_in_this_poll() -> bool {
+    POLL_MARK.get().is_none_or(|mark| preemptions() != mark)
+}
 
 /// The kinds of finding, each the property it breaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -108,6 +152,8 @@ pub struct Tally {
     pub busy: u64,
     pub store_errors: u64,
     pub cut: u64,
+    /// Suspect polls left unjudged because the thread was preempted during them.
+    pub unjudged: u64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -117,6 +163,7 @@ impl std::ops::AddAssign for Tally {
         self.busy += other.busy;
         self.store_errors += other.store_errors;
         self.cut += other.cut;
+        self.unjudged += other.unjudged;
     }
 }
 
@@ -218,7 +265,9 @@ impl Checker {
         if inside.same_lease_outer.is_empty() {
             match state.last_entry {
                 Some((last, at)) if inside.frame.fence <= last => {
-                    if now > at + GRACE {
+                    if preempted_in_this_poll() {
+                        self.count(|t| t.unjudged += 1);
+                    } else if now > at + GRACE {
                         self.report(
                             Kind::FenceOutOfOrder,
                             format!(
@@ -266,6 +315,10 @@ impl Inside<'_> {
         };
         let now = Instant::now();
         if now <= since + GRACE {
+            return;
+        }
+        if preempted_in_this_poll() {
+            self.checker.count(|t| t.unjudged += 1);
             return;
         }
         let reentered = !self.same_lease_outer.is_empty();

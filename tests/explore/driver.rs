@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use dlock::backend::{Backend, MemoryBackend, RedisBackend};
 use dlock::{distributed_lock, LockError, LockOptions, Locker};
 
-use crate::checker::{Checker, Finding, Frame, Kind, Tally};
+use crate::checker::{marked, Checker, Finding, Frame, Kind, Tally};
 use crate::plan::{Call, Cut, Op, Scenario, SeedPlan, Step, TaskPlan, WorkerPlan};
 use crate::support::chaos::{Chaos, LeaseBook, SplitMix};
 
@@ -23,7 +23,7 @@ const WORKER_LIMIT: Duration = Duration::from_secs(30);
 
 /// How long after the last worker finished a key may still be held: releases queued on drop
 /// run on the background runtime, and take a moment.
-const SETTLE: Duration = Duration::from_millis(150);
+const SETTLE: Duration = Duration::from_millis(500);
 
 /// What a body does when its lease is lost, as its attribute says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -377,7 +377,7 @@ async fn run_worker(ctx: Ctx, plan: WorkerPlan) {
     let tasks: Vec<_> = plan
         .tasks
         .into_iter()
-        .map(|task| tokio::spawn(run_task(ctx.clone(), task)))
+        .map(|task| tokio::spawn(marked(run_task(ctx.clone(), task))))
         .collect();
     for task in tasks {
         if let Err(error) = task.await {
@@ -398,10 +398,10 @@ async fn run_task(ctx: Ctx, task: TaskPlan) {
                 .cloned()
                 .map(|op| {
                     let ctx = ctx.clone();
-                    tokio::spawn(async move {
+                    tokio::spawn(marked(async move {
                         tokio::time::sleep(op.start_after).await;
                         run_op(&ctx, &op).await;
-                    })
+                    }))
                 })
                 .collect();
             for op in ops {
@@ -433,7 +433,7 @@ async fn run_op(ctx: &Ctx, op: &Op) {
         Cut::Timeout(after) => tokio::time::timeout(after, call(ctx, &op.call)).await.ok(),
         Cut::Abort(after) => {
             let (task_ctx, plan) = (ctx.clone(), op.call.clone());
-            let task = tokio::spawn(async move { call(&task_ctx, &plan).await });
+            let task = tokio::spawn(marked(async move { call(&task_ctx, &plan).await }));
             tokio::time::sleep(after).await;
             task.abort();
             match task.await {

@@ -275,8 +275,8 @@ fn chaos_call(rng: &mut SplitMix, keys: usize, key: usize, depth: u32) -> Call {
 }
 
 /// The long lease's ttl, and the shortest lease's: every renewal is answered 80–86 % of a short
-/// ttl late — too late for a short lease, a tenth of the long one's validity.
-const LONG_TTL_MS: u64 = 300;
+/// ttl late — too late for a short lease, a twentieth of the long one's validity.
+const LONG_TTL_MS: u64 = 600;
 const SHORT_TTL_MS: u64 = 30;
 
 fn renewal_pressure(seed: u64, rng: &mut SplitMix) -> SeedPlan {
