@@ -216,7 +216,11 @@ fn report(test: &str, seeds: usize, failures: &BTreeMap<u64, (String, Vec<Findin
             kind.meaning(),
             seeds.len(),
             shown.join(", "),
-            if seeds.len() > shown.len() { ", …" } else { "" }
+            if seeds.len() > shown.len() {
+                ", …"
+            } else {
+                ""
+            }
         );
     }
     for (seed, (plan, findings)) in failures.iter().take(10) {

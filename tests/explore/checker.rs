@@ -12,8 +12,8 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::future::Future;
 use std::fmt;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

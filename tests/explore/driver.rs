@@ -381,9 +381,10 @@ async fn run_worker(ctx: Ctx, plan: WorkerPlan) {
         .collect();
     for task in tasks {
         if let Err(error) = task.await {
-            ctx.run
-                .checker
-                .report(Kind::Broken, format!("worker {}: a task failed: {error}", ctx.worker));
+            ctx.run.checker.report(
+                Kind::Broken,
+                format!("worker {}: a task failed: {error}", ctx.worker),
+            );
         }
     }
     let _ = hog.await;

@@ -125,7 +125,9 @@ impl SeedPlan {
 }
 
 fn variants_where(keep: impl Fn(&Variant) -> bool) -> Vec<usize> {
-    (0..VARIANTS.len()).filter(|&i| keep(&VARIANTS[i])).collect()
+    (0..VARIANTS.len())
+        .filter(|&i| keep(&VARIANTS[i]))
+        .collect()
 }
 
 fn chaos(seed: u64, rng: &mut SplitMix) -> SeedPlan {
@@ -149,10 +151,12 @@ fn chaos(seed: u64, rng: &mut SplitMix) -> SeedPlan {
             let threads = if rng.chance(350) { 2 } else { 1 };
             let mut tasks: Vec<TaskPlan> = (0..rng.between(1, 3))
                 .map(|_| TaskPlan {
-                    ops: (0..rng.between(1, 4)).map(|_| chaos_op(rng, keys)).collect(),
+                    ops: (0..rng.between(1, 4))
+                        .map(|_| chaos_op(rng, keys))
+                        .collect(),
                     churn: false,
                     together: false,
-        rounds: 1,
+                    rounds: 1,
                 })
                 .collect();
             if threads > 1 && rng.chance(600) {
@@ -329,7 +333,7 @@ fn renewal_pressure(seed: u64, rng: &mut SplitMix) -> SeedPlan {
             }],
             churn: false,
             together: false,
-        rounds: 1,
+            rounds: 1,
         })
         .chain((0..rng.between(1, 3)).map(|_| churn(rng)))
         .collect(),

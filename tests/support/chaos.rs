@@ -127,7 +127,12 @@ impl LeaseBook {
             return;
         };
         let now = Instant::now();
-        if let Some(lease) = self.leases.lock().unwrap().get_mut(&(key.to_owned(), fence)) {
+        if let Some(lease) = self
+            .leases
+            .lock()
+            .unwrap()
+            .get_mut(&(key.to_owned(), fence))
+        {
             if held {
                 lease.valid_at_most_until = lease.valid_at_most_until.max(sent + lease.ttl);
             } else if lease.refused_at.is_none() {
@@ -213,12 +218,8 @@ impl<B: Backend> Backend for Chaos<B> {
             if self.chance(self.faults.duplicate) {
                 // The same owner asks again at once: the store must treat it as the same
                 // holder (busy, or the same grant), never as a second one.
-                let again = AcquireRequest::new(
-                    request.key,
-                    request.owner,
-                    request.ttl,
-                    Duration::ZERO,
-                );
+                let again =
+                    AcquireRequest::new(request.key, request.owner, request.ttl, Duration::ZERO);
                 let _ = self.inner.acquire(&again).await;
             }
             if self.chance(self.faults.grant_stall) {
@@ -253,8 +254,10 @@ impl<B: Backend> Backend for Chaos<B> {
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
         let sent = Instant::now();
         if self.chance(self.faults.renew_pause) {
-            tokio::time::sleep(self.between(self.faults.renew_pause_min, self.faults.renew_pause_max))
-                .await;
+            tokio::time::sleep(
+                self.between(self.faults.renew_pause_min, self.faults.renew_pause_max),
+            )
+            .await;
         }
         let renewed = self.inner.renew(leases).await;
         if self.chance(self.faults.duplicate) {
