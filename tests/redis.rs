@@ -740,12 +740,12 @@ async fn script_calls(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
         .sum()
 }
 
-/// A release hands the lock to the first waiter for the waiter's full ttl, with a fresh fence
-/// that travels with it: the waiter holds a valid lease the moment it returns, without another
-/// round trip — whether it waits on the releasing backend (woken in-process) or on another one
-/// (woken by the published message).
+/// A release hands the lock to the first waiter for its claim window, with a fresh fence; the
+/// waiter, woken, claims it with one round trip and holds it for its full ttl — whether it
+/// waits on the releasing backend (woken in-process) or on another one (woken by the published
+/// message).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handed_off_lease_is_held_at_once_without_a_confirming_round_trip() {
+async fn a_handed_off_lease_is_claimed_with_one_round_trip_for_its_full_ttl() {
     let redis = Redis::start();
     let ttl = Duration::from_secs(60);
     let holder_locker = locker_on(&redis.server).await;
@@ -778,10 +778,10 @@ async fn a_handed_off_lease_is_held_at_once_without_a_confirming_round_trip() {
             lease.fence()
         );
         assert_eq!(
-            scripts, 1,
-            "{how}: the server ran {scripts} scripts for the hand-off, not the release alone"
+            scripts, 2,
+            "{how}: the server ran {scripts} scripts for the hand-off, not the release and the claim"
         );
-        // The server holds the key for the waiter's full ttl, not a confirmation window.
+        // Claimed: the server holds the key for the waiter's full ttl, not the claim window.
         let mut raw = redis.raw().await;
         let lock_key = redis.names.lock_key(lease.key());
         let holder: String = raw.get(&lock_key).await.unwrap();
@@ -795,11 +795,11 @@ async fn a_handed_off_lease_is_held_at_once_without_a_confirming_round_trip() {
     }
 }
 
-/// A waiter handed the lock long after its last look at the key — here its runtime stalls in
-/// between — cannot count the lease from that look (too little of it would be left): it
-/// confirms first, and gets a lease valid from after the hand-off, for nearly its full ttl.
+/// A waiter handed the lock while its runtime stalls (for less than its claim window) claims it
+/// once it runs again: its lease counts from the claim, not from its last look at the key, and
+/// the server holds the key for its full ttl.
 #[test]
-fn a_hand_off_long_after_the_last_busy_answer_is_confirmed() {
+fn a_waiter_that_stalls_after_its_hand_off_claims_it_once_it_runs() {
     let redis = Redis::start();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -839,8 +839,8 @@ fn a_hand_off_long_after_the_last_busy_answer_is_confirmed() {
                 tokio::spawn(async move {
                     if stall_rx.await.is_ok() {
                         stalling_tx.send(()).unwrap();
-                        // Blocks the runtime, waiter and all: 0.6 ttl, so that of the 0.9 ttl
-                        // its last busy answer vouches for, less than half the ttl is left.
+                        // Blocks the runtime, waiter and all, for 0.6 ttl: within the claim
+                        // window (the ttl, shorter than the liveness window).
                         std::thread::sleep(Duration::from_millis(1_200));
                     }
                 });
@@ -870,16 +870,235 @@ fn a_hand_off_long_after_the_last_busy_answer_is_confirmed() {
         assert!(
             acquired.valid_from >= released_at,
             "the lease counts from {:?} before the release, from the waiter's last look: \
-             it was not confirmed",
+             it was not claimed",
             released_at - acquired.valid_from
         );
         let left = (acquired.valid_from + ttl - ttl / 10).saturating_duration_since(returned_at);
         assert!(left >= ttl / 2, "only {left:?} of validity left");
-        // Confirmed on the server too: the key is the waiter's, extended to its full ttl.
+        // Claimed on the server too: the key is the waiter's, extended to its full ttl.
         let lock_key = redis.names.lock_key(&key);
         let stored: String = raw.get(&lock_key).await.unwrap();
         assert_eq!(stored, waiter_owner.to_string());
         let pttl: i64 = raw.pttl(&lock_key).await.unwrap();
         assert!(pttl > 1_500, "the key expires in {pttl} ms");
     });
+}
+
+/// A waiter whose process died while it waited in the queue (nothing polls its future again,
+/// nothing drops it) is handed the key by the holder's release all the same. The hand-off is a
+/// grant for the waiter's claim window only, which the dead waiter never claims: the next
+/// caller gets the key within that window, not after the dead waiter's ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_to_a_waiter_that_died_lapses_after_its_claim_window() {
+    let redis = Redis::start();
+    let window = Duration::from_secs(1);
+    let holder_locker = locker_on(&redis.server).await;
+    let doomed_locker = Locker::with_backend(
+        RedisBackend::builder(redis.server.url())
+            .waiter_liveness(window)
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let key = unique_key("dead-waiter");
+    let holder = holder_locker
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let mut doomed = Box::pin({
+        let (locker, key) = (doomed_locker.clone(), key.clone());
+        async move {
+            let waiting = LockOptions::new()
+                .ttl(Duration::from_secs(30))
+                .wait(Duration::from_secs(60));
+            locker.lock(&*key, waiting).await
+        }
+    });
+    let mut raw = redis.raw().await;
+    let queue = redis.names.queue_key(&key);
+    tokio::select! {
+        result = &mut doomed => panic!("the waiter did not queue: {result:?}"),
+        () = wait_for_queue_length(&mut raw, &queue, 1) => {}
+    }
+    // The waiter's process dies: its future is neither polled again nor dropped.
+    std::mem::forget(doomed);
+    holder.release().await.unwrap();
+    let granted_for: i64 = raw.pttl(redis.names.lock_key(&key)).await.unwrap();
+    let started = Instant::now();
+    let next = holder_locker
+        .lock(&*key, LockOptions::new().wait(Duration::from_secs(8)))
+        .await;
+    let waited = started.elapsed();
+    assert!(
+        next.is_ok() && waited < window + Duration::from_millis(1_500),
+        "the next caller got {next:?} after {waited:?}; the key was handed to the dead waiter \
+         for {granted_for} ms"
+    );
+    assert!(
+        granted_for <= window.as_millis() as i64,
+        "the key was handed to the dead waiter for {granted_for} ms"
+    );
+}
+
+/// Thousands of acquires, each cancelled at a random point — many while the server is busy
+/// with something else (a script from another client), so that calls and their undoing pile
+/// up on the server side by side: whatever reached the server is undone, and no key is left
+/// held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancelled_acquires_leave_no_lease_behind() {
+    let redis = Redis::start();
+    let locker = locker_on(&redis.server).await;
+    const ROUNDS: usize = 100;
+    const CALLS: usize = 50;
+    let prefix = unique_key("cancelled");
+    let key = |round: usize, call: usize| format!("{prefix}-{round}-{call}");
+    let mut busy = redis.raw().await;
+    // Keeps the server busy for 20 ms.
+    let stall = redis::Script::new(
+        "local t = redis.call('TIME') local from = t[1] * 1000000 + t[2] \
+         repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - from > 20000 return 1",
+    );
+    let mut seed = Owner::random().as_u128() as u64 | 1;
+    let mut cancelled = 0;
+    for round in 0..ROUNDS {
+        let calls: Vec<_> = (0..CALLS)
+            .map(|call| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let cut = Duration::from_micros(seed % 25_000);
+                let (locker, key) = (locker.clone(), key(round, call));
+                tokio::spawn(async move {
+                    let options = LockOptions::new().ttl(Duration::from_secs(60));
+                    match tokio::time::timeout(cut, locker.lock(&*key, options)).await {
+                        Ok(lease) => {
+                            lease.unwrap().release().await.unwrap();
+                            false
+                        }
+                        Err(_) => true,
+                    }
+                })
+            })
+            .collect();
+        let _: i64 = stall.invoke_async(&mut busy).await.unwrap();
+        for call in calls {
+            cancelled += usize::from(call.await.unwrap());
+        }
+    }
+    assert!(cancelled >= 1_000, "only {cancelled} calls were cancelled");
+    // The undo of a cancelled call is queued in the background: give it a moment to run (far
+    // less than the 60 s ttl a leaked lease would keep its key for).
+    let locks: Vec<String> = (0..ROUNDS)
+        .flat_map(|round| (0..CALLS).map(move |call| (round, call)))
+        .map(|(round, call)| redis.names.lock_key(&key(round, call)))
+        .collect();
+    let mut raw = redis.raw().await;
+    let mut held = Vec::new();
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut exists = redis::pipe();
+        for lock in &locks {
+            exists.exists(lock);
+        }
+        let answers: Vec<bool> = exists.query_async(&mut raw).await.unwrap();
+        held = locks
+            .iter()
+            .zip(answers)
+            .filter(|(_, exists)| *exists)
+            .map(|(lock, _)| lock.clone())
+            .collect();
+        if held.is_empty() {
+            break;
+        }
+    }
+    let mut ttls = Vec::new();
+    for lock in held.iter().take(5) {
+        ttls.push(raw.pttl::<_, i64>(lock).await.unwrap());
+    }
+    assert!(
+        held.is_empty(),
+        "{} of {cancelled} cancelled acquires left their key held (PTTL of the first: {ttls:?} \
+         ms): {:?}",
+        held.len(),
+        &held[..held.len().min(5)]
+    );
+}
+
+/// A fence counter expires (one key per lock key ever used would never go away otherwise), and
+/// fences keep rising past a counter that expired: the server's clock floors them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_counters_expire_and_fences_keep_rising_past_an_expired_one() {
+    let redis = Redis::start();
+    let locker = locker_on(&redis.server).await;
+    let mut raw = redis.raw().await;
+    let keys: Vec<String> = (0..20)
+        .map(|i| unique_key(&format!("counter-ttl-{i}")))
+        .collect();
+    for key in &keys {
+        let lease = locker.lock(&**key, LockOptions::new()).await.unwrap();
+        lease.release().await.unwrap();
+    }
+    // A hand-off's grant counts a fence too.
+    let holder = locker.lock(&*keys[0], LockOptions::new()).await.unwrap();
+    let waiter = spawn_lock(
+        &locker,
+        &keys[0],
+        LockOptions::new().wait(Duration::from_secs(10)),
+    );
+    wait_for_queue_length(&mut raw, &redis.names.queue_key(&keys[0]), 1).await;
+    let before = holder.fence();
+    holder.release().await.unwrap();
+    let handed = waiter.await.unwrap().unwrap();
+    assert!(handed.fence() > before);
+    let before = handed.fence();
+    handed.release().await.unwrap();
+    for key in &keys {
+        let pttl: i64 = raw.pttl(redis.names.fence_key(key)).await.unwrap();
+        assert!(
+            pttl > 0,
+            "the fence counter of `{key}` has PTTL {pttl}: it never goes away"
+        );
+    }
+    // The counter expires; the next fence is still greater.
+    let counter = redis.names.fence_key(&keys[0]);
+    let _: bool = raw.pexpire(&counter, 1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!raw.exists::<_, bool>(&counter).await.unwrap());
+    let lease = locker.lock(&*keys[0], LockOptions::new()).await.unwrap();
+    assert!(
+        lease.fence() > before,
+        "fence {} after {before}, past an expired counter",
+        lease.fence()
+    );
+    lease.release().await.unwrap();
+}
+
+/// A key too long for the backend's bound fails at once with `InvalidKey`, naming the limit,
+/// rather than sending it to the server three times a call; a key at the bound works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_longer_than_the_limit_is_an_invalid_key_error() {
+    let redis = Redis::start();
+    let locker = locker_on(&redis.server).await;
+    let limit = dlock::backend::REDIS_MAX_KEY_BYTES;
+    let longest = "k".repeat(limit);
+    let lease = locker.lock(&*longest, LockOptions::new()).await.unwrap();
+    lease.release().await.unwrap();
+    for length in [limit + 1, 1 << 20] {
+        let started = Instant::now();
+        let result = locker.lock("k".repeat(length), LockOptions::new()).await;
+        let error = match result {
+            Err(LockError::InvalidKey { reason, .. }) => reason,
+            other => panic!(
+                "a key of {length} bytes: {:?}",
+                other.map(|lease| lease.key().len())
+            ),
+        };
+        assert!(error.contains(&limit.to_string()), "{error}");
+        assert!(started.elapsed() < Duration::from_millis(100));
+    }
+    let keys: Vec<String> = redis.raw().await.keys("*").await.unwrap();
+    assert!(
+        keys.iter().all(|key| key.len() < 2 * limit),
+        "a key over the limit reached the server"
+    );
 }

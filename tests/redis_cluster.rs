@@ -78,3 +78,91 @@ async fn renewals_across_slots_answer_per_lease() {
     assert_eq!(held.iter().filter(|held| !**held).count(), 1);
     assert!(!held[3]);
 }
+
+/// A primary that goes down costs the leases on its slots, and only those: the renewals of the
+/// leases on the other primaries are confirmed all the same, round after round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_down_loses_only_the_leases_on_its_slots() {
+    let mut cluster = Cluster::start();
+    let locker = Locker::connect(&cluster.cluster.url()).await.unwrap();
+    let ttl = Duration::from_secs(3);
+    let keys: Vec<String> = (0..30).map(|i| unique_key(&format!("down-{i}"))).collect();
+    let mut leases = Vec::new();
+    for key in &keys {
+        leases.push(
+            locker
+                .lock(&**key, LockOptions::new().ttl(ttl))
+                .await
+                .unwrap(),
+        );
+    }
+    // Which leases the first node holds: it answers for its own slots and redirects the rest.
+    let mut first_node = redis::Client::open(cluster.cluster.node_urls()[0].clone())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mut on_first = Vec::new();
+    for key in &keys {
+        let answer: redis::RedisResult<bool> = redis::cmd("EXISTS")
+            .arg(cluster.names.lock_key(key))
+            .query_async(&mut first_node)
+            .await;
+        on_first.push(answer.is_ok());
+    }
+    assert!(on_first.iter().any(|&on| on) && on_first.iter().any(|&on| !on));
+    cluster.cluster.kill_node(0);
+    // Two ttls: every lease has been renewed several times over, or lost.
+    tokio::time::sleep(2 * ttl).await;
+    let lost_elsewhere: Vec<&str> = leases
+        .iter()
+        .zip(&on_first)
+        .filter(|(lease, &on_first)| !on_first && !lease.is_held())
+        .map(|(lease, _)| lease.key())
+        .collect();
+    assert!(
+        lost_elsewhere.is_empty(),
+        "{} of {} leases on the primaries still up were lost with the one that went down",
+        lost_elsewhere.len(),
+        on_first.iter().filter(|&&on| !on).count()
+    );
+    for (lease, &on_first) in leases.iter().zip(&on_first) {
+        if on_first {
+            assert!(
+                !lease.is_held(),
+                "a lease on the node that went down is held"
+            );
+        }
+    }
+}
+
+/// Keys whose hash tag would be empty — the empty key, keys that start with `}` — still keep
+/// all of a lock's Redis keys in one slot: acquire, a contended hand-off and release work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_with_an_empty_hash_tag_keep_to_one_slot() {
+    let cluster = Cluster::start();
+    let locker = Locker::connect(&cluster.cluster.url()).await.unwrap();
+    for key in ["", "}", "}abc", "}{x}", "{}"] {
+        let holder = locker
+            .lock(key, LockOptions::new())
+            .await
+            .unwrap_or_else(|error| panic!("`{key}`: {error}"));
+        let waiter = tokio::spawn({
+            let locker = locker.clone();
+            async move {
+                locker
+                    .lock(key, LockOptions::new().wait(Duration::from_secs(10)))
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let holder_fence = holder.fence();
+        holder.release().await.unwrap();
+        let lease = waiter
+            .await
+            .unwrap()
+            .unwrap_or_else(|error| panic!("`{key}`, waiting: {error}"));
+        assert!(lease.fence() > holder_fence, "`{key}`");
+        lease.release().await.unwrap();
+    }
+}

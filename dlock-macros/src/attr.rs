@@ -162,10 +162,19 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
     })
 }
 
-/// Refuses a `locker` expression that builds a `Locker` (`&Locker::memory()`,
-/// `&Locker::connect(url).await?`, …): it is evaluated at every call, so each call would get a
-/// store of its own and no two calls would ever exclude each other.
+/// Refuses a `locker` expression that builds a `Locker` with one of its constructors
+/// (`&Locker::memory()`, `&Locker::connect(url).await?`, …): it is evaluated at every call, so
+/// each call would get a store of its own and no two calls would ever exclude each other. Other
+/// calls on `Locker`, a user's own trait handing out a shared one say, are left alone.
 fn locker_built_here(value: &Expr) -> syn::Result<()> {
+    const CONSTRUCTORS: [&str; 6] = [
+        "memory",
+        "connect",
+        "redis",
+        "with_backend",
+        "from_env",
+        "from_backend",
+    ];
     let mut expr = value;
     let call = loop {
         expr = match expr {
@@ -184,13 +193,17 @@ fn locker_built_here(value: &Expr) -> syn::Result<()> {
     };
     let segments: Vec<_> = path.path.segments.iter().collect();
     match segments.as_slice() {
-        [.., ty, _] if ty.ident == "Locker" => Err(syn::Error::new_spanned(
-            value,
-            "this builds a new `Locker`, with a store of its own, at every call: no two calls \
+        [.., ty, constructor]
+            if ty.ident == "Locker" && CONSTRUCTORS.iter().any(|c| constructor.ident == c) =>
+        {
+            Err(syn::Error::new_spanned(
+                value,
+                "this builds a new `Locker`, with a store of its own, at every call: no two calls \
              would ever exclude each other. Build it once and refer to it, e.g. \
              `static LOCKS: LazyLock<Locker> = LazyLock::new(Locker::memory);` and \
              `locker = &LOCKS`, or `locker = &self.locker`",
-        )),
+            ))
+        }
         _ => Ok(()),
     }
 }

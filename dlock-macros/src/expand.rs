@@ -61,8 +61,14 @@ fn local(name: &str) -> Ident {
 
 /// A parameter a placeholder may name.
 enum Param {
-    /// `name: Type` or the receiver; `type_span` is where a `Display` error is shown.
-    Named { name: String, type_span: Span },
+    /// `name: Type` or the receiver; `type_span` is where a `Display` error is shown, and
+    /// `name_span` where the name resolves (a parameter named by a `macro_rules!` caller
+    /// resolves in that caller's context, not in the type's).
+    Named {
+        name: String,
+        name_span: Span,
+        type_span: Span,
+    },
     /// A name bound inside a destructuring pattern, which placeholders may not use.
     InPattern { name: String, pattern_span: Span },
 }
@@ -212,6 +218,7 @@ fn collect_params(sig: &Signature) -> Vec<Param> {
         match input {
             FnArg::Receiver(receiver) => params.push(Param::Named {
                 name: "self".into(),
+                name_span: receiver.self_token.span,
                 type_span: if receiver.colon_token.is_some() {
                     receiver.ty.span()
                 } else {
@@ -221,6 +228,7 @@ fn collect_params(sig: &Signature) -> Vec<Param> {
             FnArg::Typed(typed) => match &*typed.pat {
                 Pat::Ident(ident) if ident.subpat.is_none() => params.push(Param::Named {
                     name: ident.ident.to_string(),
+                    name_span: ident.ident.span(),
                     type_span: typed.ty.span(),
                 }),
                 pattern => pattern_bindings(pattern, &mut |ident| {
@@ -307,7 +315,11 @@ fn render_key(args: &Args, sig: &Signature) -> syn::Result<TokenStream> {
 fn find_param(params: &[Param], root: &str, key_span: Span, sig: &Signature) -> syn::Result<Span> {
     for param in params {
         match param {
-            Param::Named { name, type_span } if name == root => return Ok(*type_span),
+            Param::Named {
+                name,
+                name_span,
+                type_span,
+            } if name == root => return Ok(type_span.resolved_at(*name_span)),
             Param::InPattern { name, pattern_span } if name == root => {
                 let mut error = syn::Error::new(
                     *pattern_span,

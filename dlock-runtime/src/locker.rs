@@ -329,35 +329,69 @@ fn feature_of(scheme: &str) -> &'static str {
     }
 }
 
-/// `url` with its password replaced by `***`, for errors and logs.
+/// `url` with its secrets replaced by `***`, for errors and logs.
 ///
-/// The user information is taken to end at the last `@`, and the password to start after the
-/// first `:` in it, so a password holding `/`, `@`, `:`, `?` or `#` (which users write unescaped)
-/// is masked whole. Where that guess is wrong it masks too much, never too little.
+/// The secrets are the password of the user information and the values of query parameters
+/// that carry one (`password`, `pass`, `auth`, `token`, `secret`). The user information is taken
+/// to run from the scheme's `:` (and any slashes after it) to the last `@`, so a password holding
+/// `/`, `@`, `:`, `?` or `#` (which users write unescaped), or a URL with a slash too few, is
+/// masked whole; without a `:` in it, the whole user information is masked. Where that guess is
+/// wrong it masks too much, never too little.
 pub(crate) fn mask_password(url: &str) -> String {
-    match split_password(url) {
-        Some((before, _, after)) => format!("{before}***{after}"),
-        None => url.to_owned(),
+    let mut masked = String::with_capacity(url.len());
+    let mut from = 0;
+    for (start, end) in secrets(url) {
+        masked.push_str(&url[from..start]);
+        masked.push_str("***");
+        from = end;
     }
+    masked.push_str(&url[from..]);
+    masked
 }
 
-/// `text` with every occurrence of `url`'s password replaced by `***`: for messages of other
-/// crates' parsers, which may quote the URL they were given.
+/// `text` with every secret of `url` replaced by `***`: for messages of other crates' parsers,
+/// which may quote the URL they were given.
 pub(crate) fn redact(text: &str, url: &str) -> String {
-    match split_password(url) {
-        Some((_, password, _)) if !password.is_empty() => text.replace(password, "***"),
-        _ => text.to_owned(),
-    }
+    secrets(url)
+        .into_iter()
+        .map(|(start, end)| &url[start..end])
+        .fold(text.to_owned(), |text, secret| text.replace(secret, "***"))
 }
 
-/// `url` cut around its password: what comes before it, the password, what comes after it.
-fn split_password(url: &str) -> Option<(&str, &str, &str)> {
-    let (_, rest) = url.split_once("://")?;
-    let rest_from = url.len() - rest.len();
-    let at = rest.rfind('@')?;
-    let colon = rest[..at].find(':')?;
-    let (start, end) = (rest_from + colon + 1, rest_from + at);
-    Some((&url[..start], &url[start..end], &url[end..]))
+/// The byte ranges of `url`'s secrets, in order, none empty.
+fn secrets(url: &str) -> Vec<(usize, usize)> {
+    let mut found = Vec::new();
+    let Some(scheme_end) = url.find(':') else {
+        return found;
+    };
+    let authority = scheme_end + 1 + url[scheme_end + 1..].len()
+        - url[scheme_end + 1..].trim_start_matches('/').len();
+    if let Some(at) = url.rfind('@').filter(|&at| at > authority) {
+        let userinfo = &url[authority..at];
+        let start = userinfo
+            .find(':')
+            .map_or(authority, |colon| authority + colon + 1);
+        if start < at {
+            found.push((start, at));
+        }
+    }
+    let query_from = found.last().map_or(authority, |&(_, end)| end);
+    if let Some(question) = url[query_from..].find('?') {
+        let mut offset = query_from + question + 1;
+        for pair in url[offset..].split('&') {
+            if let Some((name, value)) = pair.split_once('=') {
+                let secret = ["password", "pass", "auth", "token", "secret"]
+                    .iter()
+                    .any(|n| name.eq_ignore_ascii_case(n));
+                if secret && !value.is_empty() {
+                    let start = offset + name.len() + 1;
+                    found.push((start, start + value.len()));
+                }
+            }
+            offset += pair.len() + 1;
+        }
+    }
+    found
 }
 
 static DEFAULT: RwLock<Option<Locker>> = RwLock::new(None);
@@ -420,15 +454,28 @@ pub(crate) async fn default_locker() -> Result<Locker, LockError> {
 fn connect_from_env(url: String) -> watch::Receiver<Option<Result<Locker, Arc<LockError>>>> {
     let (publish, outcome) = watch::channel(None);
     background::spawn(async move {
+        // Should the attempt end without an outcome (a panic in a store's client), the next call
+        // tries again rather than finding an attempt that never finishes.
+        let unset_unless_done = ResetOnDrop;
         let connected = Locker::connect(&url).await;
         *FROM_ENV.lock().unwrap_or_else(|p| p.into_inner()) = match &connected {
             Ok(locker) => FromEnv::Ready(locker.clone()),
             // A failed connection is not kept: the next call tries again.
             Err(_) => FromEnv::Unset,
         };
+        std::mem::forget(unset_unless_done);
         let _ = publish.send(Some(connected.map_err(Arc::new)));
     });
     outcome
+}
+
+/// Resets the locker from `DLOCK_URL` to "not built" when dropped.
+struct ResetOnDrop;
+
+impl Drop for ResetOnDrop {
+    fn drop(&mut self) {
+        *FROM_ENV.lock().unwrap_or_else(|p| p.into_inner()) = FromEnv::Unset;
+    }
 }
 
 #[cfg(test)]

@@ -13,10 +13,14 @@
 //! frame), takes the turn, and gives it back when it ends, whichever way. Siblings therefore go
 //! one at a time, while a call nested inside a re-entered call (whose parent is that call)
 //! never waits on itself.
+//!
+//! A call can outlive the call it was started in (started, then handed out to an outer body):
+//! its parent then ends while it still holds the turn. The parent gives back nothing it does not
+//! hold; the call, when it ends, gives the turn to its nearest ancestor still running.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
@@ -33,11 +37,17 @@ pub(crate) struct Frame {
     /// This body's identity in its lease's turns; [`Turns::ACQUIRER`] for the body that acquired.
     id: u64,
     outer: Option<Arc<Frame>>,
+    /// The frame under the same lease this one re-entered from; `None` for the acquirer.
+    parent: Option<Arc<Frame>>,
+    /// Set, under the lease's turn lock, when this body has ended.
+    ended: AtomicBool,
 }
 
 /// Whose turn it is to run under one lease; kept in the lease.
 pub(crate) struct Turns {
-    occupant: AtomicU64,
+    /// The frame id of the occupant. A lock rather than an atomic: a hand-back reads the
+    /// parents' `ended` flags and writes the occupant as one step.
+    occupant: Mutex<u64>,
     handed_back: Notify,
 }
 
@@ -47,9 +57,13 @@ impl Turns {
 
     pub(crate) fn new() -> Self {
         Turns {
-            occupant: AtomicU64::new(Self::ACQUIRER),
+            occupant: Mutex::new(Self::ACQUIRER),
             handed_back: Notify::new(),
         }
+    }
+
+    fn occupant(&self) -> MutexGuard<'_, u64> {
+        self.occupant.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -93,6 +107,8 @@ pub(crate) fn scope<F: Future>(
         lease,
         id: Turns::ACQUIRER,
         outer,
+        parent: None,
+        ended: AtomicBool::new(false),
     };
     HELD.scope(Arc::new(frame), body)
 }
@@ -101,7 +117,6 @@ pub(crate) fn scope<F: Future>(
 /// returns, panics or is dropped lets the next sibling in.
 pub(crate) struct Turn {
     frame: Arc<Frame>,
-    parent: u64,
 }
 
 static NEXT_FRAME: AtomicU64 = AtomicU64::new(Turns::ACQUIRER + 1);
@@ -109,7 +124,7 @@ static NEXT_FRAME: AtomicU64 = AtomicU64::new(Turns::ACQUIRER + 1);
 impl Turn {
     /// Waits until `parent` is the lease's occupant, then takes the turn for a new frame above
     /// `top`. `None` when the lease is lost first.
-    pub(crate) async fn take(parent: &Frame, top: Arc<Frame>) -> Option<Turn> {
+    pub(crate) async fn take(parent: &Arc<Frame>, top: Arc<Frame>) -> Option<Turn> {
         let lease = &parent.lease;
         let turns = &lease.turns;
         let id = NEXT_FRAME.fetch_add(1, Ordering::Relaxed);
@@ -117,20 +132,21 @@ impl Turn {
             let handed_back = turns.handed_back.notified();
             tokio::pin!(handed_back);
             handed_back.as_mut().enable();
-            if turns
-                .occupant
-                .compare_exchange(parent.id, id, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
             {
-                let frame = Frame {
-                    lease: lease.clone(),
-                    id,
-                    outer: Some(top),
-                };
-                return Some(Turn {
-                    frame: Arc::new(frame),
-                    parent: parent.id,
-                });
+                let mut occupant = turns.occupant();
+                if *occupant == parent.id {
+                    *occupant = id;
+                    let frame = Frame {
+                        lease: lease.clone(),
+                        id,
+                        outer: Some(top),
+                        parent: Some(parent.clone()),
+                        ended: AtomicBool::new(false),
+                    };
+                    return Some(Turn {
+                        frame: Arc::new(frame),
+                    });
+                }
             }
             tokio::select! {
                 () = handed_back => {}
@@ -153,7 +169,19 @@ impl Turn {
 impl Drop for Turn {
     fn drop(&mut self) {
         let turns = &self.frame.lease.turns;
-        turns.occupant.store(self.parent, Ordering::Release);
+        let mut occupant = turns.occupant();
+        self.frame.ended.store(true, Ordering::Relaxed);
+        if *occupant != self.frame.id {
+            // A call started in this body still runs (it was handed out): it hands the turn on
+            // when it ends.
+            return;
+        }
+        let mut heir = self.frame.parent.as_ref();
+        while let Some(frame) = heir.filter(|f| f.ended.load(Ordering::Relaxed)) {
+            heir = frame.parent.as_ref();
+        }
+        *occupant = heir.map_or(Turns::ACQUIRER, |f| f.id);
+        drop(occupant);
         turns.handed_back.notify_waiters();
     }
 }

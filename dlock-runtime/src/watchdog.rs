@@ -155,14 +155,18 @@ impl Shared {
             .max()
             .unwrap_or_default()
             .max(Duration::from_millis(1));
-        match tokio::time::timeout(patience, self.backend.renew(&renewals)).await {
+        match tokio::time::timeout(patience, self.backend.renew_each(&renewals)).await {
             Ok(Ok(held)) => {
                 for (state, held) in batch.iter().zip(held) {
-                    if held {
-                        state.confirm(sent_at);
-                        self.reschedule(state, sent_at + clock::renew_interval(state.ttl));
-                    } else {
-                        state.mark_lost(LossCause::Refused);
+                    match held {
+                        Some(true) => {
+                            state.confirm(sent_at);
+                            self.reschedule(state, sent_at + clock::renew_interval(state.ttl));
+                        }
+                        Some(false) => state.mark_lost(LossCause::Refused),
+                        // Not confirmed this round (its part of the store failed): retried
+                        // after the failure delay `due` set, judged by its own deadline.
+                        None => {}
                     }
                 }
             }

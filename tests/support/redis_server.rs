@@ -373,6 +373,12 @@ impl RedisCluster {
         format!("redis+cluster://{}", hosts.join(","))
     }
 
+    /// Kills node `index` (SIGKILL), as a primary that goes down.
+    pub fn kill_node(&mut self, index: usize) {
+        let _ = self.nodes[index].kill();
+        let _ = self.nodes[index].wait();
+    }
+
     pub fn node_urls(&self) -> Vec<String> {
         self.ports
             .iter()

@@ -73,7 +73,19 @@ impl KeyState {
     fn is_empty(&self) -> bool {
         self.holder.is_none() && self.queue.is_empty()
     }
+
+    /// Wakes the head of the queue, which watches the holder's expiry: call it whenever the head
+    /// or the holder changes, or a new head could sleep through an expiry nobody else sees.
+    fn wake_head(&self) {
+        if let Some(head) = self.queue.front() {
+            head.wake.notify_one();
+        }
+    }
 }
+
+/// How long a key handed to a waiter stays its own before the waiter claims it (see
+/// [`Shared::hand_off`]).
+const CLAIM_WINDOW: Duration = Duration::from_secs(1);
 
 impl MemoryBackend {
     /// An empty store.
@@ -89,6 +101,7 @@ impl MemoryBackend {
         match keys.get_mut(key).and_then(|state| state.holder.as_mut()) {
             Some(holder) => {
                 holder.expires_at = now;
+                keys.get(key).expect("just found").wake_head();
                 true
             }
             None => false,
@@ -146,16 +159,20 @@ impl Shared {
     }
 
     /// Hands a free key to the head of its queue, if any.
+    ///
+    /// The waiter gets the key for the claim window only, and its ttl once it claims it: a
+    /// waiter whose future is kept but no longer polled holds the key for a window, not a ttl.
     fn hand_off(&self, state: &mut KeyState, now: Instant) {
         if !state.is_free(now) {
             return;
         }
         state.holder = None;
         if let Some(next) = state.queue.pop_front() {
-            let acquired = self.grant(state, next.owner, next.ttl, now);
+            let acquired = self.grant(state, next.owner, next.ttl.min(CLAIM_WINDOW), now);
             let _ = next.granted.set(acquired);
             next.wake.notify_one();
         }
+        state.wake_head();
     }
 
     fn release(&self, key: &str, owner: Owner) -> bool {
@@ -189,8 +206,9 @@ impl Shared {
         }
         if let Some(state) = keys.get_mut(key) {
             state.queue.retain(|w| !Arc::ptr_eq(w, waiter));
-            // If it was this waiter's turn, pass the turn on.
+            // If it was this waiter's turn, pass the turn on; either way the head may be new.
             self.hand_off(state, Instant::now());
+            state.wake_head();
             if state.is_empty() {
                 keys.remove(key);
             }
@@ -246,16 +264,43 @@ impl Backend for MemoryBackend {
             done: false,
         };
         loop {
-            let woken = guard.waiter.wake.notified();
+            // From a handle of its own: a waiter whose claim ran out is replaced mid-iteration.
+            let waiter = guard.waiter.clone();
+            let woken = waiter.wake.notified();
             // The head of the queue also watches the holder's expiry: an expired holder releases
             // nothing, so nobody else would hand the key on.
             let holder_expiry = {
                 let mut keys = shared.lock();
-                if let Some(acquired) = guard.waiter.granted.get() {
-                    guard.done = true;
-                    return Ok(Some(*acquired));
-                }
                 let now = Instant::now();
+                if let Some(&acquired) = guard.waiter.granted.get() {
+                    let state = keys.entry(request.key.to_owned()).or_default();
+                    match state.holder.as_mut() {
+                        Some(holder)
+                            if holder.owner == request.owner && holder.expires_at > now =>
+                        {
+                            // Claimed: the lease runs its ttl from now.
+                            holder.expires_at = now + request.ttl;
+                            guard.done = true;
+                            return Ok(Some(Acquired {
+                                fence: acquired.fence,
+                                valid_from: now,
+                            }));
+                        }
+                        _ => {
+                            // The claim window ran out before this waiter was polled again, and
+                            // the key went on: wait again, at the back.
+                            let waiter = Arc::new(Waiter {
+                                owner: request.owner,
+                                ttl: request.ttl,
+                                granted: OnceLock::new(),
+                                wake: Notify::new(),
+                            });
+                            state.queue.push_back(waiter.clone());
+                            guard.waiter = waiter;
+                            continue;
+                        }
+                    }
+                }
                 let state = keys
                     .get_mut(request.key)
                     .expect("a queued waiter keeps its key's entry");

@@ -30,7 +30,7 @@ pub use zookeeper::{
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "redis")]
-pub use self::redis::{RedisBackend, RedisBackendBuilder};
+pub use self::redis::{RedisBackend, RedisBackendBuilder, MAX_KEY_BYTES as REDIS_MAX_KEY_BYTES};
 
 /// One acquisition asked of a backend.
 #[derive(Debug, Clone, Copy)]
@@ -117,6 +117,20 @@ pub trait Backend: Send + Sync + 'static {
         leases: &[Renewal<'_>],
     ) -> impl Future<Output = Result<Vec<bool>, LockError>> + Send;
 
+    /// Renews like [`renew`](Self::renew), answering for each lease on its own: `Some(held)`
+    /// where the store answered for that lease, `None` where it could not confirm it this round
+    /// (the part of the store that holds it failed: the lease is judged by its deadline, as
+    /// after a failed call, and renewed again soon). `Err` where it could answer for none. A
+    /// store made of parts (a cluster's nodes) implements it so that one part down does not
+    /// cost the leases on the others; the default, for stores that answer all or nothing, calls
+    /// `renew`.
+    fn renew_each(
+        &self,
+        leases: &[Renewal<'_>],
+    ) -> impl Future<Output = Result<Vec<Option<bool>>, LockError>> + Send {
+        async move { Ok(self.renew(leases).await?.into_iter().map(Some).collect()) }
+    }
+
     /// Releases at once without awaiting, where the store lives in this process. Returns `false`
     /// where a release needs I/O; the runtime then queues an async `release` instead. `Drop`
     /// calls this, so it must never block.
@@ -135,10 +149,10 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         request: &'a AcquireRequest<'a>,
     ) -> BoxFuture<'a, Result<Option<Acquired>, LockError>>;
     fn release<'a>(&'a self, key: &'a str, owner: Owner) -> BoxFuture<'a, Result<bool, LockError>>;
-    fn renew<'a>(
+    fn renew_each<'a>(
         &'a self,
         leases: &'a [Renewal<'a>],
-    ) -> BoxFuture<'a, Result<Vec<bool>, LockError>>;
+    ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>>;
     fn release_now(&self, key: &str, owner: Owner) -> bool;
 }
 
@@ -154,11 +168,11 @@ impl<B: Backend> DynBackend for B {
         Box::pin(Backend::release(self, key, owner))
     }
 
-    fn renew<'a>(
+    fn renew_each<'a>(
         &'a self,
         leases: &'a [Renewal<'a>],
-    ) -> BoxFuture<'a, Result<Vec<bool>, LockError>> {
-        Box::pin(Backend::renew(self, leases))
+    ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>> {
+        Box::pin(Backend::renew_each(self, leases))
     }
 
     fn release_now(&self, key: &str, owner: Owner) -> bool {

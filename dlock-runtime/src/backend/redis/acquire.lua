@@ -7,33 +7,41 @@
 -- (no ARGV[3]) is in no queue.
 --
 -- Returns the fence (an integer) when the lock is this owner's, else {the lock's PTTL where this
--- owner heads the queue, else -1; 1 if it heads the queue, else 0; the last fence handed out for
--- the lock}. A hand-off to this owner that carries a greater fence than a busy answer did happened
--- after this call ran.
+-- owner heads the queue, else -1; 1 if it heads the queue, else 0}. A lock that a release handed
+-- to this owner is claimed here: found this owner's, it is extended to the full ttl.
 local lock, counter, queue = KEYS[1], KEYS[2], KEYS[3]
 local owner, ttl, liveness, instance = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
--- The uncontended path, on its own: nobody holds the lock and nobody waits for it. Three
--- commands. A waiter's calls, which expect a busy lock, go straight on.
-if not liveness and redis.call('EXISTS', lock, queue) == 0 then
+-- The uncontended path, on its own: nobody holds the lock, nobody waits for it, and this
+-- owner's acquisition was not cancelled (see `cancel` in common.lua). Three commands. A
+-- waiter's calls, which expect a busy lock, go straight on.
+if not liveness and redis.call('EXISTS', lock, queue, lock .. ':x:' .. owner) == 0 then
   -- grant(owner, ttl) of common.lua, written out: the functions are not defined yet.
   local now = redis.call('TIME')
   now = now[1] * 1000000 + now[2]
-  local fence = redis.call('INCR', counter)
+  local fence = (tonumber(redis.call('GET', counter)) or 0) + 1
   if fence < now then
     fence = now
-    redis.call('SET', counter, fence)
   end
+  redis.call('SET', counter, fence, 'PX', 3600000)
   redis.call('SET', lock, owner, 'PX', ttl)
   return fence
 end
 
 --!common
 
+if redis.call('EXISTS', cancel_key(owner)) == 1 then
+  -- A call that reached the server after its caller cancelled it, and after the undo: it takes
+  -- no effect, and leaves the queue.
+  leave()
+  return {-1, 0}
+end
+
 local holder = redis.call('GET', lock)
 if holder == owner then
-  -- Ours already: handed over by a release, or granted to an earlier call whose reply was lost.
-  -- Idempotent: extend to the full ttl and answer the same fence.
+  -- Ours already: handed over by a release (granted for the claim window only: this call claims
+  -- it), or granted to an earlier call whose reply was lost. Idempotent: extend to the full ttl
+  -- and answer the same fence.
   redis.call('PEXPIRE', lock, ttl)
   leave()
   local fence = redis.call('GET', counter)
@@ -54,17 +62,18 @@ if not holder then
   hand_to(head, waiter, nil)
 end
 
-local last = tonumber(redis.call('GET', counter) or '0')
 if not liveness then
-  return {-1, 0, last}
+  return {-1, 0}
 end
 if liveness == '0' then
   leave()
-  return {-1, 0, last}
+  return {-1, 0}
 end
 -- This owner's waiter key tells whether it is queued already: while the key lives, so does its
 -- entry. (A waiter whose key expired queues again; its older entry is found dead and dropped.)
-local queued = redis.call('SET', waiter_key(owner), ttl .. ' ' .. instance, 'PX', liveness, 'GET')
+-- It holds the waiter's claim window: the liveness window, or the ttl where shorter.
+local claim = math.min(tonumber(ttl), tonumber(liveness))
+local queued = redis.call('SET', waiter_key(owner), claim .. ' ' .. instance, 'PX', liveness, 'GET')
 local first
 if queued then
   first = redis.call('LINDEX', queue, 0) == owner
@@ -74,6 +83,6 @@ end
 -- A queue whose waiters all died goes away by itself.
 redis.call('PEXPIRE', queue, 2 * tonumber(liveness))
 if first then
-  return {redis.call('PTTL', lock), 1, last}
+  return {redis.call('PTTL', lock), 1}
 end
-return {-1, 0, last}
+return {-1, 0}

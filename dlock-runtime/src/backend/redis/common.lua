@@ -4,8 +4,9 @@
 --
 -- The scripts' names, declared before the splice:
 -- `lock`    KEYS[1], the lock: a string holding its holder's owner, with the lease's PX
--- `counter` KEYS[2], the fence counter: the last fence handed out for the lock (INCR, floored
---           by the server's clock in µs, see `grant`); it never expires
+-- `counter` KEYS[2], the fence counter: the last fence handed out for the lock (one more than
+--           the last, floored by the server's clock in µs, see `grant`); it expires an hour
+--           after the last grant
 -- `queue`   KEYS[3], the owners waiting for the lock, in arrival order; it exists only while
 --           someone waits
 -- `owner`   ARGV[1], the owner the call is for
@@ -14,8 +15,9 @@
 -- holds an owner, the counter holds the fence of that owner's grant: an owner's fence is read
 -- back from the counter rather than stored a second time.
 --
--- A waiter's key, `<lock>:w:<owner>`, holds `<ttl in ms> <instance>` (the waiter's ttl and the id
--- of the backend it waits on), with a PX of the liveness window; the lock's channel is
+-- A waiter's key, `<lock>:w:<owner>`, holds `<claim window in ms> <instance>` (how long a grant
+-- to the waiter lasts until it claims it, and the id of the backend it waits on), with a PX of
+-- the liveness window; the lock's channel is
 -- `<lock>:ch`. Both share the lock's hash slot, and are named here from the lock's name rather
 -- than passed, which keeps the uncontended calls short.
 
@@ -23,20 +25,35 @@ local function waiter_key(who)
   return lock .. ':w:' .. who
 end
 
+-- The cancel marker of an owner, `<lock>:x:<owner>`, left by `cancel`.
+local function cancel_key(who)
+  return lock .. ':x:' .. who
+end
+
+-- Marks this owner's acquisition cancelled, for a minute: an acquire call of this owner that
+-- reaches the server after the undo (it went out on another connection, and was overtaken)
+-- finds the mark and takes no effect. An owner is never reused after its undo, so the mark
+-- never turns away a caller that still waits. (A call held up for longer than a minute, far
+-- beyond any response timeout, would take effect: its key expires after its ttl, unrenewed.)
+local function cancel()
+  redis.call('SET', cancel_key(owner), 1, 'PX', 60000)
+end
+
 -- Grants the lock to `who` for `ttl` ms. Returns the grant's fence: one more than the last, and
 -- never below the server's clock in µs. The floor is what keeps fences rising when Redis loses
 -- the counter — a restart without persistence, a snapshot restored, a fail-over to a replica
--- that missed writes: the counter starts again from the clock, past every fence handed out
--- before (one grant per µs is more than one key ever sees). A number, and exact: µs since 1970
--- stay below 2^53 until the year 2255.
+-- that missed writes — and what lets the counter expire: it starts again from the clock, past
+-- every fence handed out before (the counter runs ahead of the clock by one µs per grant at
+-- most, and an hour's expiry leaves it far behind). A number, and exact: µs since 1970 stay
+-- below 2^53 until the year 2255.
 local function grant(who, ttl)
   local now = redis.call('TIME')
   now = now[1] * 1000000 + now[2]
-  local n = redis.call('INCR', counter)
+  local n = (tonumber(redis.call('GET', counter)) or 0) + 1
   if n < now then
     n = now
-    redis.call('SET', counter, n)
   end
+  redis.call('SET', counter, n, 'PX', 3600000)
   redis.call('SET', lock, who, 'PX', ttl)
   return n
 end
@@ -56,15 +73,18 @@ local function pop_live_head()
   end
 end
 
--- Hands the (free) lock to waiter `head`, whose waiter key held `waiter`, for its full ttl, and
--- tells it `<owner> <fence>` on the channel, so that it holds a valid lease without another round
--- trip. The message is left out where the waiter waits on backend `skip_publish_for`: the caller,
--- which wakes it in-process. Returns the fence.
+-- Hands the (free) lock to waiter `head`, whose waiter key held `waiter`, for its claim window
+-- only, and names it on the channel. The waiter, woken, claims the lock (its acquire call finds
+-- the lock its own and extends it to its ttl); a waiter that died meanwhile never does, and the
+-- grant lapses after the window, to be handed on by the next call that finds the lock free. The
+-- message is left out where the waiter waits on backend `skip_publish_for`: the caller, which
+-- wakes it in-process. (A waiter of an older dlock put its ttl where the window is: it is
+-- granted that, as before.) Returns the fence.
 local function hand_to(head, waiter, skip_publish_for)
-  local ttl, instance = string.match(waiter, '^(%d+) ?(.*)$')
-  local n = grant(head, ttl)
+  local claim, instance = string.match(waiter, '^(%d+) ?(.*)$')
+  local n = grant(head, claim)
   if instance == '' or instance ~= skip_publish_for then
-    redis.call('PUBLISH', lock .. ':ch', string.format('%s %d', head, n))
+    redis.call('PUBLISH', lock .. ':ch', head)
   end
   return n
 end

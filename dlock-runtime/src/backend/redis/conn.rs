@@ -235,7 +235,12 @@ impl Slot {
                     }
                 }
             };
-            // The overall bound covers DNS, TCP, TLS and AUTH together.
+            let connect = async {
+                let mut conn = connect.await?;
+                check_version(&mut conn).await?;
+                Ok(conn)
+            };
+            // The overall bound covers DNS, TCP, TLS, AUTH and the version check together.
             match tokio::time::timeout(timeouts.connect.saturating_mul(2), connect).await {
                 Ok(result) => result,
                 Err(_) => Err(RedisError::from(std::io::Error::new(
@@ -305,6 +310,80 @@ impl Slot {
     }
 }
 
+/// The oldest Redis the scripts run on: they use `GETDEL` and `SET … GET`.
+pub(super) const MIN_SERVER_VERSION: (u32, u32) = (6, 2);
+
+/// Checks the `redis_version` an `INFO server` reply names against [`MIN_SERVER_VERSION`].
+/// A reply that names none (a server that hides it) passes: the scripts then fail on their own.
+fn check_server_version(info: &str) -> Result<(), String> {
+    let Some(version) = info
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("redis_version:"))
+    else {
+        return Ok(());
+    };
+    let mut parts = version.split('.').map(str::parse::<u32>);
+    let (Some(Ok(major)), Some(Ok(minor))) = (parts.next(), parts.next()) else {
+        return Ok(());
+    };
+    if (major, minor) >= MIN_SERVER_VERSION {
+        return Ok(());
+    }
+    let (need_major, need_minor) = MIN_SERVER_VERSION;
+    Err(format!(
+        "the server runs Redis {version}; dlock needs Redis {need_major}.{need_minor} or later"
+    ))
+}
+
+/// Asks the server(s) behind `conn` for their version and refuses one that is too old, so that
+/// an old server fails at connect with a clear message, not at the first contended wait with a
+/// script error. A server that does not allow `INFO` passes.
+async fn check_version(conn: &mut Conn) -> Result<(), RedisError> {
+    let info = match conn
+        .req_packed_command(redis::cmd("INFO").arg("server"))
+        .await
+        .and_then(Value::extract_error)
+    {
+        Ok(info) => info,
+        Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => {
+            return Ok(())
+        }
+        Err(error)
+            if error
+                .code()
+                .is_some_and(|code| code == "NOPERM" || code == "ERR") =>
+        {
+            return Ok(())
+        }
+        Err(error) => return Err(error),
+    };
+    // One node's reply, or (from a cluster connection) one per node.
+    let mut texts = Vec::new();
+    collect_text(&info, &mut texts);
+    for text in texts {
+        check_server_version(&text).map_err(|reason| {
+            RedisError::from((redis::ErrorKind::Client, "server too old", reason))
+        })?;
+    }
+    Ok(())
+}
+
+/// Every text in `value`, however nested.
+fn collect_text(value: &Value, texts: &mut Vec<String>) {
+    match value {
+        Value::BulkString(bytes) => texts.push(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(text) => texts.push(text.clone()),
+        Value::VerbatimString { text, .. } => texts.push(text.clone()),
+        Value::Array(values) | Value::Set(values) => {
+            values.iter().for_each(|value| collect_text(value, texts))
+        }
+        Value::Map(pairs) => pairs
+            .iter()
+            .for_each(|(_, value)| collect_text(value, texts)),
+        _ => {}
+    }
+}
+
 /// Whether `error` means the connection is unusable and a fresh one may succeed.
 fn is_broken(error: &RedisError) -> bool {
     error.is_unrecoverable_error()
@@ -330,5 +409,26 @@ impl std::fmt::Display for RedisBackendError {
 impl std::error::Error for RedisBackendError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&self.source)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_server_version;
+
+    #[test]
+    fn servers_older_than_6_2_are_refused_by_name() {
+        let info = |version: &str| {
+            format!("# Server\r\nredis_version:{version}\r\nredis_mode:standalone\r\n")
+        };
+        for version in ["6.2.0", "6.2.14", "7.0.15", "7.4.1", "10.0.0"] {
+            assert_eq!(check_server_version(&info(version)), Ok(()), "{version}");
+        }
+        for version in ["6.0.9", "5.0.14", "2.8.24"] {
+            let error = check_server_version(&info(version)).unwrap_err();
+            assert!(error.contains(version) && error.contains("6.2"), "{error}");
+        }
+        assert_eq!(check_server_version("# Server\r\nos:Linux\r\n"), Ok(()));
+        assert_eq!(check_server_version("redis_version:garbage\r\n"), Ok(()));
     }
 }

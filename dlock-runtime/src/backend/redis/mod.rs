@@ -8,25 +8,29 @@
 //! | Redis key | type | what |
 //! | --- | --- | --- |
 //! | `P{K}` | string, with PX | the holder's owner token (32 hex digits); the lease's ttl is its PTTL |
-//! | `P{K}:fences` | integer, no expiry | the last fence handed out (`INCR`, never below the server's clock in µs); while `P{K}` holds an owner, the fence of that owner's grant |
+//! | `P{K}:fences` | integer, with PX 1 h | the last fence handed out (one more than the last, never below the server's clock in µs); while `P{K}` holds an owner (for up to an hour), the fence of that owner's grant |
 //! | `P{K}:q` | list, expires when idle | the owners waiting for the lock, in arrival order |
-//! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: `<ttl in ms> <backend id>`, kept alive while it waits |
-//! | `P{K}:ch` | pub/sub channel | `<owner> <fence>`: the owner a release handed the lock to, and its fence |
+//! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: `<claim window in ms> <backend id>`, kept alive while it waits |
+//! | `P{K}:x:<owner>` | string, with PX 60 s | an acquisition cancelled by its caller (see below): an acquire call of that owner that reaches the server after the undo takes no effect |
+//! | `P{K}:ch` | pub/sub channel | `<owner>`: the owner a release handed the lock to, which is to claim it |
 //!
 //! So `redis-cli GET 'dlock:{acct:42}'` shows who holds `acct:42`. Rendered keys never contain
 //! `{` or `}` from placeholder values, which are percent-encoded; a brace written in a key
 //! template's literal text still works (all keys of one lock keep sharing one slot, and two
 //! locks never share a key), but the hash tag then ends at the first `}`. A prefix that holds a
-//! hash tag itself (say `{dlock}:`) puts every lock in one slot.
+//! hash tag itself (say `{dlock}:`) puts every lock in one slot. A key that is empty or starts
+//! with `}` would leave the hash tag empty, which Redis Cluster ignores: its names are
+//! `P}{=K}…` instead (the hash tag `=`), so they too share a slot; no other lock's names begin
+//! with `P}`. A prefix holding an empty hash tag (`{}`) is refused.
 //!
-//! The fence counter never expires, so that fences keep increasing across releases, expiries and
-//! restarts of clients: it costs one small key per distinct lock key ever used. A grant's fence is
-//! one more than the last and never below the server's clock in microseconds, so fences keep
-//! rising even where Redis loses the counter (a restart without persistence, an older snapshot
+//! A grant's fence is one more than the last and never below the server's clock in
+//! microseconds, so fences keep increasing across releases, expiries and restarts of clients,
+//! and even where Redis loses the counter (a restart without persistence, an older snapshot
 //! restored, a fail-over to a replica that missed writes), as long as the clock of the server
-//! that grants does not lag the one before by more than the time between the two grants. Run
-//! Redis with a `maxmemory-policy` that never evicts keys without a ttl (`noeviction` or a
-//! `volatile-*` policy).
+//! that grants does not lag the one before by more than the time between the two grants. The
+//! clock floor is also what lets the counter expire, an hour after the last grant, so that a
+//! key no longer used leaves nothing behind: the next grant starts again from the clock, past
+//! every fence handed out before.
 //!
 //! Leases are another matter: a restart forgets every lease unless Redis keeps them —
 //! `appendonly yes` with `appendfsync always` restores each lock with its expiry (the
@@ -36,9 +40,10 @@
 //!
 //! # Round trips
 //!
-//! - Acquire is one Lua script (`SET NX PX` in effect, plus the fence's `INCR`): one round trip.
-//!   Uncontended, it runs three commands: an `EXISTS` of the lock and its queue together, the
-//!   `INCR` and the `SET`. It is idempotent for its owner: where the lock already holds the owner,
+//! - Acquire is one Lua script (`SET NX PX` in effect, plus the fence's count): one round trip.
+//!   Uncontended, it runs five commands: an `EXISTS` of the lock, its queue and the owner's
+//!   cancel marker together, the server's `TIME`, the `GET` and `SET` of the counter, and the
+//!   `SET` of the lock. It is idempotent for its owner: where the lock already holds the owner,
 //!   it extends it to the full ttl and answers the same fence (the counter's value: every grant
 //!   counts its fence and sets the lock in one step), so a call retried after a lost reply is
 //!   harmless.
@@ -48,15 +53,19 @@
 //! Each script runs its uncontended path before it defines the functions the other paths share
 //! (common.lua is spliced in after it), and takes only the names it needs: Redis spends about as
 //! long on a script's overhead as on a plain `SET`, so every command and argument saved shows.
-//!   A waiter handed the lock holds it when the message (or, in the releasing process, the
-//!   release's reply) reaches it: a contended hand-off costs the release's round trip and no
-//!   other.
+//!   A waiter handed the lock claims it with one acquire call when the message (or, in the
+//!   releasing process, the release's reply) reaches it: a contended hand-off costs the
+//!   release's round trip and the claim's.
 //! - Renewal is one compare-and-`PEXPIRE` script per lease, all leases of a `renew` call in one
 //!   pipeline: one round trip per watchdog tick, whatever the number of leases. (On a cluster,
-//!   one pipeline per hash slot, sent concurrently.)
+//!   one pipeline per hash slot, sent concurrently, each awaited for a third of the shortest
+//!   ttl at most: a slot that fails — its primary down — leaves its own leases unconfirmed that
+//!   round, and the other slots' leases are confirmed all the same.)
 //!
 //! Scripts are sent by `EVALSHA`, falling back to `EVAL` where the server has not seen them yet
-//! (after a restart, say). They need Redis 6.2 or later (`GETDEL`, `LPOS`).
+//! (after a restart, say). They need Redis 6.2 or later (`GETDEL`, `SET … GET`): each connection
+//! asks the server's version (`INFO server`) when it is made, and a connection to an older server
+//! fails with an error that names the version needed.
 //!
 //! # Waiting
 //!
@@ -69,42 +78,46 @@
 //!    connection (one `SUBSCRIBE` per channel, shared by all the backend's waiters on the key,
 //!    and an `UNSUBSCRIBE` when the last of them leaves), then runs the acquire script in
 //!    queueing mode, which appends its owner to the key's queue and sets its waiter key (its
-//!    ttl and its backend's id, with a PX of the *liveness window*).
-//! 3. A release hands the lock straight to the first live waiter, for that waiter's full ttl
-//!    (read from its waiter key): the lock is set to the waiter's owner with that PX, a fresh
-//!    fence is counted for it, and `<owner> <fence>` is published on the channel. (Where nobody
-//!    waits, the lock is deleted.) Waiters whose waiter key expired (their process died) are skipped and dropped.
-//!    The release script answers the owner and fence it handed the lock to; where that owner
-//!    waits on the releasing backend (the same process), it is woken at once, in-process, with
-//!    the fence, and the script publishes nothing: each waiter key names the backend its waiter
-//!    waits on, and a release names its own. (Should the release's reply be lost, that waiter
-//!    finds the lock its own at its next fallback poll.)
-//! 4. The waiter told of a hand-off to its owner returns the lease at once, with the fence it
-//!    was given. The lease's validity counts from the send time of the waiter's last acquire
-//!    call, the one that answered busy: every busy answer carries the last fence handed out for
-//!    the key, and a hand-off whose fence is greater ran after that call, so the server started
-//!    the ttl after the call was sent. A hand-off whose fence is not greater (its message was
-//!    overtaken by a later look at the key, and its lease may be gone), or one that would leave
-//!    the lease less than half its ttl of validity counted from that send time (the waiter was
-//!    slow to run), is confirmed first by one more acquire call, which finds the lock already
-//!    the owner's, extends it to the full ttl and answers its fence; the validity then counts
-//!    from that call's send time.
+//!    *claim window* and its backend's id, with a PX of the *liveness window*). The claim window
+//!    is the liveness window, or the waiter's ttl where that is shorter.
+//! 3. A release hands the lock straight to the first live waiter, for that waiter's claim
+//!    window only (read from its waiter key): the lock is set to the waiter's owner with that
+//!    PX, a fresh fence is counted for it, and the owner is published on the channel. (Where
+//!    nobody waits, the lock is deleted.) Waiters whose waiter key expired (their process died)
+//!    are skipped and dropped. The release script answers the owner it handed the lock to;
+//!    where that owner waits on the releasing backend (the same process), it is woken at once,
+//!    in-process, and the script publishes nothing: each waiter key names the backend its waiter
+//!    waits on, and a release names its own.
+//! 4. The waiter woken claims the lock with one acquire call, which finds the lock already the
+//!    owner's, extends it to the waiter's full ttl and answers its fence; the lease's validity
+//!    counts from that call's send time. A waiter whose process died before its turn never
+//!    claims the lock: the grant lapses after the claim window, and the next acquire call that
+//!    finds the lock free (the head of the queue watches its PTTL) hands it on. A waiter that
+//!    died costs the waiters after it at most one claim window, never a ttl.
 //!
 //! While waiting, a waiter re-runs the acquire script on a timer — jittered exponential back-off
 //! up to a third of the liveness window — which keeps its waiter key alive and is the fallback
-//! for a missed message: it finds the lock its owner's and takes it as in step 4's confirmation.
+//! for a missed message: it finds the lock its owner's and claims it as in step 4.
 //! The head of the queue also wakes when the holder's PTTL runs out, since a holder that expired
 //! without releasing hands nothing on; any acquire call that finds the lock free with live
 //! waiters hands it to the first of them. A waiter that gives up (its `wait` ran out) makes a
 //! last attempt and leaves the queue in the same script; a waiter whose future is dropped leaves
 //! the queue (or, if the lock was handed to it meanwhile, releases it with hand-off) from dlock's
-//! background runtime. A waiter whose process died within the liveness window before its turn
-//! is handed the lock all the same, which then stays blocked for that waiter's ttl, as it would
-//! for a holder that died.
+//! background runtime.
 //!
-//! Messages from a release by an older dlock name the owner alone: the waiter confirms them
-//! with one acquire call. A waiter of an older dlock does not recognise `<owner> <fence>` and
-//! finds the hand-off at its next fallback poll.
+//! A release by an older dlock publishes `<owner> <fence>` and grants a waiter's full ttl: the
+//! waiter claims it all the same. A waiter of an older dlock confirms a message naming its owner
+//! alone with one acquire call, which claims the lock; its waiter key holds its ttl where a
+//! claim window goes, and a release grants it that.
+//!
+//! # Cancellation
+//!
+//! A caller that drops its acquire (a timeout, a `select!`) cannot tell whether the call reached
+//! the server: dlock undoes it with a release from its background runtime, on another
+//! connection than the call's own, so the undo may reach the server first. Where the undo finds
+//! the owner not holding the lock, it leaves a cancel marker for that owner, and an acquire call
+//! of that owner arriving later finds the marker and takes no effect. Checking for the marker
+//! costs the uncontended acquire one more key in its `EXISTS`, no command and no round trip.
 //!
 //! # Connections
 //!
@@ -166,9 +179,15 @@ use self::conn::{Conn, Connection, Timeouts};
 use self::subscriber::{Subscriber, Subscription};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::locker::mask_password;
-use crate::{background, clock, LockError, Owner};
+use crate::{background, LockError, Owner};
 
 const DEFAULT_PREFIX: &str = "dlock:";
+
+/// The longest rendered key a Redis lock takes, in bytes (16 KiB). Each call names the key three
+/// times (the lock, its counter and its queue) and the scripts build two more names from it, so
+/// a call carries about five times the key; a longer key fails at once with
+/// [`LockError::InvalidKey`] rather than costing the client and the server that much per call.
+pub const MAX_KEY_BYTES: usize = 16 * 1024;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
 const DEFAULT_LIVENESS: Duration = Duration::from_secs(3);
 /// The first fallback poll of a waiter; it doubles (with jitter) up to a third of the liveness
@@ -203,6 +222,8 @@ struct Inner {
     /// of this backend itself, and the script leaves out the message to them.
     instance: String,
     prefix: String,
+    /// Whether the prefix holds a `{`: the hash tag of every name then starts in the prefix.
+    prefix_has_tag_open: bool,
     liveness: Duration,
     cluster: bool,
 }
@@ -274,8 +295,10 @@ impl RedisBackendBuilder {
 
     /// How long a waiter stays in a key's queue without showing it is alive (default 3 s). A
     /// waiter refreshes it at least three times per window; a waiter whose process died is
-    /// skipped once the window runs out, and a lock handed to a waiter that died is free again
-    /// after at most one window.
+    /// skipped once the window runs out. It is also the *claim window*: a release hands the
+    /// lock to the first waiter for this window only (or the waiter's ttl where shorter), and
+    /// the waiter, woken, claims it for its ttl; a lock handed to a waiter that died is free
+    /// again after at most one window.
     pub fn waiter_liveness(mut self, window: Duration) -> Self {
         self.liveness = window;
         self
@@ -289,6 +312,17 @@ impl RedisBackendBuilder {
             return Err(LockError::InvalidOptions {
                 reason: format!("waiter liveness {:?} is shorter than 30ms", self.liveness),
             });
+        }
+        if let Some(open) = self.prefix.find('{') {
+            if self.prefix[open + 1..].starts_with('}') {
+                return Err(LockError::InvalidOptions {
+                    reason: format!(
+                        "key prefix `{}` holds an empty hash tag `{{}}`, with which Redis Cluster \
+                         would hash each name of a lock to a slot of its own",
+                        self.prefix
+                    ),
+                });
+            }
         }
         let target = parse_target(&self.url, self.connect_timeout, self.response_timeout)
             .map_err(invalid)?;
@@ -309,6 +343,7 @@ impl RedisBackendBuilder {
                     self.connect_timeout.max(self.response_timeout),
                 ),
                 instance: String::from_utf8_lossy(&Owner::random().hex()[..16]).into_owned(),
+                prefix_has_tag_open: self.prefix.contains('{'),
                 prefix: self.prefix,
                 liveness: self.liveness,
                 cluster,
@@ -431,11 +466,17 @@ impl RedisBackend {
 
     /// `P{key}` followed by `suffix`, the name of one of `key`'s Redis keys. Built by hand, in one
     /// allocation of the right size: every call of a script names its keys anew.
+    ///
+    /// A key that is empty or starts with `}` would make an empty hash tag, which Redis Cluster
+    /// ignores (it hashes the whole name, so the lock's names would fall in different slots):
+    /// such a key is named `P}{=key}` instead, whose hash tag is `=`. No other key's names begin
+    /// with `P}`, so two locks still never share a name.
     fn lock_name(&self, key: &str, suffix: &str) -> String {
         let prefix = &self.inner.prefix;
-        let mut name = String::with_capacity(prefix.len() + key.len() + 2 + suffix.len());
+        let empty_tag = (key.is_empty() || key.starts_with('}')) && !self.inner.prefix_has_tag_open;
+        let mut name = String::with_capacity(prefix.len() + key.len() + 4 + suffix.len());
         name.push_str(prefix);
-        name.push('{');
+        name.push_str(if empty_tag { "}{=" } else { "{" });
         name.push_str(key);
         name.push('}');
         name.push_str(suffix);
@@ -443,7 +484,7 @@ impl RedisBackend {
     }
 
     /// The Redis key that counts the fences of `key`: an integer, the last fence handed out. It
-    /// never expires.
+    /// expires an hour after the last grant (fences go on rising from the server's clock).
     ///
     /// ```
     /// let backend = dlock::backend::RedisBackend::builder("redis://127.0.0.1").build()?;
@@ -534,15 +575,11 @@ impl RedisBackend {
             .await?;
         let released =
             parse_release(reply).map_err(|reason| self.inner.conn.error("release", reason))?;
-        if let Some((head, fence)) = &released.handed_to {
-            // A waiter of this process need not wait for the published message. It holds the
-            // lock now: let it run before this caller goes on (to queue for the key again, say),
-            // so that its first request is not sent behind the caller's.
-            if self
-                .inner
-                .subscriber
-                .grant_local(&keys.channel(), head, *fence)
-            {
+        if let Some(head) = &released.handed_to {
+            // A waiter of this process need not wait for the published message. It must claim
+            // the lock now: let it run before this caller goes on (to queue for the key again,
+            // say), so that its claim is not sent behind the caller's request.
+            if self.inner.subscriber.wake_local(&keys.channel(), head) {
                 tokio::task::yield_now().await;
             }
         }
@@ -592,57 +629,25 @@ impl RedisBackend {
                     guard.armed = false;
                     return Ok(None);
                 }
-                Attempt::Busy { pttl, first, fence } => {
+                Attempt::Busy { pttl, first } => {
                     let now = Instant::now();
                     let mut until = (now + backoff.next()).min(deadline);
                     if let (true, Some(pttl)) = (first, pttl) {
-                        // The head also watches the holder's expiry, which hands nothing on.
+                        // The head also watches the holder's expiry, which hands nothing on, and
+                        // the lapse of a grant to a waiter before it that never claimed it.
                         until = until.min(now + pttl);
                     }
                     tokio::select! {
                         () = subscription.woken() => {}
                         () = tokio::time::sleep_until(until.into()) => {}
                     }
-                    // A hand-off to this owner with a greater fence than this answer saw ran
-                    // after this call, and started the lease's ttl later than `sent_at`: the
-                    // lease is ours and valid from then, with no more round trips.
-                    let granted = subscription.granted();
-                    let now = Instant::now();
-                    if let Some(acquired) = handed_over(granted, (sent_at, fence), request.ttl, now)
-                    {
-                        guard.armed = false;
-                        return Ok(Some(acquired));
-                    }
-                    // Else the next acquire call looks again, and confirms a hand-off that leaves
-                    // too little validity (or whose message was missed): it finds the lock its
-                    // owner's, extends it to the full ttl and answers the fence.
+                    // Woken by a hand-off (or to look again): the next acquire call claims a lock
+                    // handed to this owner — it finds it its own, extends it to the full ttl and
+                    // answers the fence — within the claim window the hand-off granted.
                 }
             }
         }
     }
-}
-
-/// The lease a hand-off gave this waiter without another round trip, where it can be trusted.
-/// `last_busy` is the send time of the waiter's last acquire call, which answered busy, and the
-/// last fence handed out for the key when it ran. Where `granted` (the fence a hand-off to this
-/// owner carried) is greater, the hand-off ran after that call, and its ttl started after the
-/// call's send time, which is then the lease's `valid_from`. `None` (confirm with an acquire
-/// call) when there is no such hand-off — none came, or the one that came is older than that
-/// call, and its lease may be gone — or when less than half the ttl of validity, counted from
-/// that send time, would remain.
-fn handed_over(
-    granted: Option<u64>,
-    last_busy: (Instant, u64),
-    ttl: Duration,
-    now: Instant,
-) -> Option<Acquired> {
-    let (fence, (valid_from, seen)) = (granted?, last_busy);
-    if fence <= seen {
-        return None;
-    }
-    let valid_until = valid_from + ttl.saturating_sub(clock::safety_margin(ttl));
-    (valid_until.saturating_duration_since(now) >= ttl / 2)
-        .then_some(Acquired { fence, valid_from })
 }
 
 /// The suffixes that name a lock's other keys after its own. The scripts name the waiter keys
@@ -691,11 +696,10 @@ enum Mode {
 enum Attempt {
     Granted(u64),
     /// Busy; `pttl` is the holder's remaining ttl where it has one, `first` whether this owner
-    /// heads the queue, `fence` the last fence handed out for the key when the call ran.
+    /// heads the queue.
     Busy {
         pttl: Option<Duration>,
         first: bool,
-        fence: u64,
     },
 }
 
@@ -704,8 +708,8 @@ enum Attempt {
 struct Released {
     /// Whether the owner held the lock.
     held: bool,
-    /// The owner the lock was handed to, and that hand-off's fence.
-    handed_to: Option<(String, u64)>,
+    /// The owner the lock was handed to, for its claim window.
+    handed_to: Option<String>,
 }
 
 fn parse_release(reply: Value) -> Result<Released, redis::RedisError> {
@@ -720,15 +724,14 @@ fn parse_release(reply: Value) -> Result<Released, redis::RedisError> {
             handed_to: None,
         }),
         Value::Array(items) => {
-            let [Value::Int(n), Value::BulkString(head), Value::Int(fence)] = items.as_slice()
-            else {
+            // {held, head, the hand-off's fence}
+            let [Value::Int(n), Value::BulkString(head), Value::Int(_)] = items.as_slice() else {
                 return Err(unexpected(&reply));
             };
             let head = std::str::from_utf8(head).map_err(|_| unexpected(&reply))?;
-            let fence = u64::try_from(*fence).map_err(|_| unexpected(&reply))?;
             Ok(Released {
                 held: held(*n)?,
-                handed_to: Some((head.to_owned(), fence)),
+                handed_to: Some(head.to_owned()),
             })
         }
         _ => Err(unexpected(&reply)),
@@ -742,7 +745,7 @@ fn parse_attempt(reply: Value) -> Result<Attempt, redis::RedisError> {
             .map(Attempt::Granted)
             .map_err(|_| unexpected(&reply)),
         Value::Array(items) => {
-            let [Value::Int(pttl), Value::Int(first), Value::Int(fence)] = items.as_slice() else {
+            let [Value::Int(pttl), Value::Int(first)] = items.as_slice() else {
                 return Err(unexpected(&reply));
             };
             Ok(Attempt::Busy {
@@ -750,7 +753,6 @@ fn parse_attempt(reply: Value) -> Result<Attempt, redis::RedisError> {
                 // lock has no ttl (-1), or it is gone (-2).
                 pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
                 first: *first == 1,
-                fence: u64::try_from(*fence).map_err(|_| unexpected(&reply))?,
             })
         }
         _ => Err(unexpected(&reply)),
@@ -913,6 +915,28 @@ async fn eval(mut conn: Conn, lua: &Lua, keys: &[&str], args: &[Arg<'_>]) -> Red
     }
 }
 
+/// Refuses a key longer than [`MAX_KEY_BYTES`], whole: never cut, since two keys cut alike would
+/// be one lock.
+fn check_key(key: &str) -> Result<(), LockError> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(LockError::InvalidKey {
+            // The reason says why; the key itself may be megabytes.
+            key: format!(
+                "{}…",
+                &key[..(0..=64)
+                    .rev()
+                    .find(|&i| key.is_char_boundary(i))
+                    .unwrap_or(0)]
+            ),
+            reason: format!(
+                "{} bytes is longer than the {MAX_KEY_BYTES} a Redis lock key may be",
+                key.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// `duration` in whole milliseconds, at least 1 (a `PX` of 0 is an error).
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis())
@@ -959,6 +983,7 @@ async fn renew_pipelined(mut conn: Conn, leases: &[(&str, &str, u64)]) -> RedisR
 
 impl Backend for RedisBackend {
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
+        check_key(request.key)?;
         let keys = self.lock_keys(request.key, request.owner);
         let deadline = Instant::now() + request.wait;
         if !request.wait.is_zero() && self.inner.subscriber.is_subscribed(&keys.channel()) {
@@ -1008,18 +1033,50 @@ impl Backend for RedisBackend {
         }
         #[cfg(feature = "redis-cluster")]
         {
-            self.renew_by_slot(&args).await
+            let (held, error) = self.renew_by_slot(&args).await;
+            match error {
+                Some(error) => Err(error),
+                None => Ok(held.into_iter().map(|held| held == Some(true)).collect()),
+            }
         }
         #[cfg(not(feature = "redis-cluster"))]
         unreachable!("a cluster backend needs the redis-cluster feature")
+    }
+
+    async fn renew_each(&self, leases: &[Renewal<'_>]) -> Result<Vec<Option<bool>>, LockError> {
+        #[cfg(feature = "redis-cluster")]
+        if self.inner.cluster && !leases.is_empty() {
+            let args: Vec<RenewArgs> = leases
+                .iter()
+                .map(|lease| {
+                    (
+                        self.lock_key(lease.key),
+                        lease.owner.hex(),
+                        millis(lease.ttl),
+                    )
+                })
+                .collect();
+            // Per slot: a node down costs the leases on its slots, not the others'.
+            let (held, error) = self.renew_by_slot(&args).await;
+            return match error {
+                Some(error) if held.iter().all(Option::is_none) => Err(error),
+                Some(error) => {
+                    tracing::warn!(%error, "distributed_lock: renewal failed on part of the cluster; retrying those leases");
+                    Ok(held)
+                }
+                None => Ok(held),
+            };
+        }
+        Ok(self.renew(leases).await?.into_iter().map(Some).collect())
     }
 }
 
 #[cfg(feature = "redis-cluster")]
 impl RedisBackend {
     /// Renews on a cluster: one pipeline per hash slot (a cluster pipeline cannot span slots),
-    /// all sent at once.
-    async fn renew_by_slot(&self, args: &[RenewArgs]) -> Result<Vec<bool>, LockError> {
+    /// all sent at once. Answers per lease, `None` for the leases of a slot that failed, with
+    /// the first failure.
+    async fn renew_by_slot(&self, args: &[RenewArgs]) -> (Vec<Option<bool>>, Option<LockError>) {
         let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> =
             std::collections::BTreeMap::new();
         for (index, (lock, _, _)) in args.iter().enumerate() {
@@ -1028,25 +1085,45 @@ impl RedisBackend {
                 .or_default()
                 .push(index);
         }
+        // A node that went down can keep its slots' calls waiting (the cluster client retries);
+        // the others' answers must not wait for it past the point where their leases could use
+        // them: a renewal comes every ttl/3, and is awaited for no longer than that.
+        let bound =
+            Duration::from_millis(args.iter().map(|(_, _, ttl)| *ttl).min().unwrap_or(1) / 3);
         let calls = by_slot.into_values().map(|indices| async move {
             let batch: Vec<_> = indices
                 .iter()
                 .map(|&i| renew_batch_entry(&args[i]))
                 .collect();
-            let held = self
+            let renewed = self
                 .inner
                 .conn
-                .run("renew", |conn| renew_pipelined(conn, &batch))
-                .await?;
+                .run("renew", |conn| renew_pipelined(conn, &batch));
+            let held = match tokio::time::timeout(bound, renewed).await {
+                Ok(held) => held?,
+                Err(_) => {
+                    return Err(LockError::backend(format!(
+                        "redis cluster: renewing a slot's leases took longer than {bound:?}"
+                    )))
+                }
+            };
             Ok::<_, LockError>(indices.into_iter().zip(held).collect::<Vec<_>>())
         });
-        let mut answers = vec![false; args.len()];
+        let mut answers = vec![None; args.len()];
+        let mut first_error = None;
         for result in futures_util::future::join_all(calls).await {
-            for (index, held) in result? {
-                answers[index] = held;
+            match result {
+                Ok(held) => {
+                    for (index, held) in held {
+                        answers[index] = Some(held);
+                    }
+                }
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
             }
         }
-        Ok(answers)
+        (answers, first_error)
     }
 }
 
@@ -1099,6 +1176,32 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "redis-cluster")]
+    #[test]
+    fn every_key_keeps_its_names_in_one_slot() {
+        for prefix in ["dlock:", "a}", "x{", "{app}:"] {
+            let backend = RedisBackend::builder("redis://127.0.0.1")
+                .key_prefix(prefix)
+                .build()
+                .unwrap();
+            for key in ["", "}", "}abc", "{", "{}", "a}b", "acct:42"] {
+                let keys = backend.lock_keys(key, Owner::random());
+                let slot = cluster_slot(keys.lock.as_bytes());
+                for name in [&keys.counter, &keys.queue, &keys.channel()] {
+                    assert_eq!(
+                        cluster_slot(name.as_bytes()),
+                        slot,
+                        "{prefix:?} {key:?}: {name}"
+                    );
+                }
+            }
+        }
+        assert!(RedisBackend::builder("redis://127.0.0.1")
+            .key_prefix("locks{}:")
+            .build()
+            .is_err());
+    }
+
     #[test]
     fn urls_are_checked_without_io() {
         assert!(RedisBackend::builder("redis://:pw@localhost:6380/2")
@@ -1148,38 +1251,6 @@ mod tests {
     }
 
     #[test]
-    fn a_hand_off_counts_from_the_last_busy_answer_only_where_it_came_after_it() {
-        let ttl = Duration::from_secs(10);
-        let busy_sent = Instant::now();
-        let soon = busy_sent + Duration::from_millis(5);
-        // A hand-off after the busy answer (which saw fence 7): valid from the answer's send time.
-        assert_eq!(
-            handed_over(Some(8), (busy_sent, 7), ttl, soon),
-            Some(Acquired {
-                fence: 8,
-                valid_from: busy_sent
-            })
-        );
-        // No hand-off, or one that ran before the busy answer: its lease may be gone; confirm.
-        assert_eq!(handed_over(None, (busy_sent, 7), ttl, soon), None);
-        assert_eq!(handed_over(Some(7), (busy_sent, 7), ttl, soon), None);
-        assert_eq!(handed_over(Some(3), (busy_sent, 7), ttl, soon), None);
-        // Half the ttl of validity left (9 s from the answer, 4 s in): still taken as it is.
-        let four_in = busy_sent + Duration::from_secs(4);
-        assert!(handed_over(Some(8), (busy_sent, 7), ttl, four_in).is_some());
-        // Less than half left: confirm.
-        let four_and_a_bit_in = four_in + Duration::from_millis(1);
-        assert_eq!(
-            handed_over(Some(8), (busy_sent, 7), ttl, four_and_a_bit_in),
-            None
-        );
-        assert_eq!(
-            handed_over(Some(8), (busy_sent, 7), ttl, busy_sent + ttl * 2),
-            None
-        );
-    }
-
-    #[test]
     fn release_replies_name_the_waiter_handed_the_lock() {
         let reply = |held: i64, head: &str, fence: i64| {
             Value::Array(vec![
@@ -1190,10 +1261,10 @@ mod tests {
         };
         let released = parse_release(reply(1, "abc", 9)).unwrap();
         assert!(released.held);
-        assert_eq!(released.handed_to, Some(("abc".to_owned(), 9)));
+        assert_eq!(released.handed_to.as_deref(), Some("abc"));
         let released = parse_release(reply(0, "abc", 3)).unwrap();
         assert!(!released.held);
-        assert_eq!(released.handed_to, Some(("abc".to_owned(), 3)));
+        assert_eq!(released.handed_to.as_deref(), Some("abc"));
         for (reply, held) in [(Value::Int(1), true), (Value::Int(0), false)] {
             let released = parse_release(reply).unwrap();
             assert_eq!(released.held, held);
@@ -1223,15 +1294,12 @@ mod tests {
             parse_attempt(Value::Int(7)).unwrap(),
             Attempt::Granted(7)
         ));
-        let busy = Value::Array(vec![Value::Int(1500), Value::Int(1), Value::Int(7)]);
-        let Attempt::Busy { pttl, first, fence } = parse_attempt(busy).unwrap() else {
+        let busy = Value::Array(vec![Value::Int(1500), Value::Int(1)]);
+        let Attempt::Busy { pttl, first } = parse_attempt(busy).unwrap() else {
             panic!("not busy");
         };
-        assert_eq!(
-            (pttl, first, fence),
-            (Some(Duration::from_millis(1500)), true, 7)
-        );
-        let gone = Value::Array(vec![Value::Int(-2), Value::Int(0), Value::Int(7)]);
+        assert_eq!((pttl, first), (Some(Duration::from_millis(1500)), true));
+        let gone = Value::Array(vec![Value::Int(-2), Value::Int(0)]);
         assert!(matches!(
             parse_attempt(gone).unwrap(),
             Attempt::Busy { pttl: None, .. }

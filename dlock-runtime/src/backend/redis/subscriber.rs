@@ -1,17 +1,14 @@
 //! The backend's one pub/sub connection, carrying the channels of all its waiters.
 //!
 //! A waiter registers under its lock's channel and its owner; a message on the channel names the
-//! owner the lock was handed to and the fence of that hand-off (`<owner> <fence>`), and only that
-//! waiter is woken, with the fence. A release made through this backend hands the fence to a
-//! waiter of the same backend directly ([`Subscriber::grant_local`]), ahead of the message; the
-//! message that follows finds the waiter gone (it took the lease) or repeats a fence it knows,
-//! which costs it no more than a spurious wake-up. A channel is
+//! owner the lock was handed to (`<owner>`; an older dlock adds ` <fence>`), and only that waiter
+//! is woken, to claim the lock. A release made through this backend wakes a waiter of the same
+//! backend directly ([`Subscriber::wake_local`]) and publishes nothing. A channel is
 //! subscribed while at least one waiter of this backend needs it. When the connection drops,
 //! every waiter is woken, without a fence, to look at the lock again (a message may have been
 //! missed), and the next one to wait reconnects and subscribes again.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -54,40 +51,21 @@ struct State {
 #[derive(Default)]
 struct Channel {
     /// owner → that waiter's wake-up.
-    waiters: HashMap<String, Arc<Wake>>,
+    waiters: HashMap<String, Arc<Notify>>,
     /// The generation of the connection the channel was subscribed on.
     subscribed: Option<u64>,
 }
 
-/// One waiter's wake-up, and what it was told.
-#[derive(Default)]
-struct Wake {
-    notify: Notify,
-    /// The greatest fence a hand-off to this waiter carried; 0 for none (fences start at 1).
-    granted: AtomicU64,
-}
-
-impl Wake {
-    /// Wakes the waiter, with the fence of a hand-off to it where there is one. A grant it was
-    /// told of already changes nothing but a spurious wake-up, which the waiter checks.
-    fn wake(&self, fence: Option<u64>) {
-        if let Some(fence) = fence {
-            self.granted.fetch_max(fence, Ordering::AcqRel);
-        }
-        self.notify.notify_one();
-    }
-}
-
 impl State {
     /// Wakes `owner`'s waiter on `channel`, if this backend has one; says whether it has.
-    fn wake(&self, channel: &str, owner: &str, fence: Option<u64>) -> bool {
+    fn wake(&self, channel: &str, owner: &str) -> bool {
         match self
             .channels
             .get(channel)
             .and_then(|channel| channel.waiters.get(owner))
         {
             Some(wake) => {
-                wake.wake(fence);
+                wake.notify_one();
                 true
             }
             None => false,
@@ -132,7 +110,7 @@ impl Subscriber {
     /// Registers a waiter for `owner` on `channel`. Call [`Subscription::ensure`] before the
     /// waiter enqueues, so the message that hands it the lock cannot come before the SUBSCRIBE.
     pub(super) fn register(&self, channel: String, owner: String) -> Subscription {
-        let wake = Arc::new(Wake::default());
+        let wake = Arc::new(Notify::new());
         self.shared
             .state()
             .channels
@@ -154,11 +132,11 @@ impl Subscriber {
         self.shared.state().is_subscribed(channel)
     }
 
-    /// Tells `owner`'s waiter on `channel`, where it is one of this backend's, that a release
-    /// made here handed it the lock with `fence`: it need not wait for the published message.
-    /// Returns whether the waiter is this backend's.
-    pub(super) fn grant_local(&self, channel: &str, owner: &str, fence: u64) -> bool {
-        self.shared.state().wake(channel, owner, Some(fence))
+    /// Wakes `owner`'s waiter on `channel`, where it is one of this backend's, to claim the
+    /// lock a release made here handed it: no message is published for it. Returns whether the
+    /// waiter is this backend's.
+    pub(super) fn wake_local(&self, channel: &str, owner: &str) -> bool {
+        self.shared.state().wake(channel, owner)
     }
 }
 
@@ -168,7 +146,7 @@ pub(super) struct Subscription {
     shared: Arc<Shared>,
     channel: String,
     owner: String,
-    wake: Arc<Wake>,
+    wake: Arc<Notify>,
 }
 
 impl Subscription {
@@ -213,16 +191,7 @@ impl Subscription {
     /// Resolves when a message hands the lock to this waiter, or the connection dropped (a
     /// message may have been missed). A wake-up that came before this call is not lost.
     pub(super) async fn woken(&self) {
-        self.wake.notify.notified().await;
-    }
-
-    /// The greatest fence a hand-off to this waiter carried, if one did. It may be older than
-    /// the waiter's last look at the lock: compare it with the fence that look saw.
-    pub(super) fn granted(&self) -> Option<u64> {
-        match self.wake.granted.load(Ordering::Acquire) {
-            0 => None,
-            fence => Some(fence),
-        }
+        self.wake.notified().await;
     }
 }
 
@@ -309,10 +278,9 @@ async fn connect(shared: &Arc<Shared>) -> Result<(u64, PubSubSink), RedisError> 
             while let Some(message) = stream.next().await {
                 let Some(shared) = weak.upgrade() else { return };
                 let payload = String::from_utf8_lossy(message.get_payload_bytes());
-                let (owner, fence) = parse_hand_off(&payload);
                 shared
                     .state()
-                    .wake(message.get_channel_name(), owner, fence);
+                    .wake(message.get_channel_name(), parse_hand_off(&payload));
             }
             if let Some(shared) = weak.upgrade() {
                 drop_connection(&shared, generation);
@@ -344,18 +312,15 @@ fn drop_connection(shared: &Shared, generation: u64) {
     state.next_client = (state.next_client + 1) % shared.clients.len().max(1);
     for channel in state.channels.values() {
         for wake in channel.waiters.values() {
-            wake.wake(None);
+            wake.notify_one();
         }
     }
 }
 
-/// Reads a hand-off message: `<owner> <fence>`, or (from a release by an older dlock) `<owner>`
-/// alone, which wakes the waiter without a fence.
-fn parse_hand_off(payload: &str) -> (&str, Option<u64>) {
-    match payload.split_once(' ') {
-        Some((owner, fence)) => (owner, fence.parse().ok().filter(|&fence| fence > 0)),
-        None => (payload, None),
-    }
+/// Reads a hand-off message: the owner it names, `<owner>`, or `<owner> <fence>` from a release
+/// by an older dlock (the waiter claims the lock all the same).
+fn parse_hand_off(payload: &str) -> &str {
+    payload.split_once(' ').map_or(payload, |(owner, _)| owner)
 }
 
 #[cfg(test)]
@@ -363,9 +328,8 @@ mod tests {
     use super::parse_hand_off;
 
     #[test]
-    fn hand_off_messages_name_the_owner_and_maybe_the_fence() {
-        assert_eq!(parse_hand_off("abc 42"), ("abc", Some(42)));
-        assert_eq!(parse_hand_off("abc"), ("abc", None));
-        assert_eq!(parse_hand_off("abc x"), ("abc", None));
+    fn hand_off_messages_name_the_owner() {
+        assert_eq!(parse_hand_off("abc"), "abc");
+        assert_eq!(parse_hand_off("abc 42"), "abc");
     }
 }
