@@ -19,10 +19,12 @@ use dlock::{LockError, Owner};
 pub struct SplitMix(u64);
 
 impl SplitMix {
+    /// The generator whose whole future is fixed by `seed`.
     pub fn new(seed: u64) -> Self {
         SplitMix(seed)
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
@@ -69,29 +71,37 @@ impl SplitMix {
 /// How often each fault strikes (per mille of calls) and how hard.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Faults {
-    /// A reply reaches the caller late (an async delay after the store acted).
+    /// A reply reaches the caller late (an async delay after the store acted)…
     pub late_reply: u32,
+    /// …by up to this long.
     pub late_reply_max: Duration,
     /// The store acted but the caller gets an error instead of its reply.
     pub lost_reply: u32,
-    /// The call reaches the store twice (at once, for idempotent calls only).
+    /// The call reaches the store twice, the second time at once: a renewal or a release as it
+    /// was; an acquisition only once granted, and without waiting, as its owner's retry.
     pub duplicate: u32,
     /// The caller's thread is blocked between a grant and the caller seeing it: its runtime is
-    /// stalled, as by a long garbage-collection pause or an overloaded machine.
+    /// stalled, as by a long garbage-collection pause or an overloaded machine…
     pub grant_stall: u32,
+    /// …for up to this long.
     pub grant_stall_max: Duration,
-    /// A renewal reaches the store late (an async delay before the store acts).
+    /// A renewal reaches the store late (an async delay before the store acts)…
     pub renew_pause: u32,
+    /// …by at least this long…
     pub renew_pause_min: Duration,
+    /// …and at most this long.
     pub renew_pause_max: Duration,
-    /// A release on drop is queued on the background runtime instead of done at once.
+    /// A release on drop is queued on the background runtime instead of done at once (the store
+    /// answers `false` to `release_now`).
     pub queued_release: u32,
 }
 
 /// One acquisition as the caller was told of it.
 #[derive(Clone, Copy, Debug)]
 pub struct BookedLease {
+    /// The owner the lease was granted to.
     pub owner: Owner,
+    /// The ttl asked for.
     pub ttl: Duration,
     /// No later than this the lease's client-side validity ends, unless a later renewal is
     /// confirmed: each confirmation counts at most a ttl from when its request left the caller,
@@ -174,6 +184,7 @@ pub struct Chaos<B> {
 }
 
 impl<B> Chaos<B> {
+    /// `inner` under `faults`, drawn from `rng`; what callers are told goes into `book`.
     pub fn new(inner: B, faults: Faults, rng: SplitMix, book: Arc<LeaseBook>) -> Self {
         Chaos {
             inner,
