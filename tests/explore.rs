@@ -156,6 +156,12 @@ fn explore<S: Store>(test: &str, default_seeds: u64, store: impl Fn(u64) -> S + 
                     totals.1 = totals.1.max(outcome.elapsed);
                 }
                 if !outcome.findings.is_empty() {
+                    // At once, for long runs that are watched as they go.
+                    eprintln!(
+                        "explore {test}: seed {seed} ({}) failed: {}",
+                        plan.describe(),
+                        outcome.findings[0]
+                    );
                     failures
                         .lock()
                         .unwrap()
@@ -175,7 +181,7 @@ fn explore<S: Store>(test: &str, default_seeds: u64, store: impl Fn(u64) -> S + 
     let (tally, slowest) = *totals.lock().unwrap();
     let failures = failures.into_inner().unwrap();
     println!(
-        "explore {test}: {} seeds in {:?} (slowest {:?}); {} bodies, {} lost, {} busy, {} store errors, {} cut short, {} suspect polls unjudged (thread preempted); {} seeds failing",
+        "explore {test}: {} seeds in {:?} (slowest {:?}); {} bodies, {} lost, {} busy, {} store errors, {} cut short, {} suspects unjudged (thread preempted or process starved); {} seeds failing",
         seeds.len(),
         started.elapsed(),
         slowest,

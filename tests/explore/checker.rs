@@ -12,10 +12,11 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use dlock::{current_lease, LeaseInfo};
@@ -64,6 +65,48 @@ pub async fn marked<F: Future>(task: F) -> F::Output {
 /// [`marked`]: nobody can say).
 fn preempted_in_this_poll() -> bool {
     POLL_MARK.get().is_none_or(|mark| preemptions() != mark)
+}
+
+/// How late a tick of the starvation monitor must be for the process to count as starved.
+const STARVED: Duration = Duration::from_millis(50);
+
+/// The spans of time (start, end) in which the monitor's ticks came late, newest last: when the
+/// whole process was starved of CPU by the machine, and whether a lease was kept in time cannot
+/// be judged. A thread of its own sleeps in 5 ms ticks and notes each that ends `STARVED` late.
+static STARVATION: LazyLock<Arc<Mutex<VecDeque<(Instant, Instant)>>>> = LazyLock::new(|| {
+    let spans: Arc<Mutex<VecDeque<(Instant, Instant)>>> = Arc::default();
+    let record = spans.clone();
+    std::thread::Builder::new()
+        .name("explore-starvation".into())
+        .spawn(move || loop {
+            let tick = Duration::from_millis(5);
+            let before = Instant::now();
+            std::thread::sleep(tick);
+            let after = Instant::now();
+            if after - before > tick + STARVED {
+                let mut spans = record.lock().unwrap();
+                spans.push_back((before, after));
+                while spans.len() > 10_000 {
+                    spans.pop_front();
+                }
+            }
+        })
+        .expect("cannot start the starvation monitor");
+    spans
+});
+
+/// Starts the starvation monitor, if it is not running yet.
+pub fn watch_starvation() {
+    LazyLock::force(&STARVATION);
+}
+
+/// Whether the process was starved of CPU at some time between `from` and `to`.
+pub fn starved_between(from: Instant, to: Instant) -> bool {
+    STARVATION
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|&(start, end)| start < to && end > from)
 }
 
 /// The kinds of finding, each the property it breaks.
@@ -152,7 +195,8 @@ pub struct Tally {
     pub busy: u64,
     pub store_errors: u64,
     pub cut: u64,
-    /// Suspect polls left unjudged because the thread was preempted during them.
+    /// Suspects left unjudged: a poll during which the thread was preempted, a kept lease lost
+    /// while the process was starved of CPU.
     pub unjudged: u64,
 }
 
@@ -184,6 +228,8 @@ pub struct Inside<'a> {
     lease: LeaseInfo,
     /// The frames of the same lease around this body: it re-entered if there are any.
     same_lease_outer: Vec<OnLost>,
+    /// The ids of every body around this one.
+    outer_ids: Vec<u64>,
     reported: bool,
 }
 
@@ -235,6 +281,7 @@ impl Checker {
             worker,
             lease,
             same_lease_outer,
+            outer_ids: outer.iter().map(|f| f.id).collect(),
             reported: false,
         };
         self.count(|t| t.bodies += 1);
@@ -293,6 +340,20 @@ impl Checker {
         inside
     }
 
+    /// The bodies inside `key` on a lease their client holds, other than `id` and the bodies
+    /// around it: (worker, fence) of each.
+    fn holders_besides(&self, key: &str, id: u64, outer_ids: &[u64]) -> Vec<(usize, u64)> {
+        let keys = self.keys.lock().unwrap();
+        keys.get(key).map_or_else(Vec::new, |state| {
+            state
+                .active
+                .iter()
+                .filter(|a| a.id != id && !outer_ids.contains(&a.id) && a.lease.is_held())
+                .map(|a| (a.worker, a.fence))
+                .collect()
+        })
+    }
+
     fn leave(&self, key: &str, id: u64) {
         if let Some(state) = self.keys.lock().unwrap().get_mut(key) {
             state.active.retain(|a| a.id != id);
@@ -346,6 +407,20 @@ impl Inside<'_> {
                 now - since
             ),
         );
+        // A body the runtime must not poll runs all the same: it is inside beside whoever holds
+        // the key now.
+        for (worker, fence) in
+            self.checker
+                .holders_besides(&self.frame.key, self.frame.id, &self.outer_ids)
+        {
+            self.checker.report(
+                Kind::TwoHoldersAtOnce,
+                format!(
+                    "`{}`: worker {}'s body with fence {} ran on its invalid lease while worker {worker} was inside with fence {fence}",
+                    self.frame.key, self.worker, self.frame.fence
+                ),
+            );
+        }
     }
 }
 
