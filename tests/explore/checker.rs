@@ -263,6 +263,7 @@ impl Checker {
     /// Called by a body as its first statement, inside the annotated function; `outer` are the
     /// frames of the bodies it runs inside, innermost last.
     pub fn enter(&self, worker: usize, outer: &[Frame], on_lost: OnLost) -> Inside<'_> {
+        let now = Instant::now();
         let lease = current_lease().expect("a body runs inside its lease");
         let frame = Frame {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -284,10 +285,10 @@ impl Checker {
             outer_ids: outer.iter().map(|f| f.id).collect(),
             reported: false,
         };
-        self.count(|t| t.bodies += 1);
-        // Under either on_lost, a body must never start on an invalid lease.
+        // Under either on_lost, a body must never start on an invalid lease. First, before
+        // anything here that takes a lock.
         inside.check_poll(true);
-        let now = Instant::now();
+        self.count(|t| t.bodies += 1);
         let mut keys = self.keys.lock().unwrap();
         let state = keys.entry(inside.frame.key.clone()).or_default();
         if inside.lease.is_held() {
@@ -364,9 +365,13 @@ impl Checker {
 impl Inside<'_> {
     /// Judges one poll of the body: `first` for its first.
     pub fn check_poll(&mut self, first: bool) {
+        // Read before anything that may block (the book's lock): a thread waiting for a lock
+        // is not preempted, and its wait is not the runtime's.
+        let now = Instant::now();
         if self.reported || self.lease.is_held() {
             return;
         }
+        let preempted = preempted_in_this_poll();
         let Some(since) = self
             .checker
             .book
@@ -374,11 +379,10 @@ impl Inside<'_> {
         else {
             return;
         };
-        let now = Instant::now();
         if now <= since + GRACE {
             return;
         }
-        if preempted_in_this_poll() {
+        if preempted {
             self.checker.count(|t| t.unjudged += 1);
             return;
         }
