@@ -198,7 +198,7 @@ impl MysqlBackend {
         key: &str,
         owner: &str,
         ttl_us: u64,
-    ) -> Result<Option<u64>, LockError> {
+    ) -> Result<Option<(u64, Instant)>, LockError> {
         let shared = self.shared.clone();
         let (key, owner) = (key.as_bytes().to_vec(), owner.to_owned());
         let (answer, answered) = tokio::sync::oneshot::channel();
@@ -219,38 +219,55 @@ impl MysqlBackend {
 }
 
 /// `INSERT`s the row of `key` for `owner`, or takes an expired (or already ours) row over;
-/// `Some(fence)` when the key is ours.
+/// `Some((fence, sent_at))` when the key is ours, `sent_at` being when the statement that made
+/// it ours left on a connection of its own: the row's ttl starts no earlier. Measured after the
+/// wait for a pooled connection, which on a busy pool would otherwise eat into the lease.
 async fn acquire_row(
     shared: &Shared,
     key: &[u8],
     owner: &str,
     ttl_us: u64,
-) -> Result<Option<u64>, LockError> {
+) -> Result<Option<(u64, Instant)>, LockError> {
     let insert = retry_transient(|| {
-        sqlx::query(AssertSqlSafe(shared.sql.insert.clone()))
-            .bind(key)
-            .bind(owner)
-            .bind(ttl_us)
-            .execute(&shared.pool)
+        execute_timed(
+            shared,
+            sqlx::query(AssertSqlSafe(shared.sql.insert.clone()))
+                .bind(key)
+                .bind(owner)
+                .bind(ttl_us),
+        )
     })
     .await;
     match insert {
-        Ok(done) => return Ok(Some(done.last_insert_id())),
+        Ok((done, sent_at)) => return Ok(Some((done.last_insert_id(), sent_at))),
         Err(error) if !is_duplicate_key(&error) => return Err(backend_error(error)),
         Err(_) => {}
     }
     // Held or expired? Take the row over only if it expired by the database's clock.
-    let take_over = retry_transient(|| {
-        sqlx::query(AssertSqlSafe(shared.sql.take_over.clone()))
-            .bind(owner)
-            .bind(ttl_us)
-            .bind(key)
-            .bind(owner)
-            .execute(&shared.pool)
+    let (take_over, sent_at) = retry_transient(|| {
+        execute_timed(
+            shared,
+            sqlx::query(AssertSqlSafe(shared.sql.take_over.clone()))
+                .bind(owner)
+                .bind(ttl_us)
+                .bind(key)
+                .bind(owner),
+        )
     })
     .await
     .map_err(backend_error)?;
-    Ok((take_over.rows_affected() == 1).then(|| take_over.last_insert_id()))
+    Ok((take_over.rows_affected() == 1).then(|| (take_over.last_insert_id(), sent_at)))
+}
+
+/// Runs `query` on a connection of its own from the pool, and says when it was sent: after the
+/// wait for the connection.
+async fn execute_timed(
+    shared: &Shared,
+    query: sqlx::query::Query<'_, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+) -> Result<(sqlx::mysql::MySqlQueryResult, Instant), sqlx::Error> {
+    let mut connection = shared.pool.acquire().await?;
+    let sent_at = Instant::now();
+    Ok((query.execute(&mut *connection).await?, sent_at))
 }
 
 /// Deletes the row of `key` where `owner` holds it; whether it did.
@@ -348,12 +365,9 @@ impl Backend for MysqlBackend {
         let mut backoff = FIRST_BACKOFF;
         let mut jitter = Jitter::new(request.owner);
         loop {
-            let sent_at = Instant::now();
-            if let Some(fence) = self.try_acquire(request.key, &owner, ttl_us).await? {
-                return Ok(Some(Acquired {
-                    fence,
-                    valid_from: sent_at,
-                }));
+            if let Some((fence, valid_from)) = self.try_acquire(request.key, &owner, ttl_us).await?
+            {
+                return Ok(Some(Acquired { fence, valid_from }));
             }
             let now = Instant::now();
             if now >= deadline {
