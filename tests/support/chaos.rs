@@ -109,6 +109,13 @@ pub struct BookedLease {
     pub valid_at_most_until: Instant,
     /// When a refusal of a renewal reached the caller, after which the lease is lost.
     pub refused_at: Option<Instant>,
+    /// The longest any call for this lease took to be answered (or given up on by its caller),
+    /// from the acquisition that granted it on.
+    pub slowest_answer: Duration,
+    /// When the latest request for this lease (its acquisition, then each renewal) reached
+    /// this layer, and the longest time between two of them.
+    pub last_sent: Instant,
+    pub longest_gap: Duration,
 }
 
 /// What the store confirmed and the caller was told, per key and fence.
@@ -119,7 +126,14 @@ pub struct LeaseBook {
 }
 
 impl LeaseBook {
-    fn granted(&self, key: &str, owner: Owner, ttl: Duration, acquired: &Acquired) {
+    fn granted(
+        &self,
+        key: &str,
+        owner: Owner,
+        ttl: Duration,
+        acquired: &Acquired,
+        took: Duration,
+    ) {
         self.fences.lock().unwrap().insert(owner, acquired.fence);
         self.leases.lock().unwrap().insert(
             (key.to_owned(), acquired.fence),
@@ -128,6 +142,9 @@ impl LeaseBook {
                 ttl,
                 valid_at_most_until: acquired.valid_from + ttl,
                 refused_at: None,
+                slowest_answer: took,
+                last_sent: Instant::now() - took,
+                longest_gap: Duration::ZERO,
             },
         );
     }
@@ -151,6 +168,45 @@ impl LeaseBook {
         }
     }
 
+    /// Notes that a renewal of `owner`'s lease on `key` was answered, or given up on, `took`
+    /// after it reached this layer.
+    fn answered(&self, key: &str, owner: Owner, took: Duration) {
+        let Some(fence) = self.fences.lock().unwrap().get(&owner).copied() else {
+            return;
+        };
+        if let Some(lease) = self.leases.lock().unwrap().get_mut(&(key.to_owned(), fence)) {
+            lease.slowest_answer = lease.slowest_answer.max(took);
+        }
+    }
+
+    /// Notes that a renewal of `owner`'s lease on `key` reached this layer at `sent`.
+    fn sending(&self, key: &str, owner: Owner, sent: Instant) {
+        let Some(fence) = self.fences.lock().unwrap().get(&owner).copied() else {
+            return;
+        };
+        if let Some(lease) = self.leases.lock().unwrap().get_mut(&(key.to_owned(), fence)) {
+            lease.longest_gap = lease.longest_gap.max(sent - lease.last_sent);
+            lease.last_sent = lease.last_sent.max(sent);
+        }
+    }
+
+    /// Over every acquisition of `key`: the longest any call took to be answered, and the
+    /// longest time without a request for the lease (up to `now`).
+    pub fn timeliness(&self, key: &str, now: Instant) -> (Duration, Duration) {
+        self.leases
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|((k, _), _)| k == key)
+            .fold((Duration::ZERO, Duration::ZERO), |(slowest, gap), (_, lease)| {
+                (
+                    slowest.max(lease.slowest_answer),
+                    gap.max(lease.longest_gap)
+                        .max(now.saturating_duration_since(lease.last_sent)),
+                )
+            })
+    }
+
     /// The acquisition of `key` with `fence`, if the caller was told of it.
     pub fn lease(&self, key: &str, fence: u64) -> Option<BookedLease> {
         self.leases
@@ -171,6 +227,22 @@ impl LeaseBook {
                     refused.min(lease.valid_at_most_until)
                 }),
         )
+    }
+}
+
+/// Notes in the book, when a renewal call ends or is dropped, how long it took.
+struct Timing<'a> {
+    book: &'a LeaseBook,
+    leases: &'a [Renewal<'a>],
+    sent: Instant,
+}
+
+impl Drop for Timing<'_> {
+    fn drop(&mut self) {
+        let took = self.sent.elapsed();
+        for lease in self.leases {
+            self.book.answered(lease.key, lease.owner, took);
+        }
     }
 }
 
@@ -224,6 +296,7 @@ impl<B> Chaos<B> {
 
 impl<B: Backend> Backend for Chaos<B> {
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
+        let sent = Instant::now();
         let granted = self.inner.acquire(request).await;
         if let Ok(Some(_)) = granted {
             if self.chance(self.faults.duplicate) {
@@ -244,8 +317,13 @@ impl<B: Backend> Backend for Chaos<B> {
             }
         }
         if let Ok(Some(acquired)) = &granted {
-            self.book
-                .granted(request.key, request.owner, request.ttl, acquired);
+            self.book.granted(
+                request.key,
+                request.owner,
+                request.ttl,
+                acquired,
+                sent.elapsed(),
+            );
         }
         granted
     }
@@ -264,6 +342,14 @@ impl<B: Backend> Backend for Chaos<B> {
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
         let sent = Instant::now();
+        for lease in leases {
+            self.book.sending(lease.key, lease.owner, sent);
+        }
+        let _timing = Timing {
+            book: &self.book,
+            leases,
+            sent,
+        };
         if self.chance(self.faults.renew_pause) {
             tokio::time::sleep(
                 self.between(self.faults.renew_pause_min, self.faults.renew_pause_max),
