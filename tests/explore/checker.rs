@@ -70,11 +70,13 @@ fn preempted_in_this_poll() -> bool {
 /// How late a tick of the starvation monitor must be for the process to count as starved.
 const STARVED: Duration = Duration::from_millis(50);
 
+type Spans = Arc<Mutex<VecDeque<(Instant, Instant)>>>;
+
 /// The spans of time (start, end) in which the monitor's ticks came late, newest last: when the
 /// whole process was starved of CPU by the machine, and whether a lease was kept in time cannot
 /// be judged. A thread of its own sleeps in 5 ms ticks and notes each that ends `STARVED` late.
-static STARVATION: LazyLock<Arc<Mutex<VecDeque<(Instant, Instant)>>>> = LazyLock::new(|| {
-    let spans: Arc<Mutex<VecDeque<(Instant, Instant)>>> = Arc::default();
+static STARVATION: LazyLock<Spans> = LazyLock::new(|| {
+    let spans = Spans::default();
     let record = spans.clone();
     std::thread::Builder::new()
         .name("explore-starvation".into())

@@ -126,14 +126,7 @@ pub struct LeaseBook {
 }
 
 impl LeaseBook {
-    fn granted(
-        &self,
-        key: &str,
-        owner: Owner,
-        ttl: Duration,
-        acquired: &Acquired,
-        took: Duration,
-    ) {
+    fn granted(&self, key: &str, owner: Owner, ttl: Duration, acquired: &Acquired, took: Duration) {
         self.fences.lock().unwrap().insert(owner, acquired.fence);
         self.leases.lock().unwrap().insert(
             (key.to_owned(), acquired.fence),
@@ -174,7 +167,12 @@ impl LeaseBook {
         let Some(fence) = self.fences.lock().unwrap().get(&owner).copied() else {
             return;
         };
-        if let Some(lease) = self.leases.lock().unwrap().get_mut(&(key.to_owned(), fence)) {
+        if let Some(lease) = self
+            .leases
+            .lock()
+            .unwrap()
+            .get_mut(&(key.to_owned(), fence))
+        {
             lease.slowest_answer = lease.slowest_answer.max(took);
         }
     }
@@ -184,7 +182,12 @@ impl LeaseBook {
         let Some(fence) = self.fences.lock().unwrap().get(&owner).copied() else {
             return;
         };
-        if let Some(lease) = self.leases.lock().unwrap().get_mut(&(key.to_owned(), fence)) {
+        if let Some(lease) = self
+            .leases
+            .lock()
+            .unwrap()
+            .get_mut(&(key.to_owned(), fence))
+        {
             lease.longest_gap = lease.longest_gap.max(sent - lease.last_sent);
             lease.last_sent = lease.last_sent.max(sent);
         }
@@ -198,13 +201,16 @@ impl LeaseBook {
             .unwrap()
             .iter()
             .filter(|((k, _), _)| k == key)
-            .fold((Duration::ZERO, Duration::ZERO), |(slowest, gap), (_, lease)| {
-                (
-                    slowest.max(lease.slowest_answer),
-                    gap.max(lease.longest_gap)
-                        .max(now.saturating_duration_since(lease.last_sent)),
-                )
-            })
+            .fold(
+                (Duration::ZERO, Duration::ZERO),
+                |(slowest, gap), (_, lease)| {
+                    (
+                        slowest.max(lease.slowest_answer),
+                        gap.max(lease.longest_gap)
+                            .max(now.saturating_duration_since(lease.last_sent)),
+                    )
+                },
+            )
     }
 
     /// The acquisition of `key` with `fence`, if the caller was told of it.
