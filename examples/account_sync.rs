@@ -1,9 +1,9 @@
-//! Seed 000: duplicate `open_id` rows in `t_account`.
+//! Duplicate `open_id` rows in `t_account`.
 //!
 //! Every launch of the app center calls `submit(open_id, local_id)`, which checks for the
 //! account's row and then inserts or updates it. Clients retry on time-outs, so the same call
 //! arrives several times at once; with no unique index on `open_id`, two concurrent checks both
-//! see "no row" and both insert. The fix of the seed: serialise `submit` per `open_id` with a
+//! see "no row" and both insert. The fix: serialise `submit` per `open_id` with a
 //! short lease (`SET key value NX EX 3`), and discard the request that loses the race. The
 //! duplicates already in the table are then removed by a scheduled job, at most 1,000 rows per
 //! run so the database is never overwhelmed, while the lock keeps new ones from appearing.
@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use dlock::{distributed_lock, LockError, Locker};
 
-/// A row of `t_account`: no unique index on `open_id`, as in the seed.
+/// A row of `t_account`: no unique index on `open_id`, as in many tables grown over the years.
 #[derive(Debug, Clone)]
 struct Account {
     id: u64,
@@ -64,7 +64,7 @@ impl AccountTable {
         }
     }
 
-    /// Seed 000's clean-up job, one run: deletes up to `limit` duplicate rows, keeping the
+    /// The clean-up job, one run: deletes up to `limit` duplicate rows, keeping the
     /// oldest row (lowest id) of each `open_id`. Returns how many it deleted.
     async fn delete_duplicates(&self, limit: usize) -> usize {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -119,7 +119,7 @@ async fn submit_unlocked(
     Ok(())
 }
 
-/// The same method under the seed's lock: one caller per `open_id` at a time; a concurrent
+/// The same method under a lock: one caller per `open_id` at a time; a concurrent
 /// duplicate finds the key busy and is discarded (`wait` defaults to zero).
 #[distributed_lock(key = "acct:<open_id>", ttl = "3s")]
 async fn submit(table: &AccountTable, open_id: &str, local_id: &str) -> Result<(), AppError> {

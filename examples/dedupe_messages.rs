@@ -1,9 +1,9 @@
-//! Seed 002: a message delivered more than once takes effect more than once.
+//! A message delivered more than once takes effect more than once.
 //!
 //! The broker delivers at least once: on a time-out or a rebalance it hands the same message to
 //! another consumer of the group, sometimes while the first is still working on it. Each message
 //! credits an account; a "processed" marker is checked before and written after the work, but two
-//! consumers that check at the same moment both see "not processed" and both credit. The seed's
+//! consumers that check at the same moment both see "not processed" and both credit. The
 //! fix: a lock keyed by the message id (`SET key owner NX EX …`, or a ZooKeeper node) around the
 //! check-work-mark sequence, so the marker check and the work are one step per message.
 //!

@@ -1,14 +1,14 @@
-//! Seed 001: concurrent consumers over-sell stock.
+//! Concurrent consumers over-sell stock.
 //!
 //! Order consumers read a SKU's stock, check it, and write it back decremented. Run side by
 //! side, two consumers read the same count and both sell the last unit: the shop sells more than
-//! it has. The seed's fix is a lock per SKU in a MySQL lock table; its §6.2 then splits the hot
-//! SKU into buckets, each with its own count and its own lock, chosen by a hash of the user id,
+//! it has. The fix is a lock per SKU, for instance in a MySQL lock table; a hot SKU is then split
+//! into buckets, each with its own count and its own lock, chosen by a hash of the user id,
 //! so that one hot row stops serialising every order.
 //!
 //! This example runs the three versions over the same orders and prints what each sold and how
 //! fast. It locks on the in-memory store by default; `DLOCK_URL=mysql://root@127.0.0.1:3306/test`
-//! runs it on the MySQL lock table of the seed (any other store URL works too):
+//! runs it on a MySQL lock table (any other store URL works too):
 //!
 //! ```text
 //! cargo run --example stock_deduction
@@ -94,7 +94,7 @@ async fn deduct(table: &StockTable, sku: &str) -> Result<(), OrderError> {
     deduct_unlocked(table, sku, 0).await
 }
 
-/// Seed 001 §6.2: one lock per bucket; the count and the lock of a bucket go together.
+/// One lock per bucket: the count and the lock of a bucket go together.
 #[distributed_lock(key = "stock:<sku>:<bucket>", ttl = "5s", wait = "30s")]
 async fn deduct_bucket(table: &StockTable, sku: &str, bucket: u64) -> Result<(), OrderError> {
     deduct_unlocked(table, sku, bucket).await

@@ -121,8 +121,8 @@
 //! | | memory | Redis | MySQL / MariaDB | ZooKeeper |
 //! | --- | --- | --- | --- | --- |
 //! | URL | `memory://` | `redis://`, `rediss://`, `redis+cluster://` | `mysql://` | `zk://host:port[/chroot]` |
-//! | exclusion across a fail-over | one process only | no: a replica promoted before it saw the lock forgets it | as far as the database's replication is synchronous | yes: quorum writes |
-//! | fencing | store counter | per-key counter that never expires | `GREATEST(fence + 1, database µs clock)` | node `czxid` |
+//! | exclusion across a fail-over | one process only | no by default: a replica promoted before it saw the lock (or the last renewals) forgets it; yes with `min_replicas = N` (grants and renewals count after `WAIT N`, one more command in the same round trip) where the promoted replica is one of those counted; fences rise either way | as far as the database's replication is synchronous | yes: quorum writes |
+//! | fencing | store counter | per-key counter, floored by the server's µs clock | `GREATEST(fence + 1, database µs clock)` | node `czxid` |
 //! | fair (FIFO) waiting | yes | yes (queue + hand-off) | no (jittered back-off) | yes (each waiter watches its predecessor) |
 //! | expiry judged by | its own clock | the server (`PX`) | the database (`UTC_TIMESTAMP(6)`) | the session |
 //!
@@ -135,7 +135,17 @@
 //! - `ttl` bounds how long a crashed holder blocks the key; the watchdog renews every ttl/3, so
 //!   a short ttl costs more renewals, not a shorter critical section. Pick the longest outage of
 //!   the holder you would rather wait out than risk overlapping: a few seconds for request
-//!   handlers, longer for batch jobs. On ZooKeeper, `ttl` may not exceed the session timeout.
+//!   handlers, longer for batch jobs.
+//! - On ZooKeeper a lease lives on the client's session, and the ensemble's leader may start
+//!   counting the session's timeout before the request the client counts a lease from (a
+//!   follower reports its clients' activity only in its ping replies, every half tick), by up to
+//!   a third of the session timeout and half a tick. So `ttl` is at most two thirds of the
+//!   granted session timeout less one tick — 18 s with the default session of 30 s and
+//!   ZooKeeper's default tick of 2 s — and a longer one, the default 30 s among them, is
+//!   shortened to that: it costs more frequent renewals, not a shorter hold, and a crashed
+//!   holder blocks its key for the session timeout whatever the ttl. For longer leases raise
+//!   `ZookeeperBuilder::session_timeout` (within the server's `maxSessionTimeout`); on an
+//!   ensemble whose `tickTime` is not 2 s, say so with `ZookeeperBuilder::tick_time`.
 //! - `wait = "0s"` (the default) suits de-duplication: the loser of a race is a duplicate and is
 //!   dropped. A positive `wait` suits serialisation (every caller must run, one at a time): make
 //!   it longer than the queue you expect times the critical section.
@@ -221,3 +231,9 @@
 
 pub use dlock_macros::distributed_lock;
 pub use dlock_runtime::*;
+
+// The README's examples, compiled and run by `cargo test --doc`, so the first code a user reads
+// always builds. Only under `cfg(doctest)`: it adds nothing to the library or its docs.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -1,4 +1,4 @@
-//! SPEC's properties on the in-memory backend.
+//! The lock's properties (tests/support/properties.rs) on the in-memory backend.
 
 mod support;
 

@@ -97,7 +97,7 @@ lock_properties!(@tests Mysql::fresh().await;
     renewals_are_batched,
 );
 
-/// Seed 000's table: no unique index on `open_id`.
+/// The account table of the `account_sync` example: no unique index on `open_id`.
 async fn account_table(db: &Mysql) -> String {
     let table = format!("{}_account", db.table);
     db.execute(format!(
@@ -153,12 +153,12 @@ async fn rows_for(db: &Mysql, table: &str, open_id: &str) -> i64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seed_000_concurrent_submits_leave_one_row_and_would_duplicate_without_the_lock() {
+async fn concurrent_submits_leave_one_row_and_would_duplicate_without_the_lock() {
     let db = Mysql::fresh().await;
     let table = account_table(&db).await;
     let pool = MySqlPool::connect(&mysql_url()).await.unwrap();
 
-    // Without the lock: the race the seed describes.
+    // Without the lock: check-then-insert races, and duplicates appear.
     let mut calls = Vec::new();
     for i in 0..10 {
         let (pool, table) = (pool.clone(), table.clone());

@@ -1,4 +1,4 @@
-//! SPEC's properties on the Redis backend, and what only a real server can show: lost updates,
+//! The lock's properties on the Redis backend, and what only a real server can show: lost updates,
 //! restarts, AUTH, the queue, round trips. Every test runs its own `redis-server` on a free port.
 
 mod support;
@@ -1101,4 +1101,72 @@ async fn a_key_longer_than_the_limit_is_an_invalid_key_error() {
         keys.iter().all(|key| key.len() < 2 * limit),
         "a key over the limit reached the server"
     );
+}
+
+/// Every command the server ran so far, by name (`INFO commandstats`; the commands a script runs
+/// count too), without the `INFO` calls that read it.
+async fn command_counts(
+    raw: &mut redis::aio::MultiplexedConnection,
+) -> std::collections::BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(raw)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| line.strip_prefix("cmdstat_"))
+        .filter_map(|line| {
+            let (name, rest) = line.split_once(":calls=")?;
+            let calls = rest.split(',').next()?.parse().ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .filter(|(name, _)| name != "info")
+        .collect()
+}
+
+/// The commands run between two [`command_counts`].
+fn commands_between(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+) -> Vec<(String, u64)> {
+    after
+        .iter()
+        .map(|(name, calls)| (name.clone(), calls - before.get(name).copied().unwrap_or(0)))
+        .filter(|(_, calls)| *calls > 0)
+        .collect()
+}
+
+/// An uncontended acquire and release cost the server a fixed set of commands: two script runs
+/// and the nine commands they make — no `WAIT` and nothing else unless a backend option asks for
+/// it (`min_replicas` is 0 by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_acquire_and_release_run_the_same_commands_as_ever() {
+    let redis = Redis::start();
+    let mut raw = redis.raw().await;
+    let locker = locker_on(&redis.server).await;
+    // The first pair connects and teaches the server the scripts.
+    let lease = locker.lock("warm-up", LockOptions::new()).await.unwrap();
+    lease.release().await.unwrap();
+    for round in 0..3 {
+        let key = unique_key("commands");
+        let before = command_counts(&mut raw).await;
+        let lease = locker.lock(&*key, LockOptions::new()).await.unwrap();
+        lease.release().await.unwrap();
+        let ran = commands_between(&before, &command_counts(&mut raw).await);
+        let expected: Vec<(String, u64)> = [
+            // acquire: EXISTS of the lock, queue and cancel marker; TIME; GET and SET of the
+            // counter; SET of the lock. release: GET of the lock, LPOP of no queue, DEL.
+            ("del", 1),
+            ("evalsha", 2),
+            ("exists", 1),
+            ("get", 2),
+            ("lpop", 1),
+            ("set", 2),
+            ("time", 1),
+        ]
+        .into_iter()
+        .map(|(name, calls)| (name.to_owned(), calls))
+        .collect();
+        assert_eq!(ran, expected, "round {round}");
+    }
 }

@@ -1,4 +1,4 @@
-//! SPEC's properties on a Redis Cluster of three primaries (feature `redis-cluster`): every key
+//! The lock's properties on a Redis Cluster of three primaries (feature `redis-cluster`): every key
 //! of a lock shares a hash slot, the scripts run on the node that owns it, and the waiters' wake-
 //! ups cross nodes through the cluster's pub/sub.
 #![cfg(feature = "redis-cluster")]
@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use dlock::backend::{Backend, RedisBackend};
+use dlock::backend::{Backend, RedisBackend, Renewal};
 use dlock::{LockOptions, Locker};
 use support::redis_server::RedisCluster;
 use support::unique_key;
@@ -165,4 +165,79 @@ async fn keys_with_an_empty_hash_tag_keep_to_one_slot() {
         assert!(lease.fence() > holder_fence, "`{key}`");
         lease.release().await.unwrap();
     }
+}
+
+/// With `min_replicas`, each grant's `WAIT` goes to the primary that ran its script, in the
+/// same pipeline: on a cluster whose primaries have no replica, no grant counts — each is
+/// released, and the call says how many replicas acknowledged it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_on_primaries_without_replicas_refuses_every_grant_and_leaves_none() {
+    let cluster = Cluster::start();
+    let backend = RedisBackend::builder(cluster.cluster.url())
+        .min_replicas(1)
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend);
+    let mut raw = cluster.raw().await;
+    for i in 0..6 {
+        let key = unique_key(&format!("unreplicated-{i}"));
+        let error = locker
+            .lock(&*key, LockOptions::new().ttl(Duration::from_secs(2)))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("min_replicas") && error.contains("0 of the 1"),
+            "{error}"
+        );
+        let holder: Option<String> = redis::cmd("GET")
+            .arg(cluster.names.lock_key(&key))
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(holder, None, "{key}: the grant was not undone");
+    }
+}
+
+/// With `min_replicas(1)` on a cluster whose primaries have a replica each, grants and renewals
+/// on every node's slots are acknowledged by that node's replica and count; asking for more
+/// replicas than a primary has fails, naming how many acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_counts_the_replica_of_the_primary_that_granted() {
+    let cluster = RedisCluster::start_with_replicas();
+    let backend = RedisBackend::builder(cluster.url())
+        .min_replicas(1)
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend.clone());
+    let keys: Vec<String> = (0..12)
+        .map(|i| unique_key(&format!("replicated-{i}")))
+        .collect();
+    let mut leases = Vec::new();
+    for key in &keys {
+        leases.push(locker.lock(&**key, LockOptions::new()).await.unwrap());
+    }
+    let renewals: Vec<Renewal<'_>> = leases
+        .iter()
+        .map(|lease| Renewal::new(lease.key(), lease.owner(), Duration::from_secs(30)))
+        .collect();
+    let held = backend.renew_each(&renewals).await.unwrap();
+    assert_eq!(held, vec![Some(true); keys.len()]);
+    for lease in leases {
+        lease.release().await.unwrap();
+    }
+
+    let greedy = RedisBackend::builder(cluster.url())
+        .min_replicas(2)
+        .connect()
+        .await
+        .unwrap();
+    let error = Locker::with_backend(greedy)
+        .lock(&*keys[0], LockOptions::new())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("1 of the 2"), "{error}");
 }

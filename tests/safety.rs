@@ -545,7 +545,8 @@ async fn stay(locker: &Locker, id: &str, gauge: &Gauge) -> Result<(), LockError>
     Ok(())
 }
 
-type Started<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), LockError>> + Send + 'a>>;
+type Started<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), LockError>> + Send + 'a>>;
 
 /// Starts a call on the held key, polls it once (it takes its turn and enters), and hands the
 /// started call out to its caller, ending before it.
@@ -593,7 +594,12 @@ async fn when_the_head_waiter_leaves_the_next_one_watches_the_expiry() {
     let key = unique_key("head-leaves");
     // A holder that neither renews nor releases: only its expiry frees the key.
     let holder = locker
-        .lock(&*key, LockOptions::new().ttl(Duration::from_millis(300)).renew(false))
+        .lock(
+            &*key,
+            LockOptions::new()
+                .ttl(Duration::from_millis(300))
+                .renew(false),
+        )
         .await
         .unwrap();
     let wait = |locker: Locker, key: String| async move {

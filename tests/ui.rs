@@ -1,5 +1,5 @@
 //! Compile-time behaviour of `#[distributed_lock]`: what it accepts, and the error for each
-//! mistake SPEC lists. The `.stderr` files are pinned to the toolchain CI uses; re-bless with
+//! mistake the docs list. The `.stderr` files are pinned to the toolchain CI uses; re-bless with
 //! `TRYBUILD=overwrite cargo test --test ui` after a deliberate change.
 
 #[test]

@@ -1,5 +1,5 @@
 //! The ZooKeeper backend against a private server, started once per test process (or the server
-//! `DLOCK_ZK_URL` names, which must grant session timeouts of a minute); the outage test starts
+//! `DLOCK_ZK_URL` names, which must tick every 500 ms and grant session timeouts of two minutes); the outage test starts
 //! one of its own, to stop it.
 
 mod support;
@@ -17,14 +17,19 @@ use support::{unique_key, Gauge};
 /// The tests' root, so a shared server's `/dlock` is left alone.
 const ROOT: &str = "/dlock-test";
 
-/// Long enough for the properties' leases of a minute.
-const SESSION: Duration = Duration::from_secs(60);
+/// Long enough for the properties' leases of a minute: a ttl may be two thirds of the session
+/// timeout less a tick.
+const SESSION: Duration = Duration::from_secs(120);
+
+/// The tick of the tests' servers.
+const TICK: Duration = Duration::from_millis(500);
 
 async fn backend_at(url: &str, session: Duration) -> ZookeeperBackend {
     ZookeeperBackend::builder(url)
         .unwrap()
         .root(ROOT)
         .session_timeout(session)
+        .tick_time(TICK)
         .connect()
         .await
         .unwrap()
@@ -335,17 +340,29 @@ async fn in_a_partition_the_client_gives_its_leases_up_before_the_ensemble_delet
     }
 }
 
+/// A ttl longer than the session allows (two thirds of its timeout less a tick) is shortened by
+/// the `Locker` — the lease is served and trusted no longer than the limit — and refused by the
+/// backend called directly, naming the fix, without a node left behind; a session too short
+/// for any ttl is refused outright.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_ttl_longer_than_the_session_timeout_is_refused() {
+async fn a_ttl_beyond_the_session_s_limit_is_shortened_or_refused() {
+    use dlock::backend::{AcquireRequest, Backend};
+
     let zk = Zookeeper::shared().await;
-    let backend = backend_at(&zk.url, Duration::from_secs(4)).await;
-    assert_eq!(backend.session_timeout(), Duration::from_secs(4));
-    let locker = Locker::with_backend(backend);
+    let backend = backend_at(&zk.url, Duration::from_secs(6)).await;
+    assert_eq!(backend.session_timeout(), Duration::from_secs(6));
+    assert_eq!(backend.ttl_limit(), Duration::from_millis(3500));
     let key = unique_key("ttl-rule");
-    match locker.lock(&*key, ttl(5)).await {
+    let request = AcquireRequest::new(
+        &key,
+        Owner::random(),
+        Duration::from_secs(4),
+        Duration::ZERO,
+    );
+    match backend.acquire(&request).await {
         Err(LockError::InvalidOptions { reason }) => {
             assert!(reason.contains("session_timeout"), "{reason}");
-            assert!(reason.contains("4s"), "{reason}");
+            assert!(reason.contains("3.5s"), "{reason}");
         }
         other => panic!("expected InvalidOptions, got {other:?}"),
     }
@@ -353,8 +370,75 @@ async fn a_ttl_longer_than_the_session_timeout_is_refused() {
         zk.queue(&key).await.is_empty(),
         "a refused acquisition made a node"
     );
-    let lease = locker.lock(&*key, ttl(4)).await.unwrap();
+
+    let locker = Locker::with_backend(backend);
+    let sent_at = Instant::now();
+    let lease = locker.lock(&*key, ttl(60).renew(false)).await.unwrap();
     assert!(lease.is_held());
+    assert_eq!(zk.queue(&key).await.len(), 1);
+    tokio::time::timeout(Duration::from_secs(10), lease.lost())
+        .await
+        .expect("a lease of a shortened ttl was trusted for longer");
+    assert!(
+        sent_at.elapsed() >= Duration::from_millis(3150),
+        "given up after {:?}, before the limit less the margin",
+        sent_at.elapsed()
+    );
+
+    // Two thirds of 1.5 s is one (claimed) tick: nothing is left.
+    let too_short = ZookeeperBackend::builder(&zk.url)
+        .unwrap()
+        .root(ROOT)
+        .session_timeout(Duration::from_millis(1500))
+        .tick_time(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
+    let too_short = Locker::with_backend(too_short);
+    match too_short.lock(unique_key("ttl-rule"), ttl(1)).await {
+        Err(LockError::InvalidOptions { reason }) => {
+            assert!(reason.contains("leaves no safe ttl"), "{reason}");
+            assert!(reason.contains("session_timeout"), "{reason}");
+        }
+        other => panic!(
+            "expected InvalidOptions, got {:?}",
+            other.map(|l| l.fence())
+        ),
+    }
+}
+
+/// The leader may start counting a session's expiry before the request the client counts a
+/// lease from: a follower tells it of the session's activity only in its ping replies, so the
+/// leader's clock for the session can run from the client's previous request (up to a third of
+/// the session timeout earlier) plus half a tick. A lease whose ttl equals the session timeout
+/// would then be trusted past that expiry; the client must stop trusting a confirmation within
+/// two thirds of the session timeout less half a tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmation_is_trusted_no_longer_than_the_leader_keeps_the_session() {
+    let zk = Zookeeper::shared().await;
+    let session = Duration::from_secs(6);
+    let backend = backend_at(&zk.url, session).await;
+    assert_eq!(backend.session_timeout(), session);
+    let locker = Locker::with_backend(backend);
+    let key = unique_key("ttl-within-session");
+    // The acquisition is the only confirmation: no renewal follows it.
+    let sent_at = Instant::now();
+    let lease = locker
+        .lock(&*key, ttl(6).renew(false))
+        .await
+        .expect("a ttl as long as the session timeout is served");
+    // The shared server's tick is 500 ms.
+    let leader_may_expire = sent_at + session * 2 / 3 - Duration::from_millis(250);
+    while lease.is_held() {
+        assert!(
+            Instant::now() <= leader_may_expire,
+            "the lease was still trusted {:?} after its only confirmation was sent, past the \
+             {:?} after which the leader may expire the session",
+            sent_at.elapsed(),
+            leader_may_expire - sent_at
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// ZooKeeper answers a request over its `jute.maxbuffer` (1 MiB by default) by dropping the

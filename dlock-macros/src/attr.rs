@@ -20,7 +20,8 @@ pub(crate) enum OnLost {
     Continue,
 }
 
-/// The checked arguments, with the defaults of the SPEC filled in.
+/// The checked arguments, with the documented defaults filled in (`ttl` 30 s, `wait` 0 s, renewal
+/// on, `on_lost = "cancel"`).
 pub(crate) struct Args {
     pub key: LitStr,
     pub ttl_ms: u64,

@@ -56,9 +56,11 @@ impl Locker {
 
     /// A locker on the Redis server (or, with the `redis-cluster` feature, the cluster) that `url`
     /// names, connected: `redis://[[user]:password@]host[:port][/db]`, `rediss://…` with the
-    /// `redis-tls` feature, `redis+cluster://host:port,host:port`. For options (key prefix,
-    /// timeouts), build a [`RedisBackend`](crate::backend::RedisBackend) and use
-    /// [`Locker::with_backend`].
+    /// `redis-tls` feature, `redis+cluster://host:port,host:port`; `?min_replicas=n` makes a
+    /// grant and each renewal count only once `n` replicas acknowledged them (see
+    /// [`RedisBackendBuilder::min_replicas`](crate::backend::RedisBackendBuilder::min_replicas)).
+    /// For other options (key prefix, timeouts), build a
+    /// [`RedisBackend`](crate::backend::RedisBackend) and use [`Locker::with_backend`].
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
@@ -172,8 +174,14 @@ impl Locker {
         key: String,
         options: LockOptions,
     ) -> Result<Arc<LeaseState>, LockError> {
-        let options = options.checked()?;
+        let mut options = options.checked()?;
         check_key_length(&key)?;
+        if let Some(limit) = self.inner.backend.ttl_limit() {
+            if options.ttl > limit {
+                tracing::debug!(%key, asked = ?options.ttl, kept = ?limit, "distributed_lock: ttl shortened to the store's limit");
+                options.ttl = limit;
+            }
+        }
         let owner = Owner::random();
         let started = Instant::now();
         // Exists before the acquisition is awaited, so a dropped future still releases.

@@ -36,7 +36,10 @@ impl LockOptions {
         }
     }
 
-    /// Sets the lease length.
+    /// Sets the lease length. A store that cannot keep a lease that long shortens it to the
+    /// longest it can (on ZooKeeper, two thirds of the session timeout less a tick: see
+    /// `ZookeeperBackend`). A shorter lease is renewed more often; only a holder cut off from
+    /// the store gives it up sooner.
     pub const fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self

@@ -11,7 +11,7 @@ use dlock::Owner;
 use super::support::fault_proxy::FaultProxy;
 use super::support::history::{self, Event, Section, Verdict, Write};
 use super::support::redis_server::RedisServer;
-use super::support::zk_server::ZkServer;
+use super::support::zk_server::{ZkEnsemble, ZkServer};
 use super::support::{drop_mysql_table, mysql_url};
 use super::worker::{Backend, Body, WorkerSpec};
 
@@ -25,6 +25,7 @@ pub enum LockServer {
         table: String,
     },
     Zookeeper(ZkServer),
+    ZookeeperEnsemble(ZkEnsemble),
     /// The memory store lives in the test process.
     None,
 }
@@ -38,6 +39,7 @@ impl LockServer {
                 table: format!("dlock_faults_{}", &Owner::random().to_string()[..12]),
             },
             Backend::Zookeeper => LockServer::Zookeeper(ZkServer::start_new()),
+            Backend::ZookeeperEnsemble => LockServer::ZookeeperEnsemble(ZkEnsemble::start()),
         }
     }
 
@@ -46,6 +48,7 @@ impl LockServer {
             LockServer::Redis(server) => server.url(),
             LockServer::Mysql { .. } => mysql_url(),
             LockServer::Zookeeper(server) => server.url(),
+            LockServer::ZookeeperEnsemble(ensemble) => ensemble.url(),
             LockServer::None => "memory://".into(),
         }
     }
@@ -62,7 +65,9 @@ impl Drop for LockServer {
 /// One worker process of a scenario.
 pub struct Worker {
     pub spec: WorkerSpec,
-    pub proxy: FaultProxy,
+    /// The proxy the worker reaches its lock server through; `None` for an ensemble, whose
+    /// faults are the servers' own.
+    pub proxy: Option<FaultProxy>,
     pub child: Child,
 }
 
@@ -126,11 +131,23 @@ impl Scenario {
         }
     }
 
-    /// Starts a worker behind a proxy of its own, its command prefixed by `wrapper` (e.g.
-    /// `faketime`) if any; returns its index.
+    /// Starts a worker behind a proxy of its own (straight to an ensemble's servers: all three
+    /// unless `spec.lock_url` names some), its command prefixed by `wrapper` (e.g. `faketime`)
+    /// if any; returns its index.
     pub fn spawn(&mut self, mut spec: WorkerSpec, wrapper: &[&str]) -> usize {
-        let (proxy, lock_url) = FaultProxy::in_front_of(&self.lock_server.url());
-        spec.lock_url = lock_url;
+        let proxy = match &self.lock_server {
+            LockServer::ZookeeperEnsemble(ensemble) => {
+                if spec.lock_url.is_empty() {
+                    spec.lock_url = ensemble.url();
+                }
+                None
+            }
+            server => {
+                let (proxy, lock_url) = FaultProxy::in_front_of(&server.url());
+                spec.lock_url = lock_url;
+                Some(proxy)
+            }
+        };
         let exe = std::env::current_exe().unwrap();
         let mut command = match wrapper.split_first() {
             Some((program, args)) => {
@@ -160,7 +177,23 @@ impl Scenario {
     }
 
     pub fn proxy(&self, worker: usize) -> &FaultProxy {
-        &self.workers[worker].proxy
+        self.workers[worker]
+            .proxy
+            .as_ref()
+            .expect("a worker of a single lock server")
+    }
+
+    /// The lock server's ensemble; panics for another lock server.
+    pub fn ensemble(&mut self) -> &mut ZkEnsemble {
+        match &mut self.lock_server {
+            LockServer::ZookeeperEnsemble(ensemble) => ensemble,
+            _ => panic!("{}: the lock server is not an ensemble", self.name),
+        }
+    }
+
+    /// The sections logged so far, entered or not finished.
+    pub fn sections(&self) -> Vec<Section> {
+        history::sections(&self.events())
     }
 
     /// Now, by the data server's clock, in microseconds.
@@ -290,7 +323,8 @@ impl Scenario {
         journals
     }
 
-    /// Prints the scenario's row of the README's results table.
+    /// Prints the scenario's row of the results table in docs/correctness.md, which
+    /// `scripts/write-docs.sh` collects: keep its columns and that script's header in step.
     pub fn report(&self, verdict: &Verdict, recovery: &str) {
         eprintln!(
             "| {} | {} | {} | {} | {} | {} | {recovery} |",

@@ -10,7 +10,6 @@ use dlock::backend::{MysqlBackend, ZookeeperBackend};
 use dlock::{distributed_lock, LockError, Locker};
 
 use super::support::history::Log;
-use super::TTL;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -18,6 +17,8 @@ pub enum Backend {
     Redis,
     Mysql,
     Zookeeper,
+    /// A private ensemble of three ZooKeeper servers, every worker's URL naming all three.
+    ZookeeperEnsemble,
 }
 
 impl Backend {
@@ -27,6 +28,7 @@ impl Backend {
             Backend::Redis => "redis",
             Backend::Mysql => "mysql",
             Backend::Zookeeper => "zookeeper",
+            Backend::ZookeeperEnsemble => "zookeeper-ensemble",
         }
     }
 
@@ -36,6 +38,7 @@ impl Backend {
             "redis" => Backend::Redis,
             "mysql" => Backend::Mysql,
             "zookeeper" => Backend::Zookeeper,
+            "zookeeper-ensemble" => Backend::ZookeeperEnsemble,
             other => panic!("unknown backend {other}"),
         }
     }
@@ -77,7 +80,8 @@ impl Body {
 pub struct WorkerSpec {
     pub name: String,
     pub backend: Backend,
-    /// The lock server's URL, through the worker's proxy.
+    /// The lock server's URL, through the worker's proxy (an ensemble's: straight to its
+    /// servers).
     pub lock_url: String,
     /// The MySQL lock table.
     pub table: String,
@@ -250,6 +254,13 @@ pub async fn write_fenced(
     Ok(())
 }
 
+/// The tick of the scenarios' ZooKeeper servers.
+const ZK_TICK: Duration = Duration::from_millis(500);
+
+/// The shortest ZooKeeper session that keeps the bodies' leases of 2 s whole: a ttl may be two
+/// thirds of the session timeout less a tick.
+const ZK_SESSION: Duration = Duration::from_secs(4);
+
 /// Connects the worker's `Locker`, retrying while its server is unreachable.
 pub async fn connect(spec: &WorkerSpec) -> Locker {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -266,14 +277,17 @@ pub async fn connect(spec: &WorkerSpec) -> Locker {
                     .map(Locker::with_backend),
                 Err(error) => Err(error),
             },
-            Backend::Zookeeper => match ZookeeperBackend::builder(&spec.lock_url) {
-                Ok(builder) => builder
-                    .session_timeout(TTL)
-                    .connect()
-                    .await
-                    .map(Locker::with_backend),
-                Err(error) => Err(error),
-            },
+            Backend::Zookeeper | Backend::ZookeeperEnsemble => {
+                match ZookeeperBackend::builder(&spec.lock_url) {
+                    Ok(builder) => builder
+                        .session_timeout(ZK_SESSION)
+                        .tick_time(ZK_TICK)
+                        .connect()
+                        .await
+                        .map(Locker::with_backend),
+                    Err(error) => Err(error),
+                }
+            }
         };
         match attempt {
             Ok(locker) => return locker,

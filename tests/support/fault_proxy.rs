@@ -43,6 +43,12 @@ struct Faults {
     /// Chance, in millionths, that forwarding a chunk cuts its connection.
     cut_chance_ppm: AtomicU64,
     refusing: AtomicBool,
+    /// How long, in milliseconds, a new connection waits for its target to accept before the
+    /// proxy gives up on it (closing the client's side); 0: one try.
+    connect_patience_ms: AtomicU64,
+    /// Where new connections go; [`FaultProxy::retarget`] moves it, as a fail-over moves a
+    /// service's address to the new primary.
+    target: Mutex<Option<SocketAddr>>,
     cuts: AtomicU64,
     rng: Mutex<u64>,
     open: Mutex<Vec<Arc<Connection>>>,
@@ -93,6 +99,7 @@ impl FaultProxy {
         let port = listener.local_addr().unwrap().port();
         let faults = Arc::new(Faults {
             rng: Mutex::new(u64::from(port) ^ std::process::id() as u64),
+            target: Mutex::new(Some(target)),
             ..Faults::default()
         });
         let shared = faults.clone();
@@ -103,10 +110,31 @@ impl FaultProxy {
                     drop(client); // closed at once: as good as a refused connection
                     continue;
                 }
-                let Ok(server) = TcpStream::connect(target) else {
+                let target = shared
+                    .target
+                    .lock()
+                    .unwrap()
+                    .expect("a target is always set");
+                let patience = shared.connect_patience_ms.load(Ordering::SeqCst);
+                if patience == 0 {
+                    if let Ok(server) = TcpStream::connect(target) {
+                        serve(client, server, &shared);
+                    }
                     continue;
-                };
-                serve(client, server, &shared);
+                }
+                let shared = shared.clone();
+                std::thread::spawn(move || {
+                    let deadline = Instant::now() + Duration::from_millis(patience);
+                    loop {
+                        match TcpStream::connect(target) {
+                            Ok(server) => return serve(client, server, &shared),
+                            Err(_) if Instant::now() < deadline => {
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                            Err(_) => return,
+                        }
+                    }
+                });
             }
         });
         FaultProxy { port, faults }
@@ -181,9 +209,27 @@ impl FaultProxy {
         self.faults.cut_chance_ppm.store(ppm, Ordering::SeqCst);
     }
 
+    /// From now on, a new connection whose target refuses it is tried again for up to
+    /// `patience` before the proxy closes it. A peer that retries a refused connection by
+    /// itself (a ZooKeeper follower dialling a leader that is still opening its port) would
+    /// otherwise see an accepted connection close, and take that for a failure of the leader.
+    pub fn retry_refused_for(&self, patience: Duration) {
+        let millis = u64::try_from(patience.as_millis()).unwrap_or(u64::MAX);
+        self.faults
+            .connect_patience_ms
+            .store(millis, Ordering::SeqCst);
+    }
+
     /// While `refusing`, new connections are closed as soon as they are accepted.
     pub fn refuse_connections(&self, refusing: bool) {
         self.faults.refusing.store(refusing, Ordering::SeqCst);
+    }
+
+    /// Sends new connections to `target` (`ip:port`) from now on; open ones stay where they are
+    /// (cut them with [`cut_all`](Self::cut_all)).
+    pub fn retarget(&self, target: &str) {
+        let target: SocketAddr = target.parse().expect("target must be an ip:port");
+        *self.faults.target.lock().unwrap() = Some(target);
     }
 
     /// How many connections the proxy has cut so far.

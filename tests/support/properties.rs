@@ -1,4 +1,4 @@
-//! The properties SPEC promises, written once against any [`Store`]. Each test would fail if the
+//! The properties the lock promises, written once against any [`Store`]. Each test would fail if the
 //! property did not hold: none only checks that a call returns.
 
 use std::sync::atomic::{AtomicBool, Ordering};

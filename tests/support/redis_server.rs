@@ -276,8 +276,8 @@ impl Drop for RedisServer {
     }
 }
 
-/// A private Redis Cluster of three primaries (no replicas), each node on free ports, killed on
-/// drop.
+/// A private Redis Cluster of three primaries (no replicas, unless started
+/// [with them](RedisCluster::start_with_replicas)), each node on free ports, killed on drop.
 pub struct RedisCluster {
     nodes: Vec<Child>,
     ports: Vec<u16>,
@@ -286,6 +286,15 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> RedisCluster {
+        Self::start_with(0)
+    }
+
+    /// Three primaries with one replica each, the replicas in sync when it returns.
+    pub fn start_with_replicas() -> RedisCluster {
+        Self::start_with(1)
+    }
+
+    fn start_with(replicas: usize) -> RedisCluster {
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("dlock-cluster-{}-{n}", std::process::id()));
@@ -296,7 +305,7 @@ impl RedisCluster {
             ports: Vec::new(),
             dir,
         };
-        for _ in 0..3 {
+        for _ in 0..3 * (1 + replicas) {
             let (port, bus) = (free_port(), free_port());
             let child = Command::new("redis-server")
                 .args([
@@ -314,6 +323,8 @@ impl RedisCluster {
                     &format!("nodes-{port}.conf"),
                 ])
                 .args([
+                    "--repl-diskless-sync-delay",
+                    "0",
                     "--save",
                     "",
                     "--appendonly",
@@ -343,7 +354,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -359,6 +370,26 @@ impl RedisCluster {
                 ),
                 "cluster node {port} never saw the cluster ok"
             );
+        }
+        for &port in &cluster.ports {
+            if replicas == 0 {
+                break;
+            }
+            // In sync: a replica says its link is up, a primary that its replica is online.
+            let started = Instant::now();
+            let request = b"INFO replication\r\n";
+            while !answers(
+                port,
+                request,
+                b"master_link_status:up",
+                Duration::from_millis(100),
+            ) && !answers(port, request, b"state=online", Duration::from_millis(100))
+            {
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "cluster node {port}: its replication never came up"
+                );
+            }
         }
         cluster
     }

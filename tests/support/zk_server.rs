@@ -305,7 +305,15 @@ impl ZkEnsemble {
         let client: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let quorum: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let election: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let proxy = |port: u16| FaultProxy::start(&format!("127.0.0.1:{port}"));
+        let proxy = |port: u16| {
+            let proxy = FaultProxy::start(&format!("127.0.0.1:{port}"));
+            // A follower dials its new leader as soon as it is elected, maybe before that
+            // leader listens; refused, it tries again, but a connection the proxy accepted and
+            // then closed would send it back to the election, and the leader would wait
+            // `initLimit` for it.
+            proxy.retry_refused_for(Duration::from_secs(5));
+            proxy
+        };
         // The first server's ports as the others reach them, and theirs as it reaches them.
         let first_seen = (proxy(quorum[0]), proxy(election[0]));
         let others_seen: Vec<(FaultProxy, FaultProxy)> = (1..3)
@@ -376,11 +384,54 @@ impl ZkEnsemble {
         format!("zk://{}", hosts.join(","))
     }
 
+    /// A `zk://` URL naming every server.
+    pub fn url(&self) -> String {
+        self.url_of(&[0, 1, 2])
+    }
+
     /// Cuts the first server off from the other two, both ways, keeping every connection open
     /// (its bytes are held, as in a partition); its clients still reach it.
     pub fn cut_off_first(&self) {
         for link in &self.links {
             link.stall(Direction::Both);
         }
+    }
+
+    /// Ends the partition [`cut_off_first`](Self::cut_off_first) made: the held bytes flow.
+    pub fn reconnect_first(&self) {
+        for link in &self.links {
+            link.resume(Direction::Both);
+        }
+    }
+
+    /// The server that leads the ensemble now, as `srvr` tells; `None` during an election.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.servers.len()).find(|&i| self.servers[i].mode() == "leader")
+    }
+
+    /// Waits until some server leads, for up to `patience`; returns it.
+    pub fn wait_for_leader(&self, patience: Duration) -> Option<usize> {
+        let deadline = Instant::now() + patience;
+        loop {
+            if let Some(leader) = self.leader() {
+                return Some(leader);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the server `index` with SIGKILL, as a crash would; its data stays for
+    /// [`restart`](Self::restart).
+    pub fn kill(&mut self, index: usize) {
+        self.servers[index].stop();
+    }
+
+    /// Starts the server `index` again, with its data, and waits until it serves: it has
+    /// rejoined the ensemble and caught up with the leader by then.
+    pub fn restart(&mut self, index: usize) {
+        self.servers[index].start();
     }
 }

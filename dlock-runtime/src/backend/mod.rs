@@ -24,7 +24,7 @@ mod zookeeper;
 pub use zookeeper::{
     ZookeeperBackend, ZookeeperBuilder, DEFAULT_ROOT as ZOOKEEPER_DEFAULT_ROOT,
     DEFAULT_SESSION_TIMEOUT as ZOOKEEPER_DEFAULT_SESSION_TIMEOUT,
-    MAX_PATH_BYTES as ZOOKEEPER_MAX_PATH_BYTES,
+    DEFAULT_TICK_TIME as ZOOKEEPER_DEFAULT_TICK_TIME, MAX_PATH_BYTES as ZOOKEEPER_MAX_PATH_BYTES,
 };
 
 #[cfg(feature = "redis")]
@@ -131,6 +131,14 @@ pub trait Backend: Send + Sync + 'static {
         async move { Ok(self.renew(leases).await?.into_iter().map(Some).collect()) }
     }
 
+    /// The longest ttl the store can keep its promise for, if it has such a limit: the runtime
+    /// shortens a longer ttl to it before acquiring (a shorter lease is only renewed more
+    /// often), and `acquire` may refuse a longer one with [`LockError::InvalidOptions`]. `None`
+    /// (the default) where any ttl is kept.
+    fn ttl_limit(&self) -> Option<Duration> {
+        None
+    }
+
     /// Releases at once without awaiting, where the store lives in this process. Returns `false`
     /// where a release needs I/O; the runtime then queues an async `release` instead. `Drop`
     /// calls this, so it must never block.
@@ -154,6 +162,7 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         leases: &'a [Renewal<'a>],
     ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>>;
     fn release_now(&self, key: &str, owner: Owner) -> bool;
+    fn ttl_limit(&self) -> Option<Duration>;
 }
 
 impl<B: Backend> DynBackend for B {
@@ -177,5 +186,9 @@ impl<B: Backend> DynBackend for B {
 
     fn release_now(&self, key: &str, owner: Owner) -> bool {
         Backend::release_now(self, key, owner)
+    }
+
+    fn ttl_limit(&self) -> Option<Duration> {
+        Backend::ttl_limit(self)
     }
 }

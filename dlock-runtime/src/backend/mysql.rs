@@ -1,4 +1,4 @@
-//! The MySQL / MariaDB store: seed 001's lock table, where the primary key is the compare-and-set.
+//! The MySQL / MariaDB store: a lock table whose primary key is the compare-and-set.
 //!
 //! # The table
 //!
@@ -22,13 +22,14 @@
 //! # The statements
 //!
 //! Each is one short autocommit statement on the locker's own pool — never inside the caller's
-//! business transaction (seed 001 §5) — and all time is the database's (`UTC_TIMESTAMP(6)`),
+//! business transaction, where a lock row would stay invisible to others until that transaction
+//! commits and vanish if it rolls back — and all time is the database's (`UTC_TIMESTAMP(6)`),
 //! never the client's.
 //!
-//! - **Acquire**: `INSERT`. On a duplicate key (error 1062) the row is either held or expired
-//!   (seed 001 §3.1): one `UPDATE … WHERE lock_key = ? AND (expires_at <= UTC_TIMESTAMP(6) OR
-//!   owner = ?)` takes it over only if it expired by the database's clock (or is already ours,
-//!   which makes a retried acquire idempotent). No `INSERT IGNORE`, which would hide real errors.
+//! - **Acquire**: `INSERT`. On a duplicate key (error 1062) the row is either held or expired:
+//!   one `UPDATE … WHERE lock_key = ? AND (expires_at <= UTC_TIMESTAMP(6) OR owner = ?)` takes it
+//!   over only if it expired by the database's clock (or is already ours, which makes a retried
+//!   acquire idempotent). No `INSERT IGNORE`, which would hide real errors.
 //!   An acquisition whose caller stops waiting deletes its row itself, after the statement that
 //!   wrote it, never before (a statement can wait on another transaction's row lock for long).
 //! - **Release**: `DELETE … WHERE lock_key = ? AND owner = ?`; retried once if its reply is lost —
@@ -37,8 +38,7 @@
 //!   lease of the tick (in chunks of 1,000); only when fewer rows changed than leases were sent
 //!   does a `SELECT` find out which were lost.
 //! - **Waiting**: MySQL cannot say when a row goes, so a waiter polls with jittered exponential
-//!   back-off (seed 001 §3.3), 5 ms doubling to 250 ms, within `wait`; between tries it holds no
-//!   connection.
+//!   back-off, 5 ms doubling to 250 ms, within `wait`; between tries it holds no connection.
 //!
 //! # Fences
 //!

@@ -1,4 +1,4 @@
-//! The ZooKeeper store: seed 002's ephemeral sequential nodes, the lock recipe of the ZooKeeper
+//! The ZooKeeper store: ephemeral sequential nodes, the lock recipe of the ZooKeeper
 //! documentation, with each waiter watching only its predecessor.
 //!
 //! # The nodes
@@ -91,13 +91,22 @@
 //! confirmation, whatever the session does: ZooKeeper's own limits are coarse (the session
 //! timeout is bounded below by twice the server's tick time), the client's are not.
 //!
-//! That is safe only if the server cannot end the session, and delete the node, while the
-//! client still trusts the lease. The session lives at least the session timeout past the last
-//! request the server saw, and the client trusts a lease for ttl less the margin past the send
-//! time of the last confirmation; so a lease's ttl must not exceed the session timeout the
-//! server granted. An acquisition with a longer ttl is refused with
-//! [`LockError::InvalidOptions`]; raise [`ZookeeperBuilder::session_timeout`] (default 30 s,
-//! within the server's `maxSessionTimeout`) or lower the ttl.
+//! That is safe only if the ensemble cannot end the session, and delete the node, while the
+//! client still trusts the lease. Only the leader ends sessions, and it may start counting a
+//! session's timeout *before* the request the client counts a lease from: a follower tells the
+//! leader of its clients' activity only in its replies to the leader's pings (every half tick),
+//! and the leader does not restart a session's count for a request a follower forwards. A
+//! follower cut off just after it forwarded a confirmation leaves the leader counting from the
+//! client's previous request, up to the client's idle gap (a third of the session timeout) and
+//! half a tick earlier. So a lease's ttl may be at most two thirds of the granted session
+//! timeout less one tick (see [`ttl_limit`](ZookeeperBackend::ttl_limit)): 18 s for the default
+//! session of 30 s on ZooKeeper's default tick of 2 s. A longer ttl is shortened to that limit
+//! by the [`Locker`](crate::Locker) — which costs only more frequent renewals, since a crashed
+//! holder's node lives as long as its session whatever the ttl — and refused with
+//! [`LockError::InvalidOptions`] by [`Backend::acquire`] called directly. Set
+//! [`ZookeeperBuilder::tick_time`] to the ensemble's `tickTime` when it is not the default, and
+//! raise [`ZookeeperBuilder::session_timeout`] (within the server's `maxSessionTimeout`) for
+//! longer leases.
 //!
 //! A request the ensemble does not answer is bounded: an acquisition fails after its `wait`
 //! plus the session timeout, a release after the session timeout (its delete keeps being retried
@@ -147,6 +156,10 @@ const LOCK_NODE_NAME_BYTES: usize = 1 + 32 + 1 + 11;
 /// otherwise. Leases may be as long as the timeout the ensemble grants.
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The ensemble's tick, unless [`ZookeeperBuilder::tick_time`] says otherwise: ZooKeeper's
+/// default `tickTime`. The client cannot ask the ensemble for it.
+pub const DEFAULT_TICK_TIME: Duration = Duration::from_secs(2);
+
 /// Leases renewed by one `multi` (and nodes read by one `multiRead`); more pipeline more
 /// requests.
 const RENEW_CHUNK: usize = 1_000;
@@ -184,9 +197,9 @@ const EPHEMERAL_SEQUENTIAL: CreateOptions<'static> =
 /// so a release wakes one waiter and waiters are served first come, first served. Fences are the
 /// lock nodes' creation zxids. A lease lives as long as the backend's ZooKeeper session: when the
 /// ensemble expires the session, every lease on it is lost and later calls open a new session.
-/// Hence a lease's ttl may not exceed the session timeout the ensemble granted
-/// ([`session_timeout`](Self::session_timeout)); a longer one is refused with
-/// [`LockError::InvalidOptions`]. Requires ZooKeeper 3.6 or newer.
+/// Hence a lease's ttl may be at most [`ttl_limit`](Self::ttl_limit), two thirds of the session
+/// timeout the ensemble granted less one tick (see the module docs for why): a
+/// [`Locker`](crate::Locker) shortens a longer ttl to it. Requires ZooKeeper 3.6 or newer.
 ///
 /// Besides [`Backend`], it has an operator's view of a key, [`queue`](Self::queue) and
 /// [`force_release`](Self::force_release), and a counter for tests,
@@ -203,6 +216,8 @@ struct Shared {
     base: String,
     /// The session timeout asked of the ensemble.
     asked_timeout: Duration,
+    /// The ensemble's tick, as the builder was told.
+    tick: Duration,
     session: Mutex<Session>,
     /// Held while a new session is opened, so concurrent calls open one, not one each.
     reconnecting: tokio::sync::Mutex<()>,
@@ -233,6 +248,7 @@ pub struct ZookeeperBuilder {
     chroot: String,
     root: String,
     session_timeout: Duration,
+    tick_time: Duration,
 }
 
 impl ZookeeperBackend {
@@ -263,6 +279,7 @@ impl ZookeeperBackend {
             chroot: chroot.to_owned(),
             root: DEFAULT_ROOT.to_owned(),
             session_timeout: DEFAULT_SESSION_TIMEOUT,
+            tick_time: DEFAULT_TICK_TIME,
         })
     }
 
@@ -271,10 +288,16 @@ impl ZookeeperBackend {
         &self.shared.base
     }
 
-    /// The session timeout the ensemble granted the current session: the longest ttl a lease
-    /// may have.
+    /// The session timeout the ensemble granted the current session.
     pub fn session_timeout(&self) -> Duration {
         self.shared.current().timeout
+    }
+
+    /// The longest ttl a lease may have on the current session: two thirds of its timeout less
+    /// one tick ([`ZookeeperBuilder::tick_time`]). A [`Locker`](crate::Locker) shortens a longer
+    /// ttl to this.
+    pub fn ttl_limit(&self) -> Duration {
+        safe_ttl(self.shared.current().timeout, self.shared.tick)
     }
 
     /// How many predecessor watches have fired: one per wake-up of a waiter by the deletion of
@@ -539,20 +562,51 @@ impl ZookeeperBackend {
     }
 
     fn check_ttl(&self, ttl: Duration, session: &Session) -> Result<(), LockError> {
-        if ttl > session.timeout {
+        let limit = safe_ttl(session.timeout, self.shared.tick);
+        if limit < MIN_TTL {
             return Err(LockError::InvalidOptions {
                 reason: format!(
-                    "ttl {ttl:?} is longer than the ZooKeeper session timeout of {:?} (asked {:?}): \
-                     the ensemble could end the session, and delete the lock node, while the \
-                     client still trusts the lease; lower the ttl, or raise the session timeout \
-                     with `ZookeeperBuilder::session_timeout` (within the server's maxSessionTimeout)",
-                    session.timeout, self.shared.asked_timeout
+                    "the ZooKeeper session timeout of {:?} (asked {:?}) leaves no safe ttl with a                      tick of {:?}: a lease may last at most two thirds of the session timeout less                      a tick; raise the session timeout with `ZookeeperBuilder::session_timeout`                      (within the server's maxSessionTimeout), or set `ZookeeperBuilder::tick_time`                      to the ensemble's tickTime",
+                    session.timeout, self.shared.asked_timeout, self.shared.tick
+                ),
+            });
+        }
+        if ttl > limit {
+            return Err(LockError::InvalidOptions {
+                reason: format!(
+                    "ttl {ttl:?} is longer than {limit:?}, two thirds of the ZooKeeper session                      timeout of {:?} (asked {:?}) less a tick of {:?}: the leader could expire                      the session, and delete the lock node, while the client still trusts the                      lease; lower the ttl, or raise the session timeout with                      `ZookeeperBuilder::session_timeout` (within the server's maxSessionTimeout)",
+                    session.timeout, self.shared.asked_timeout, self.shared.tick
                 ),
             });
         }
         Ok(())
     }
 }
+
+/// The longest ttl that is safe on a session of `timeout` granted by an ensemble ticking every
+/// `tick`: two thirds of the timeout, less one tick.
+///
+/// The client trusts a lease until ttl (less its safety margin) after it *sent* the request that
+/// confirmed it, at `t`. The leader ends the session a session timeout after it last heard of
+/// it, and a follower's clients it hears of only in the follower's ping replies: every half
+/// tick, the follower lists the sessions that sent anything since its previous reply. A request
+/// the follower forwards — the confirmation itself — does not restart the leader's count. Cut
+/// off just after it forwarded the confirmation, a follower may never report it; the last
+/// report then came at most half a tick before the cut, and covered the session's latest
+/// request before it. The client sends something at least every third of the session timeout
+/// (the Java client pings after that long idle; zookeeper-client sooner, and renewals come every
+/// ttl/3 ≤ that), so that request was sent at most a third of the timeout before the last report.
+/// Hence the leader may count from `t − timeout/3 − tick/2` and end the session at
+/// `t + 2·timeout/3 − tick/2`; the leader's rounding of expiries up to a whole tick only ends it
+/// later. A ttl of `2·timeout/3 − tick` leaves the ping rounds, paced by the leader's loop and
+/// delayed in flight, another half tick, and keeps the client's safety margin for what it is
+/// for: drift between the clocks and replies in flight.
+fn safe_ttl(timeout: Duration, tick: Duration) -> Duration {
+    (timeout * 2 / 3).saturating_sub(tick)
+}
+
+/// Below this the runtime refuses a ttl anyway.
+const MIN_TTL: Duration = Duration::from_millis(1);
 
 impl Shared {
     fn current(&self) -> Session {
@@ -584,9 +638,19 @@ impl ZookeeperBuilder {
 
     /// The session timeout to ask of the ensemble (default 30 s). The ensemble grants a value
     /// within its `minSessionTimeout` and `maxSessionTimeout` (by default 2 and 20 tick times);
-    /// a lease's ttl may not exceed the granted value (see [`ZookeeperBackend`]).
+    /// a lease's ttl may be at most two thirds of the granted value less a tick (see
+    /// [`ZookeeperBackend::ttl_limit`]).
     pub fn session_timeout(mut self, timeout: Duration) -> Self {
         self.session_timeout = timeout;
+        self
+    }
+
+    /// The ensemble's `tickTime` (default 2 s, ZooKeeper's default): the client cannot ask the
+    /// ensemble for it, and it enters the longest safe ttl
+    /// ([`ZookeeperBackend::ttl_limit`]). A value larger than the real tick only shortens the
+    /// leases; a smaller one makes them unsafe.
+    pub fn tick_time(mut self, tick: Duration) -> Self {
+        self.tick_time = tick;
         self
     }
 
@@ -609,6 +673,7 @@ impl ZookeeperBuilder {
                 hosts: self.hosts,
                 base,
                 asked_timeout: self.session_timeout,
+                tick: self.tick_time,
                 session: Mutex::new(session),
                 reconnecting: tokio::sync::Mutex::new(()),
                 held: Mutex::default(),
@@ -619,6 +684,10 @@ impl ZookeeperBuilder {
 }
 
 impl Backend for ZookeeperBackend {
+    fn ttl_limit(&self) -> Option<Duration> {
+        Some(ZookeeperBackend::ttl_limit(self))
+    }
+
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
         let parent = self.shared.parent(request.key)?;
         let session = self.session().await?;
@@ -1137,13 +1206,26 @@ fn zk_error(error: ZkError) -> LockError {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use proptest::prelude::*;
 
     use super::{
-        check_path, creation_order, node_name, parent_path, parent_path_within, sequence,
+        check_path, creation_order, node_name, parent_path, parent_path_within, safe_ttl, sequence,
         ZookeeperBackend, MAX_PATH_BYTES,
     };
     use crate::LockError;
+
+    #[test]
+    fn the_safe_ttl_is_two_thirds_of_the_session_less_a_tick() {
+        let s = Duration::from_secs;
+        assert_eq!(safe_ttl(s(30), s(2)), s(18));
+        assert_eq!(
+            safe_ttl(s(6), Duration::from_millis(500)),
+            Duration::from_millis(3500)
+        );
+        assert_eq!(safe_ttl(s(3), s(2)), Duration::ZERO);
+    }
 
     #[test]
     fn the_path_limit_is_exact() {

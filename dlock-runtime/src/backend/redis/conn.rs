@@ -132,6 +132,11 @@ impl Connection {
     pub(super) fn error(&self, what: &str, error: RedisError) -> LockError {
         self.background.error(what, error)
     }
+
+    /// What the server is called in errors: its URL without the password.
+    pub(super) fn description(&self) -> &str {
+        &self.background.description
+    }
 }
 
 /// One connection, made when first needed and again after it breaks.

@@ -62,6 +62,10 @@
 //!   ttl at most: a slot that fails — its primary down — leaves its own leases unconfirmed that
 //!   round, and the other slots' leases are confirmed all the same.)
 //!
+//! With [`min_replicas`](RedisBackendBuilder::min_replicas) set, each acquire call and each
+//! renewal pipeline carries a `WAIT` after its script(s), in the same round trip (see
+//! *Fail-over* below); without it (the default), nothing is added.
+//!
 //! Scripts are sent by `EVALSHA`, falling back to `EVAL` where the server has not seen them yet
 //! (after a restart, say). They need Redis 6.2 or later (`GETDEL`, `SET … GET`): each connection
 //! asks the server's version (`INFO server`) when it is made, and a connection to an older server
@@ -141,8 +145,9 @@
 //!
 //! # URLs, AUTH and TLS
 //!
-//! `redis://[[user]:password@]host[:port][/db]`, as redis-rs reads it: `redis://:secret@host`
-//! authenticates with a password, `redis://user:secret@host` as an ACL user. `rediss://` is the
+//! `redis://[[user]:password@]host[:port][/db][?min_replicas=n]`, as redis-rs reads it:
+//! `redis://:secret@host` authenticates with a password, `redis://user:secret@host` as an ACL
+//! user; `min_replicas` is dlock's (see *Fail-over*). `rediss://` is the
 //! same over TLS, and needs the `redis-tls` feature (`dlock = { features = ["redis-tls"] }`).
 //! TLS comes from rustls with the `ring` provider, which builds with a C compiler but no system
 //! libraries or cmake; it is not on by default because it is heavy for what most users need:
@@ -160,11 +165,32 @@
 //! seed when it drops. (Sharded pub/sub would spare the other nodes that broadcast, at the cost of
 //! one subscriber connection per node; it is not used.)
 //!
+//! # Fail-over
+//!
 //! Redis replicates asynchronously: a lock granted by a primary that fails before replicating it
 //! can be granted again by the promoted replica, and a fence counter that had not reached the
 //! replica counts again from an older value — which the clock floor lifts past every fence the
-//! old primary handed out. Mutual exclusion holds as long as the store keeps its writes; fences
-//! are what protect the data when it does not — pass them to the protected store.
+//! old primary handed out. Renewals are no different: a holder whose primary is cut off from its
+//! replicas goes on renewing there, and a replica promoted after the lease's ttl ran out on its
+//! copy lets a second caller in while the first still holds the lease by every confirmation it
+//! received (`tests/failover.rs` shows it: the two bodies overlapped for about half a second, the
+//! time the holder's side of the partition took to heal). By default, then, mutual exclusion
+//! holds as long as the store keeps its writes; fences still rise across the fail-over and are
+//! what protect the data — pass them to the protected store.
+//!
+//! [`min_replicas(n)`](RedisBackendBuilder::min_replicas) (or `?min_replicas=n` in the URL)
+//! closes that gap: a grant counts only once `WAIT n` says `n` replicas acknowledged it, and a
+//! renewal only where they acknowledged it; a holder cut off from its replicas loses its lease by
+//! its own deadline, before the replicas' copy runs out. The `WAIT` rides in the same pipeline
+//! as the script (on a cluster, to the primary that ran it), blocks for at most ttl/12 (and half
+//! the response timeout), and costs the time the replicas take to acknowledge — Redisson's
+//! replica-sync check is the analogue. A grant too few replicas acknowledged is asked for again
+//! within the caller's `wait`, then released and reported as [`LockError::Backend`]. Leases still
+//! do not survive a fail-over to a replica that missed them, and a promotion that picks a replica
+//! which had not acknowledged (more replicas than `n`) can still forget a lease: count every
+//! replica that can be promoted. Redis's own `min-replicas-to-write` refuses writes on a primary
+//! with too few replicas in touch, but judges by their last acknowledgement, up to
+//! `min-replicas-max-lag` (10 s) old: it narrows the window without closing it.
 
 mod conn;
 mod subscriber;
@@ -226,6 +252,10 @@ struct Inner {
     prefix_has_tag_open: bool,
     liveness: Duration,
     cluster: bool,
+    /// How many replicas must acknowledge a grant or a renewal before it counts (0: none asked).
+    min_replicas: usize,
+    /// The response timeout: `WAIT` never blocks for more than half of it.
+    response_timeout: Duration,
 }
 
 /// Options of a [`RedisBackend`], from [`RedisBackend::builder`].
@@ -250,6 +280,8 @@ pub struct RedisBackendBuilder {
     connect_timeout: Duration,
     response_timeout: Duration,
     liveness: Duration,
+    /// As set by [`min_replicas`](RedisBackendBuilder::min_replicas); else the URL's, else 0.
+    min_replicas: Option<usize>,
 }
 
 impl std::fmt::Debug for RedisBackendBuilder {
@@ -260,6 +292,7 @@ impl std::fmt::Debug for RedisBackendBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("liveness", &self.liveness)
+            .field("min_replicas", &self.min_replicas)
             .finish()
     }
 }
@@ -304,6 +337,54 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// How many replicas must have a grant or a renewal before it counts (default 0: the
+    /// primary's word is enough, and nothing is added to any call).
+    ///
+    /// Redis replicates asynchronously: a primary that dies before a write reached its replicas
+    /// takes the write with it, and a replica promoted in its place never heard of the grant, or
+    /// of the renewals since the partition, so it can grant the key to a second caller while the
+    /// first still holds it by every confirmation it received. With `min_replicas(n)`, every
+    /// acquire call is followed by `WAIT n timeout` in the same round trip (a pipeline: `WAIT`
+    /// counts the replicas that acknowledged the connection's writes so far), and so is every
+    /// renewal pipeline:
+    ///
+    /// - a grant counts only once `n` replicas acknowledged it. A grant acknowledged by fewer is
+    ///   asked for again within the caller's `wait` (the acquire script re-extends a lock its
+    ///   owner holds, a write `WAIT` counts anew), with the back-off of a waiter's polls; when
+    ///   `wait` runs out (at once for `wait = 0`) it is released (owner-checked) and the call
+    ///   fails with [`LockError::Backend`], whose message names `min_replicas` and how many
+    ///   replicas acknowledged it;
+    /// - a renewal counts only where `n` replicas acknowledged it: one they did not leaves its
+    ///   leases unconfirmed that round, each judged by its own deadline (a renewal the primary
+    ///   refused is a loss all the same). A holder cut off from its replicas so loses its lease
+    ///   by its own clock, a ttl less the margin after the last acknowledged renewal — before
+    ///   the replicas' copy of the lease runs out, so before a promoted replica can grant the
+    ///   key again.
+    ///
+    /// `WAIT` blocks for at most a quarter of the renewal interval (ttl/12, the shortest ttl of
+    /// a renewal batch; the watchdog tries an unanswered renewal again after about that long),
+    /// no more than half the [response timeout](Self::response_timeout), and at least 1 ms.
+    /// Healthy replicas answer within a replication round trip; a `WAIT` that times out holds
+    /// up the calls behind it on the same connection for that long.
+    ///
+    /// Cost: the `WAIT` in each acquire call and each renewal round trip, which lasts until the
+    /// replicas acknowledge; `WAIT` blocks its connection meanwhile, so calls sharing it (one
+    /// connection per runtime) queue behind it. On Redis Cluster each call's `WAIT` goes to the
+    /// primary that ran its script, in the same pipeline, and counts that primary's replicas.
+    /// Redisson's replica-sync check (`WAIT` after each lock write) is the analogue.
+    ///
+    /// What it does not give: persistence. A replica promoted with the lease keeps it; fences
+    /// rise across the fail-over whatever happens (see the [module documentation](self)). A
+    /// fail-over that promotes a replica which had not acknowledged the last write — a
+    /// configuration with more replicas than `n`, whose promotion picks another — can still
+    /// forget it: ask for every replica that can be promoted.
+    ///
+    /// `Locker::connect` takes it from the URL too: `redis://host:6379/?min_replicas=1`.
+    pub fn min_replicas(mut self, replicas: usize) -> Self {
+        self.min_replicas = Some(replicas);
+        self
+    }
+
     /// The backend, without connecting: the first call connects.
     pub fn build(self) -> Result<RedisBackend, LockError> {
         let masked: Arc<str> = mask_password(&self.url).into();
@@ -326,6 +407,15 @@ impl RedisBackendBuilder {
         }
         let target = parse_target(&self.url, self.connect_timeout, self.response_timeout)
             .map_err(invalid)?;
+        let min_replicas = match (self.min_replicas, query_param(&self.url, "min_replicas")) {
+            (Some(replicas), _) => replicas,
+            (None, Some(replicas)) => replicas.parse().map_err(|_| {
+                invalid(format!(
+                    "min_replicas=`{replicas}`: expected the number of replicas"
+                ))
+            })?,
+            (None, None) => 0,
+        };
         let (subscribe_on, cluster) = match &target {
             Target::Single(client) => (vec![client.clone()], false),
             #[cfg(feature = "redis-cluster")]
@@ -347,6 +437,8 @@ impl RedisBackendBuilder {
                 prefix: self.prefix,
                 liveness: self.liveness,
                 cluster,
+                min_replicas,
+                response_timeout: self.response_timeout,
             }),
         })
     }
@@ -358,6 +450,15 @@ impl RedisBackendBuilder {
         backend.ping().await?;
         Ok(backend)
     }
+}
+
+/// The value of the query parameter `name` of `url` (`…?name=value&…`), if it has one.
+fn query_param<'a>(url: &'a str, name: &str) -> Option<&'a str> {
+    let query = url.split_once('?')?.1;
+    let query = query.split('#').next().unwrap_or(query);
+    query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
 }
 
 /// Reads a URL into what to connect to.
@@ -437,6 +538,7 @@ impl RedisBackend {
             connect_timeout: DEFAULT_TIMEOUT,
             response_timeout: DEFAULT_TIMEOUT,
             liveness: DEFAULT_LIVENESS,
+            min_replicas: None,
         }
     }
 
@@ -554,12 +656,61 @@ impl RedisBackend {
             &all[..]
         };
         let script_keys = keys.script_keys();
-        let reply = self
+        if self.inner.min_replicas == 0 {
+            let reply = self
+                .inner
+                .conn
+                .run("acquire", |conn| eval(conn, &ACQUIRE, &script_keys, args))
+                .await?;
+            return parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason));
+        }
+        let replicas = self.replicas_for(ttl);
+        let (reply, acknowledged) = self
             .inner
             .conn
-            .run("acquire", |conn| eval(conn, &ACQUIRE, &script_keys, args))
+            .run("acquire", |conn| {
+                eval_then_wait(conn, &ACQUIRE, &script_keys, args, replicas)
+            })
             .await?;
-        parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason))
+        match parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason))? {
+            Attempt::Granted(_) if acknowledged < replicas.count => {
+                Ok(Attempt::Unreplicated { acknowledged })
+            }
+            attempt => Ok(attempt),
+        }
+    }
+
+    /// The `WAIT` that follows a write whose leases have ttl `ttl` at the shortest: for
+    /// `min_replicas` replicas, for a quarter of the renewal interval, no more than half the
+    /// response timeout (a `WAIT` that outlasted it would break the connection), at least 1 ms
+    /// (`WAIT` with 0 blocks for ever).
+    fn replicas_for(&self, ttl: Duration) -> ReplicaWait {
+        let timeout = (crate::clock::renew_interval(ttl) / 4).min(self.inner.response_timeout / 2);
+        ReplicaWait {
+            count: self.inner.min_replicas as u64,
+            timeout_ms: millis(timeout),
+        }
+    }
+
+    /// Undoes a grant that too few replicas acknowledged (an owner-checked release), and says
+    /// why the acquisition failed.
+    async fn undo_unreplicated(
+        &self,
+        request: &AcquireRequest<'_>,
+        acknowledged: u64,
+    ) -> LockError {
+        let key = request.key;
+        if let Err(error) = self.release_or_leave(key, request.owner).await {
+            tracing::debug!(%key, %error, "distributed_lock: undoing a grant the replicas did not acknowledge failed; it will expire");
+        }
+        let replicas = self.replicas_for(request.ttl);
+        LockError::backend(format!(
+            "redis at {}: acquire: the grant was acknowledged by {acknowledged} of the {} \
+             replica(s) min_replicas asks for within {} ms; it was released",
+            self.inner.conn.description(),
+            replicas.count,
+            replicas.timeout_ms,
+        ))
     }
 
     /// Runs the release script: releases with hand-off where `owner` holds `key`, else leaves its
@@ -629,6 +780,21 @@ impl RedisBackend {
                     guard.armed = false;
                     return Ok(None);
                 }
+                Attempt::Unreplicated { acknowledged } if last => {
+                    guard.armed = false;
+                    return Err(self.undo_unreplicated(request, acknowledged).await);
+                }
+                Attempt::Unreplicated { acknowledged } => {
+                    // The lock is this owner's on the primary, unconfirmed: asked again (the
+                    // next call extends it, a fresh write to acknowledge) after the back-off.
+                    tracing::debug!(
+                        key = request.key,
+                        acknowledged,
+                        "distributed_lock: a grant too few replicas acknowledged; asking again"
+                    );
+                    let until = (Instant::now() + backoff.next()).min(deadline);
+                    tokio::time::sleep_until(until.into()).await;
+                }
                 Attempt::Busy { pttl, first } => {
                     let now = Instant::now();
                     let mut until = (now + backoff.next()).min(deadline);
@@ -695,6 +861,11 @@ enum Mode {
 #[derive(Debug)]
 enum Attempt {
     Granted(u64),
+    /// Granted on the primary, but acknowledged by fewer replicas than `min_replicas`: it does
+    /// not count.
+    Unreplicated {
+        acknowledged: u64,
+    },
     /// Busy; `pttl` is the holder's remaining ttl where it has one, `first` whether this owner
     /// heads the queue.
     Busy {
@@ -915,6 +1086,55 @@ async fn eval(mut conn: Conn, lua: &Lua, keys: &[&str], args: &[Arg<'_>]) -> Red
     }
 }
 
+/// A `WAIT` for `count` replicas, for at most `timeout_ms`.
+#[derive(Debug, Clone, Copy)]
+struct ReplicaWait {
+    count: u64,
+    timeout_ms: u64,
+}
+
+impl ReplicaWait {
+    fn cmd(self) -> Cmd {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(self.count).arg(self.timeout_ms);
+        cmd
+    }
+}
+
+/// How many replicas a `WAIT` reply says acknowledged the connection's writes.
+fn parse_acknowledged(reply: Value) -> RedisResult<u64> {
+    match reply.extract_error()? {
+        Value::Int(acknowledged) => Ok(u64::try_from(acknowledged).unwrap_or(0)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// Runs `lua` and `WAIT`s for `replicas` in one pipeline: one round trip (two where the server
+/// had to be taught the script). `WAIT` counts the replicas that acknowledged every write the
+/// connection made so far, so the script's writes among them.
+async fn eval_then_wait(
+    mut conn: Conn,
+    lua: &Lua,
+    keys: &[&str],
+    args: &[Arg<'_>],
+    replicas: ReplicaWait,
+) -> RedisResult<(Value, u64)> {
+    let pipeline = |by_hash: bool| {
+        let mut pipe = redis::pipe();
+        pipe.add_command(lua.cmd(by_hash, keys, args))
+            .add_command(replicas.cmd());
+        pipe
+    };
+    let mut replies = conn.req_packed_commands(&pipeline(true), 0, 2).await?;
+    if matches!(replies[0].clone().extract_error(), Err(error) if is_noscript(&error)) {
+        replies = conn.req_packed_commands(&pipeline(false), 0, 2).await?;
+    }
+    let [reply, acknowledged]: [Value; 2] = replies
+        .try_into()
+        .map_err(|replies: Vec<Value>| unexpected(&Value::Array(replies)))?;
+    Ok((reply.extract_error()?, parse_acknowledged(acknowledged)?))
+}
+
 /// Refuses a key longer than [`MAX_KEY_BYTES`], whole: never cut, since two keys cut alike would
 /// be one lock.
 fn check_key(key: &str) -> Result<(), LockError> {
@@ -952,33 +1172,75 @@ fn renew_batch_entry((lock, owner, ttl): &RenewArgs) -> (&str, &str, u64) {
     (lock, owner, *ttl)
 }
 
-/// Renews `leases` in one pipeline on `conn`: one round trip (two where the server had to be
-/// taught the script).
-async fn renew_pipelined(mut conn: Conn, leases: &[(&str, &str, u64)]) -> RedisResult<Vec<bool>> {
+/// What one renewal pipeline said.
+struct Renewed {
+    /// Per lease, whether its owner held it on the primary (now extended there).
+    held: Vec<bool>,
+    /// With `min_replicas`: how many replicas acknowledged the pipeline's writes, and how many
+    /// were asked for.
+    replicas: Option<(u64, ReplicaWait)>,
+}
+
+impl Renewed {
+    /// Per lease: `Some(true)` where renewed (and acknowledged by the replicas asked for),
+    /// `Some(false)` where the primary refused it, `None` where renewed on the primary alone —
+    /// not confirmed this round.
+    fn judged(&self) -> Vec<Option<bool>> {
+        let replicated = self
+            .replicas
+            .is_none_or(|(acknowledged, asked)| acknowledged >= asked.count);
+        self.held
+            .iter()
+            .map(|&held| (replicated || !held).then_some(held))
+            .collect()
+    }
+}
+
+/// Renews `leases` in one pipeline on `conn`, followed by a `WAIT` where `replicas` asks for
+/// one: one round trip (two where the server had to be taught the script).
+async fn renew_pipelined(
+    mut conn: Conn,
+    leases: &[(&str, &str, u64)],
+    replicas: Option<ReplicaWait>,
+) -> RedisResult<Renewed> {
     let pipeline = |by_hash: bool| {
         let mut pipe = redis::pipe();
         for &(lock, owner, ttl) in leases {
             pipe.add_command(RENEW.cmd(by_hash, &[lock], &[Arg::Text(owner), Arg::Number(ttl)]));
         }
+        if let Some(replicas) = replicas {
+            pipe.add_command(replicas.cmd());
+        }
         pipe
     };
-    let mut replies = conn
-        .req_packed_commands(&pipeline(true), 0, leases.len())
-        .await?;
+    let count = leases.len() + usize::from(replicas.is_some());
+    let mut replies = conn.req_packed_commands(&pipeline(true), 0, count).await?;
     let noscript =
         |value: &Value| matches!(value.clone().extract_error(), Err(error) if is_noscript(&error));
     if replies.iter().any(noscript) {
-        replies = conn
-            .req_packed_commands(&pipeline(false), 0, leases.len())
-            .await?;
+        replies = conn.req_packed_commands(&pipeline(false), 0, count).await?;
     }
-    replies
+    if replies.len() != count {
+        return Err(unexpected(&Value::Array(replies)));
+    }
+    let acknowledged = match replicas {
+        Some(replicas) => {
+            let reply = replies.pop().expect("counted above");
+            Some((parse_acknowledged(reply)?, replicas))
+        }
+        None => None,
+    };
+    let held = replies
         .into_iter()
         .map(|reply| match reply.extract_error()? {
             Value::Int(held) => Ok(held == 1),
             other => Err(unexpected(&other)),
         })
-        .collect()
+        .collect::<RedisResult<_>>()?;
+    Ok(Renewed {
+        held,
+        replicas: acknowledged,
+    })
 }
 
 impl Backend for RedisBackend {
@@ -1002,6 +1264,12 @@ impl Backend for RedisBackend {
             })),
             Attempt::Busy { .. } if request.wait.is_zero() => Ok(None),
             Attempt::Busy { .. } => self.wait_in_queue(&keys, request, deadline).await,
+            Attempt::Unreplicated { acknowledged } if request.wait.is_zero() => {
+                Err(self.undo_unreplicated(request, acknowledged).await)
+            }
+            // Asked again while the caller may wait: the first call of the queue finds the lock
+            // this owner's and extends it, which the replicas may acknowledge this time.
+            Attempt::Unreplicated { .. } => self.wait_in_queue(&keys, request, deadline).await,
         }
     }
 
@@ -1010,8 +1278,35 @@ impl Backend for RedisBackend {
     }
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+        let (held, error) = self.renew_judged(leases).await;
+        // All or nothing: a lease not confirmed makes the whole answer an error.
+        match error {
+            Some(error) if held.iter().any(Option::is_none) => Err(error),
+            _ => Ok(held.into_iter().map(|held| held == Some(true)).collect()),
+        }
+    }
+
+    async fn renew_each(&self, leases: &[Renewal<'_>]) -> Result<Vec<Option<bool>>, LockError> {
+        let (held, error) = self.renew_judged(leases).await;
+        match error {
+            Some(error) if held.iter().all(Option::is_none) => Err(error),
+            Some(error) => {
+                // A cluster's slot that failed, or renewals too few replicas acknowledged.
+                tracing::warn!(%error, "distributed_lock: renewal not confirmed for part of the leases; retrying those");
+                Ok(held)
+            }
+            None => Ok(held),
+        }
+    }
+}
+
+impl RedisBackend {
+    /// Renews `leases`, answering per lease (see [`Renewed::judged`]), with the first failure
+    /// where some lease was not confirmed: a call that failed, or renewals that fewer replicas
+    /// acknowledged than `min_replicas` asks for.
+    async fn renew_judged(&self, leases: &[Renewal<'_>]) -> (Vec<Option<bool>>, Option<LockError>) {
         if leases.is_empty() {
-            return Ok(Vec::new());
+            return (Vec::new(), None);
         }
         let args: Vec<RenewArgs> = leases
             .iter()
@@ -1023,51 +1318,44 @@ impl Backend for RedisBackend {
                 )
             })
             .collect();
-        if !self.inner.cluster {
-            let batch: Vec<_> = args.iter().map(renew_batch_entry).collect();
-            return self
-                .inner
-                .conn
-                .run("renew", |conn| renew_pipelined(conn, &batch))
-                .await;
+        let replicas = (self.inner.min_replicas > 0).then(|| {
+            let shortest = leases.iter().map(|lease| lease.ttl).min();
+            self.replicas_for(shortest.unwrap_or_default())
+        });
+        if self.inner.cluster {
+            #[cfg(feature = "redis-cluster")]
+            return self.renew_by_slot(&args, replicas).await;
+            #[cfg(not(feature = "redis-cluster"))]
+            unreachable!("a cluster backend needs the redis-cluster feature")
         }
-        #[cfg(feature = "redis-cluster")]
-        {
-            let (held, error) = self.renew_by_slot(&args).await;
-            match error {
-                Some(error) => Err(error),
-                None => Ok(held.into_iter().map(|held| held == Some(true)).collect()),
+        let batch: Vec<_> = args.iter().map(renew_batch_entry).collect();
+        let renewed = self
+            .inner
+            .conn
+            .run("renew", |conn| renew_pipelined(conn, &batch, replicas))
+            .await;
+        match renewed {
+            Ok(renewed) => {
+                let error = self.unreplicated_renewal(&renewed);
+                (renewed.judged(), error)
             }
+            Err(error) => (vec![None; leases.len()], Some(error)),
         }
-        #[cfg(not(feature = "redis-cluster"))]
-        unreachable!("a cluster backend needs the redis-cluster feature")
     }
 
-    async fn renew_each(&self, leases: &[Renewal<'_>]) -> Result<Vec<Option<bool>>, LockError> {
-        #[cfg(feature = "redis-cluster")]
-        if self.inner.cluster && !leases.is_empty() {
-            let args: Vec<RenewArgs> = leases
-                .iter()
-                .map(|lease| {
-                    (
-                        self.lock_key(lease.key),
-                        lease.owner.hex(),
-                        millis(lease.ttl),
-                    )
-                })
-                .collect();
-            // Per slot: a node down costs the leases on its slots, not the others'.
-            let (held, error) = self.renew_by_slot(&args).await;
-            return match error {
-                Some(error) if held.iter().all(Option::is_none) => Err(error),
-                Some(error) => {
-                    tracing::warn!(%error, "distributed_lock: renewal failed on part of the cluster; retrying those leases");
-                    Ok(held)
-                }
-                None => Ok(held),
-            };
-        }
-        Ok(self.renew(leases).await?.into_iter().map(Some).collect())
+    /// Why the leases of `renewed` that the primary renewed are not confirmed, if they are not.
+    fn unreplicated_renewal(&self, renewed: &Renewed) -> Option<LockError> {
+        let (acknowledged, asked) = renewed.replicas?;
+        (acknowledged < asked.count).then(|| {
+            LockError::backend(format!(
+                "redis at {}: renew: the renewal was acknowledged by {acknowledged} of the {} \
+                 replica(s) min_replicas asks for within {} ms; its leases are not confirmed \
+                 this round",
+                self.inner.conn.description(),
+                asked.count,
+                asked.timeout_ms,
+            ))
+        })
     }
 }
 
@@ -1076,7 +1364,11 @@ impl RedisBackend {
     /// Renews on a cluster: one pipeline per hash slot (a cluster pipeline cannot span slots),
     /// all sent at once. Answers per lease, `None` for the leases of a slot that failed, with
     /// the first failure.
-    async fn renew_by_slot(&self, args: &[RenewArgs]) -> (Vec<Option<bool>>, Option<LockError>) {
+    async fn renew_by_slot(
+        &self,
+        args: &[RenewArgs],
+        replicas: Option<ReplicaWait>,
+    ) -> (Vec<Option<bool>>, Option<LockError>) {
         let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> =
             std::collections::BTreeMap::new();
         for (index, (lock, _, _)) in args.iter().enumerate() {
@@ -1098,24 +1390,27 @@ impl RedisBackend {
             let renewed = self
                 .inner
                 .conn
-                .run("renew", |conn| renew_pipelined(conn, &batch));
-            let held = match tokio::time::timeout(bound, renewed).await {
-                Ok(held) => held?,
+                .run("renew", |conn| renew_pipelined(conn, &batch, replicas));
+            let renewed = match tokio::time::timeout(bound, renewed).await {
+                Ok(renewed) => renewed?,
                 Err(_) => {
                     return Err(LockError::backend(format!(
                         "redis cluster: renewing a slot's leases took longer than {bound:?}"
                     )))
                 }
             };
-            Ok::<_, LockError>(indices.into_iter().zip(held).collect::<Vec<_>>())
+            Ok::<_, LockError>((indices, renewed))
         });
         let mut answers = vec![None; args.len()];
         let mut first_error = None;
         for result in futures_util::future::join_all(calls).await {
             match result {
-                Ok(held) => {
-                    for (index, held) in held {
-                        answers[index] = Some(held);
+                Ok((indices, renewed)) => {
+                    for (index, held) in indices.into_iter().zip(renewed.judged()) {
+                        answers[index] = held;
+                    }
+                    if let Some(error) = self.unreplicated_renewal(&renewed) {
+                        first_error.get_or_insert(error);
                     }
                 }
                 Err(error) => {
@@ -1229,6 +1524,69 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("redis-tls"));
+    }
+
+    #[test]
+    fn min_replicas_comes_from_the_builder_or_else_the_url() {
+        let min_replicas =
+            |builder: RedisBackendBuilder| builder.build().unwrap().inner.min_replicas;
+        assert_eq!(min_replicas(RedisBackend::builder("redis://h")), 0);
+        assert_eq!(
+            min_replicas(RedisBackend::builder("redis://:pw@h:1/0?min_replicas=2")),
+            2
+        );
+        assert_eq!(
+            min_replicas(RedisBackend::builder(
+                "redis://h/?protocol=resp2&min_replicas=1#x"
+            )),
+            1
+        );
+        assert_eq!(
+            min_replicas(RedisBackend::builder("redis://h/?min_replicas=2").min_replicas(0)),
+            0
+        );
+        let error = RedisBackend::builder("redis://:secret@h/?min_replicas=all")
+            .build()
+            .map(drop)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("min_replicas") && !error.contains("secret"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn wait_blocks_for_a_twelfth_of_the_ttl_within_half_the_response_timeout() {
+        let backend = RedisBackend::builder("redis://h")
+            .min_replicas(1)
+            .response_timeout(Duration::from_secs(3))
+            .build()
+            .unwrap();
+        let timeout = |ttl: u64| backend.replicas_for(Duration::from_millis(ttl)).timeout_ms;
+        assert_eq!(timeout(2_400), 200);
+        assert_eq!(timeout(30_000), 1_500);
+        assert_eq!(timeout(1), 1, "WAIT 0 would block for ever");
+        assert_eq!(backend.replicas_for(Duration::from_secs(1)).count, 1);
+    }
+
+    #[test]
+    fn a_renewal_too_few_replicas_acknowledged_confirms_nothing_but_a_refusal() {
+        let asked = ReplicaWait {
+            count: 2,
+            timeout_ms: 100,
+        };
+        let renewed = |acknowledged| Renewed {
+            held: vec![true, false],
+            replicas: Some((acknowledged, asked)),
+        };
+        assert_eq!(renewed(1).judged(), vec![None, Some(false)]);
+        assert_eq!(renewed(2).judged(), vec![Some(true), Some(false)]);
+        let unasked = Renewed {
+            held: vec![true, false],
+            replicas: None,
+        };
+        assert_eq!(unasked.judged(), vec![Some(true), Some(false)]);
     }
 
     #[test]
