@@ -2,6 +2,7 @@
 //! tests runs on every backend, a counting backend wrapper, and small helpers.
 #![allow(dead_code)]
 
+pub mod chaos;
 pub mod fault_proxy;
 pub mod history;
 pub mod properties;

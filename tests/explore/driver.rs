@@ -1,0 +1,522 @@
+//! The workers of one seed and the annotated functions they call.
+//!
+//! Each worker is one "process": a `Locker` of its own on the seed's store (through a chaos
+//! layer of its own), on a current-thread runtime on a thread of its own, so that a blocked
+//! thread stalls exactly that worker's runtime. Its tasks make the plan's calls; a sibling task
+//! blocks the thread at the plan's stall times.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dlock::backend::{Backend, MemoryBackend, RedisBackend};
+use dlock::{distributed_lock, LockError, LockOptions, Locker};
+
+use crate::checker::{
+    marked, starved_between, watch_starvation, Checker, Finding, Frame, Kind, Tally,
+};
+use crate::plan::{Call, Cut, Op, Scenario, SeedPlan, Step, TaskPlan, WorkerPlan};
+use crate::support::chaos::{Chaos, LeaseBook, SplitMix};
+
+/// How long a worker may take before the seed is called hung.
+const WORKER_LIMIT: Duration = Duration::from_secs(30);
+
+/// How long after the last worker finished a key may still be held: releases queued on drop
+/// run on the background runtime, and take a moment.
+const SETTLE: Duration = Duration::from_millis(500);
+
+/// What a body does when its lease is lost, as its attribute says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnLost {
+    Cancel,
+    Continue,
+}
+
+/// The arguments of one annotated function.
+#[derive(Clone, Copy, Debug)]
+pub struct Variant {
+    pub ttl_ms: u64,
+    pub wait_ms: u64,
+    pub renew: bool,
+    pub on_lost: OnLost,
+}
+
+type CallFuture<'a> = Pin<Box<dyn Future<Output = Result<(), LockError>> + Send + 'a>>;
+
+/// One annotated function per combination of ttl (short and long), wait, renew and on_lost; the
+/// attribute takes literals, so the combinations are spelled out.
+macro_rules! variants {
+    ($($index:literal => $name:ident: ttl = $ttl:tt, $ttl_ms:literal; wait = $wait:tt, $wait_ms:literal;
+        renew = $renew:tt; on_lost = $on_lost:tt, $mode:ident;)*) => {
+        $(
+            #[distributed_lock(key = "<key>", ttl = $ttl, wait = $wait, renew = $renew, on_lost = $on_lost, locker = locker)]
+            async fn $name(locker: &Locker, key: &str, ctx: Ctx, call: &Call) -> Result<(), LockError> {
+                body(ctx, call, OnLost::$mode).await
+            }
+        )*
+
+        /// Every annotated function, by index.
+        pub const VARIANTS: &[Variant] = &[$(Variant {
+            ttl_ms: $ttl_ms,
+            wait_ms: $wait_ms,
+            renew: $renew,
+            on_lost: OnLost::$mode,
+        }),*];
+
+        fn dispatch<'a>(
+            variant: usize,
+            locker: &'a Locker,
+            key: &'a str,
+            ctx: Ctx,
+            call: &'a Call,
+        ) -> CallFuture<'a> {
+            match variant {
+                $($index => Box::pin($name(locker, key, ctx, call)),)*
+                _ => unreachable!("no variant {variant}"),
+            }
+        }
+    };
+}
+
+variants! {
+    0 => ttl_30ms_wait_0s_renewed_cancel: ttl = "30ms", 30; wait = "0s", 0; renew = true; on_lost = "cancel", Cancel;
+    1 => ttl_30ms_wait_0s_renewed_continue: ttl = "30ms", 30; wait = "0s", 0; renew = true; on_lost = "continue", Continue;
+    2 => ttl_30ms_wait_0s_unrenewed_cancel: ttl = "30ms", 30; wait = "0s", 0; renew = false; on_lost = "cancel", Cancel;
+    3 => ttl_30ms_wait_0s_unrenewed_continue: ttl = "30ms", 30; wait = "0s", 0; renew = false; on_lost = "continue", Continue;
+    4 => ttl_30ms_wait_20ms_renewed_cancel: ttl = "30ms", 30; wait = "20ms", 20; renew = true; on_lost = "cancel", Cancel;
+    5 => ttl_30ms_wait_20ms_renewed_continue: ttl = "30ms", 30; wait = "20ms", 20; renew = true; on_lost = "continue", Continue;
+    6 => ttl_30ms_wait_20ms_unrenewed_cancel: ttl = "30ms", 30; wait = "20ms", 20; renew = false; on_lost = "cancel", Cancel;
+    7 => ttl_30ms_wait_20ms_unrenewed_continue: ttl = "30ms", 30; wait = "20ms", 20; renew = false; on_lost = "continue", Continue;
+    8 => ttl_100ms_wait_0s_renewed_cancel: ttl = "100ms", 100; wait = "0s", 0; renew = true; on_lost = "cancel", Cancel;
+    9 => ttl_100ms_wait_0s_renewed_continue: ttl = "100ms", 100; wait = "0s", 0; renew = true; on_lost = "continue", Continue;
+    10 => ttl_100ms_wait_0s_unrenewed_cancel: ttl = "100ms", 100; wait = "0s", 0; renew = false; on_lost = "cancel", Cancel;
+    11 => ttl_100ms_wait_0s_unrenewed_continue: ttl = "100ms", 100; wait = "0s", 0; renew = false; on_lost = "continue", Continue;
+    12 => ttl_100ms_wait_20ms_renewed_cancel: ttl = "100ms", 100; wait = "20ms", 20; renew = true; on_lost = "cancel", Cancel;
+    13 => ttl_100ms_wait_20ms_renewed_continue: ttl = "100ms", 100; wait = "20ms", 20; renew = true; on_lost = "continue", Continue;
+    14 => ttl_100ms_wait_20ms_unrenewed_cancel: ttl = "100ms", 100; wait = "20ms", 20; renew = false; on_lost = "cancel", Cancel;
+    15 => ttl_100ms_wait_20ms_unrenewed_continue: ttl = "100ms", 100; wait = "20ms", 20; renew = false; on_lost = "continue", Continue;
+    16 => ttl_300ms_wait_0s_renewed_cancel: ttl = "300ms", 300; wait = "0s", 0; renew = true; on_lost = "cancel", Cancel;
+    17 => ttl_300ms_wait_0s_renewed_continue: ttl = "300ms", 300; wait = "0s", 0; renew = true; on_lost = "continue", Continue;
+    18 => ttl_300ms_wait_0s_unrenewed_cancel: ttl = "300ms", 300; wait = "0s", 0; renew = false; on_lost = "cancel", Cancel;
+    19 => ttl_300ms_wait_0s_unrenewed_continue: ttl = "300ms", 300; wait = "0s", 0; renew = false; on_lost = "continue", Continue;
+    20 => ttl_300ms_wait_20ms_renewed_cancel: ttl = "300ms", 300; wait = "20ms", 20; renew = true; on_lost = "cancel", Cancel;
+    21 => ttl_300ms_wait_20ms_renewed_continue: ttl = "300ms", 300; wait = "20ms", 20; renew = true; on_lost = "continue", Continue;
+    22 => ttl_300ms_wait_20ms_unrenewed_cancel: ttl = "300ms", 300; wait = "20ms", 20; renew = false; on_lost = "cancel", Cancel;
+    23 => ttl_300ms_wait_20ms_unrenewed_continue: ttl = "300ms", 300; wait = "20ms", 20; renew = false; on_lost = "continue", Continue;
+    24 => ttl_600ms_wait_0s_renewed_cancel: ttl = "600ms", 600; wait = "0s", 0; renew = true; on_lost = "cancel", Cancel;
+    25 => ttl_600ms_wait_0s_renewed_continue: ttl = "600ms", 600; wait = "0s", 0; renew = true; on_lost = "continue", Continue;
+    26 => ttl_600ms_wait_0s_unrenewed_cancel: ttl = "600ms", 600; wait = "0s", 0; renew = false; on_lost = "cancel", Cancel;
+    27 => ttl_600ms_wait_0s_unrenewed_continue: ttl = "600ms", 600; wait = "0s", 0; renew = false; on_lost = "continue", Continue;
+    28 => ttl_600ms_wait_20ms_renewed_cancel: ttl = "600ms", 600; wait = "20ms", 20; renew = true; on_lost = "cancel", Cancel;
+    29 => ttl_600ms_wait_20ms_renewed_continue: ttl = "600ms", 600; wait = "20ms", 20; renew = true; on_lost = "continue", Continue;
+    30 => ttl_600ms_wait_20ms_unrenewed_cancel: ttl = "600ms", 600; wait = "20ms", 20; renew = false; on_lost = "cancel", Cancel;
+    31 => ttl_600ms_wait_20ms_unrenewed_continue: ttl = "600ms", 600; wait = "20ms", 20; renew = false; on_lost = "continue", Continue;
+    32 => ttl_2s_wait_0s_renewed_cancel: ttl = "2s", 2000; wait = "0s", 0; renew = true; on_lost = "cancel", Cancel;
+    33 => ttl_2s_wait_0s_renewed_continue: ttl = "2s", 2000; wait = "0s", 0; renew = true; on_lost = "continue", Continue;
+    34 => ttl_2s_wait_0s_unrenewed_cancel: ttl = "2s", 2000; wait = "0s", 0; renew = false; on_lost = "cancel", Cancel;
+    35 => ttl_2s_wait_0s_unrenewed_continue: ttl = "2s", 2000; wait = "0s", 0; renew = false; on_lost = "continue", Continue;
+    36 => ttl_2s_wait_20ms_renewed_cancel: ttl = "2s", 2000; wait = "20ms", 20; renew = true; on_lost = "cancel", Cancel;
+    37 => ttl_2s_wait_20ms_renewed_continue: ttl = "2s", 2000; wait = "20ms", 20; renew = true; on_lost = "continue", Continue;
+    38 => ttl_2s_wait_20ms_unrenewed_cancel: ttl = "2s", 2000; wait = "20ms", 20; renew = false; on_lost = "cancel", Cancel;
+    39 => ttl_2s_wait_20ms_unrenewed_continue: ttl = "2s", 2000; wait = "20ms", 20; renew = false; on_lost = "continue", Continue;
+}
+
+/// What every worker of a seed shares.
+pub struct Run {
+    pub checker: Checker,
+    pub book: Arc<LeaseBook>,
+    pub keys: Vec<String>,
+    /// Set once the seed's lease that must be kept is done (at once when it has none): churning
+    /// tasks stop then.
+    pub kept_done: AtomicBool,
+}
+
+/// Where a call is made from: its worker, and the bodies it runs inside, innermost last.
+#[derive(Clone)]
+struct Ctx {
+    run: Arc<Run>,
+    locker: Locker,
+    worker: usize,
+    frames: Vec<Frame>,
+}
+
+fn call<'a>(ctx: &'a Ctx, call: &'a Call) -> CallFuture<'a> {
+    dispatch(
+        call.variant,
+        &ctx.locker,
+        &ctx.run.keys[call.key],
+        ctx.clone(),
+        call,
+    )
+}
+
+/// The body of every annotated function: reports itself to the checker as it starts, at each
+/// later poll (under `on_lost = "cancel"`, where the runtime must never poll it on an invalid
+/// lease) and as it ends, and runs the call's steps in between.
+async fn body(ctx: Ctx, plan: &Call, on_lost: OnLost) -> Result<(), LockError> {
+    let mut inside = ctx.run.checker.enter(ctx.worker, &ctx.frames, on_lost);
+    let mut inner = ctx.clone();
+    inner.frames.push(inside.frame.clone());
+    let mut steps = std::pin::pin!(steps(&inner, plan));
+    let mut first = true;
+    std::future::poll_fn(|cx| {
+        if !first && on_lost == OnLost::Cancel {
+            inside.check_poll(false);
+        }
+        first = false;
+        steps.as_mut().poll(cx)
+    })
+    .await
+}
+
+async fn steps(ctx: &Ctx, plan: &Call) -> Result<(), LockError> {
+    for step in &plan.steps {
+        match step {
+            Step::Sleep(time) => tokio::time::sleep(*time).await,
+            Step::Yield => tokio::task::yield_now().await,
+            Step::Block(time) => {
+                std::thread::sleep(*time);
+                tokio::task::yield_now().await;
+            }
+            Step::Nested(inner) => {
+                let _ = call(ctx, inner).await;
+            }
+            Step::Joined(a, b) => {
+                let _ = tokio::join!(call(ctx, a), call(ctx, b));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A store the explorer runs against.
+pub trait Store: Send + Sync {
+    type Backend: Backend + Clone;
+
+    /// A client of the store for worker `worker`: another process's connection.
+    fn client(&self, worker: usize) -> Self::Backend;
+
+    /// The name of key `index` of seed `seed`.
+    fn key(&self, seed: u64, index: usize) -> String;
+
+    /// Whether the store holds `key`, where it can say without taking it.
+    fn is_held(&self, key: &str) -> Option<bool>;
+}
+
+/// A fresh in-process store.
+#[derive(Default)]
+pub struct MemoryStore(pub MemoryBackend);
+
+impl Store for MemoryStore {
+    type Backend = MemoryBackend;
+
+    fn client(&self, _worker: usize) -> MemoryBackend {
+        self.0.clone()
+    }
+
+    fn key(&self, seed: u64, index: usize) -> String {
+        format!("s{seed}-k{index}")
+    }
+
+    fn is_held(&self, key: &str) -> Option<bool> {
+        Some(self.0.is_held(key))
+    }
+}
+
+/// A Redis server, one connection per worker, every key under a prefix of this run's own.
+pub struct RedisStore {
+    pub clients: Vec<RedisBackend>,
+}
+
+impl Store for RedisStore {
+    type Backend = RedisBackend;
+
+    fn client(&self, worker: usize) -> RedisBackend {
+        self.clients[worker % self.clients.len()].clone()
+    }
+
+    fn key(&self, seed: u64, index: usize) -> String {
+        format!("s{seed}-k{index}")
+    }
+
+    fn is_held(&self, _key: &str) -> Option<bool> {
+        None
+    }
+}
+
+/// What a seed found.
+pub struct Outcome {
+    pub findings: Vec<Finding>,
+    pub tally: Tally,
+    pub elapsed: Duration,
+}
+
+/// Runs every worker of `plan` on `store`, then checks that every key is free.
+pub fn run_seed<S: Store>(plan: &SeedPlan, store: &S) -> Outcome {
+    watch_starvation();
+    let started = Instant::now();
+    let book = Arc::new(LeaseBook::default());
+    let must_keep = plan
+        .workers
+        .iter()
+        .flat_map(|w| &w.tasks)
+        .flat_map(|t| &t.ops)
+        .any(|op| op.must_keep_lease);
+    let run = Arc::new(Run {
+        checker: Checker::new(book.clone()),
+        book: book.clone(),
+        keys: (0..plan.keys).map(|i| store.key(plan.seed, i)).collect(),
+        kept_done: AtomicBool::new(!must_keep),
+    });
+    let workers: Vec<_> = plan
+        .workers
+        .iter()
+        .enumerate()
+        .map(|(index, worker)| {
+            let chaos = Chaos::new(
+                store.client(index),
+                worker.faults,
+                SplitMix::new(worker.chaos_seed),
+                book.clone(),
+            );
+            let locker = Locker::with_backend(chaos);
+            let (run, worker) = (run.clone(), worker.clone());
+            std::thread::Builder::new()
+                .name(format!("explore-{}-w{index}", plan.seed))
+                .spawn(move || {
+                    let runtime = match worker.threads {
+                        1 => tokio::runtime::Builder::new_current_thread(),
+                        threads => {
+                            let mut builder = tokio::runtime::Builder::new_multi_thread();
+                            builder.worker_threads(threads);
+                            builder
+                        }
+                    }
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                    let ctx = Ctx {
+                        run,
+                        locker,
+                        worker: index,
+                        frames: Vec::new(),
+                    };
+                    runtime.block_on(async {
+                        tokio::time::timeout(WORKER_LIMIT, run_worker(ctx, worker)).await
+                    })
+                })
+                .expect("cannot start a worker thread")
+        })
+        .collect();
+    for (index, worker) in workers.into_iter().enumerate() {
+        match worker.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => run.checker.report(
+                Kind::Broken,
+                format!("worker {index} did not finish within {WORKER_LIMIT:?}"),
+            ),
+            Err(panic) => run.checker.report(
+                Kind::Broken,
+                format!("worker {index} panicked: {}", panic_message(&*panic)),
+            ),
+        }
+    }
+    check_keys_free(store, &run);
+    Outcome {
+        findings: run.checker.findings(),
+        tally: run.checker.tally(),
+        elapsed: started.elapsed(),
+    }
+}
+
+/// After every worker finished, every key must be free: at once on the store, and acquirable
+/// with no wait.
+fn check_keys_free<S: Store>(store: &S, run: &Run) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let locker = Locker::with_backend(store.client(0));
+    for key in &run.keys {
+        let mut deadline = Instant::now() + SETTLE;
+        let hard_deadline = deadline + 10 * SETTLE;
+        loop {
+            let free = store.is_held(key) != Some(true)
+                && match runtime.block_on(locker.lock(key.as_str(), LockOptions::new())) {
+                    Ok(lease) => {
+                        let _ = runtime.block_on(lease.release());
+                        true
+                    }
+                    Err(LockError::Busy { .. }) => false,
+                    Err(error) => {
+                        run.checker
+                            .report(Kind::Broken, format!("final check of `{key}`: {error}"));
+                        true
+                    }
+                };
+            if free {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline && now < hard_deadline && starved_between(deadline - SETTLE, now) {
+                // The releases had no CPU to run on: give them the time again.
+                deadline = Instant::now() + SETTLE;
+            } else if now >= deadline {
+                run.checker.report(
+                    Kind::HeldByNobody,
+                    format!("`{key}` was still held {SETTLE:?} after every worker had finished"),
+                );
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+async fn run_worker(ctx: Ctx, plan: WorkerPlan) {
+    let start = tokio::time::Instant::now();
+    let stalls = plan.stalls.clone();
+    let hog = tokio::spawn(async move {
+        for (at, stall) in stalls {
+            tokio::time::sleep_until(start + at).await;
+            std::thread::sleep(stall);
+        }
+    });
+    let tasks: Vec<_> = plan
+        .tasks
+        .into_iter()
+        .map(|task| tokio::spawn(marked(run_task(ctx.clone(), task))))
+        .collect();
+    for task in tasks {
+        if let Err(error) = task.await {
+            ctx.run.checker.report(
+                Kind::Broken,
+                format!("worker {}: a task failed: {error}", ctx.worker),
+            );
+        }
+    }
+    let _ = hog.await;
+}
+
+async fn run_task(ctx: Ctx, task: TaskPlan) {
+    if task.together {
+        for _ in 0..task.rounds {
+            let ops: Vec<_> = task
+                .ops
+                .iter()
+                .cloned()
+                .map(|op| {
+                    let ctx = ctx.clone();
+                    tokio::spawn(marked(async move {
+                        tokio::time::sleep(op.start_after).await;
+                        run_op(&ctx, &op).await;
+                    }))
+                })
+                .collect();
+            for op in ops {
+                if let Err(error) = op.await {
+                    ctx.run.checker.report(
+                        Kind::Broken,
+                        format!("worker {}: an op failed: {error}", ctx.worker),
+                    );
+                }
+            }
+        }
+        return;
+    }
+    loop {
+        for op in &task.ops {
+            tokio::time::sleep(op.start_after).await;
+            run_op(&ctx, op).await;
+        }
+        if !task.churn || ctx.run.kept_done.load(Ordering::SeqCst) {
+            break;
+        }
+    }
+}
+
+async fn run_op(ctx: &Ctx, op: &Op) {
+    let checker = &ctx.run.checker;
+    let started = Instant::now();
+    let result = match op.cut {
+        Cut::None => Some(call(ctx, &op.call).await),
+        Cut::Timeout(after) => tokio::time::timeout(after, call(ctx, &op.call)).await.ok(),
+        Cut::Abort(after) => {
+            let (task_ctx, plan) = (ctx.clone(), op.call.clone());
+            let task = tokio::spawn(marked(async move { call(&task_ctx, &plan).await }));
+            tokio::time::sleep(after).await;
+            task.abort();
+            match task.await {
+                Ok(result) => Some(result),
+                Err(error) if error.is_cancelled() => None,
+                Err(error) => {
+                    checker.report(Kind::Broken, format!("worker {}: {error}", ctx.worker));
+                    None
+                }
+            }
+        }
+    };
+    if op.must_keep_lease {
+        ctx.run.kept_done.store(true, Ordering::SeqCst);
+    }
+    match result {
+        None => checker.count(|t| t.cut += 1),
+        Some(Ok(())) => {}
+        Some(Err(LockError::Busy { .. })) => checker.count(|t| t.busy += 1),
+        Some(Err(LockError::Lost { key })) => {
+            checker.count(|t| t.lost += 1);
+            // The promise holds where the watchdog asked on time (every third of the ttl, a
+            // tenth of it late at most) and every answer came within a tenth of the ttl. A slow
+            // store, or a process so short of CPU that even the asking ran late, breaks the
+            // premise, not the promise; so this judges a watchdog that gives up on answers
+            // that come in time, not one that stops asking.
+            let ttl = Duration::from_millis(VARIANTS[op.call.variant].ttl_ms);
+            let (slowest, gap) = ctx.run.book.timeliness(&key, Instant::now());
+            let answers_in_time = slowest <= ttl / 10
+                && gap <= ttl / 3 + ttl / 10
+                && !starved_between(started, Instant::now());
+            if op.must_keep_lease && !answers_in_time {
+                checker.count(|t| t.unjudged += 1);
+            } else if op.must_keep_lease {
+                checker.report(
+                    Kind::KeptLeaseLost,
+                    format!(
+                        "worker {}: the lease on `{key}` was lost though its renewals were asked on time and answered within a tenth of its ttl",
+                        ctx.worker
+                    ),
+                );
+            }
+        }
+        Some(Err(LockError::Backend(_))) => checker.count(|t| t.store_errors += 1),
+        Some(Err(error)) => checker.report(
+            Kind::Broken,
+            format!("worker {}: unexpected error {error}", ctx.worker),
+        ),
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "(no message)".into())
+}
+
+impl SeedPlan {
+    /// A one-line description, for failure reports.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} seed, {} workers, {} keys, {} calls",
+            match self.scenario {
+                Scenario::Chaos => "chaos",
+                Scenario::RenewalPressure => "renewal-pressure",
+            },
+            self.workers.len(),
+            self.keys,
+            self.calls()
+        )
+    }
+}
