@@ -1170,3 +1170,42 @@ async fn an_uncontended_acquire_and_release_run_the_same_commands_as_ever() {
         assert_eq!(ran, expected, "round {round}");
     }
 }
+
+/// An acquisition that timed out on a connection that hangs is not sent again on a fresh one:
+/// the first copy still waits on the old connection, and had a second copy been granted and
+/// released meanwhile, the first would grant the key to nobody for a whole ttl when it ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_that_timed_out_leaves_no_late_copy_to_grant_the_key_to_nobody() {
+    use support::fault_proxy::{Direction, FaultProxy};
+    let server = RedisServer::start();
+    let (proxy, url) = FaultProxy::in_front_of(&server.url());
+    let backend = RedisBackend::builder(url)
+        .response_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let locker = Locker::with_backend(backend.clone());
+    let key = unique_key("late-copy");
+    // The connections exist before the stall, so it catches them.
+    let warm = locker.lock(&*key, LockOptions::new()).await.unwrap();
+    warm.release().await.unwrap();
+
+    proxy.stall_open(Direction::ToServer);
+    match locker.lock(&*key, LockOptions::new()).await {
+        // Granted through a fresh connection: the body runs, and releases.
+        Ok(lease) => lease.release().await.unwrap(),
+        Err(error) => assert!(matches!(error, LockError::Backend(_)), "{error:?}"),
+    }
+    proxy.resume(Direction::ToServer);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let mut raw = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let pttl: i64 = raw.pttl(backend.lock_key(&key)).await.unwrap();
+    assert_eq!(
+        pttl, -2,
+        "the key is held by nobody: a late copy of an acquisition granted it (PTTL {pttl} ms)"
+    );
+}

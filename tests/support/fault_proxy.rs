@@ -71,6 +71,8 @@ struct Connection {
     client: TcpStream,
     server: TcpStream,
     closed: AtomicBool,
+    /// Stalls of this connection alone, per direction ([`FaultProxy::stall_open`]).
+    stalled: [AtomicBool; 2],
 }
 
 impl Connection {
@@ -168,10 +170,25 @@ impl FaultProxy {
         }
     }
 
+    /// Holds every byte going `direction` on the connections open now, and only on those: a
+    /// connection that hangs while a fresh one would get through. `resume` ends it.
+    pub fn stall_open(&self, direction: Direction) {
+        for connection in self.faults.open.lock().unwrap().iter() {
+            for &i in direction.indices() {
+                connection.stalled[i].store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
     /// Forwards `direction` again, the held bytes first.
     pub fn resume(&self, direction: Direction) {
         for &i in direction.indices() {
             self.faults.stalled[i].store(false, Ordering::SeqCst);
+        }
+        for connection in self.faults.open.lock().unwrap().iter() {
+            for &i in direction.indices() {
+                connection.stalled[i].store(false, Ordering::SeqCst);
+            }
         }
     }
 
@@ -246,6 +263,7 @@ fn serve(client: TcpStream, server: TcpStream, faults: &Arc<Faults>) {
         client: client.try_clone().unwrap(),
         server: server.try_clone().unwrap(),
         closed: AtomicBool::new(false),
+        stalled: Default::default(),
     });
     {
         let mut open = faults.open.lock().unwrap();
@@ -294,7 +312,9 @@ fn pump(
             if due > now {
                 std::thread::sleep(due - now);
             }
-            while faults.stalled[index].load(Ordering::SeqCst) {
+            while faults.stalled[index].load(Ordering::SeqCst)
+                || connection.stalled[index].load(Ordering::SeqCst)
+            {
                 if connection.closed.load(Ordering::SeqCst) {
                     return;
                 }
