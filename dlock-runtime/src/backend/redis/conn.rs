@@ -123,9 +123,36 @@ impl Connection {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
+        self.run_resending(what, Resend::AfterTimeout, op).await
+    }
+
+    /// [`run`](Self::run) for an acquisition: one that timed out is not sent again. Its first copy
+    /// still waits on the old connection and may yet run; a second copy granted on a fresh one,
+    /// then released, would leave that late first copy to grant the key to nobody for a whole
+    /// ttl. Failing instead hands the call to the caller's undo, whose cancel marker makes the
+    /// late copy take no effect.
+    pub(super) async fn run_acquire<T, F, Fut>(&self, op: F) -> Result<T, LockError>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        self.run_resending("acquire", Resend::OnlyIfDropped, op)
+            .await
+    }
+
+    async fn run_resending<T, F, Fut>(
+        &self,
+        what: &str,
+        resend: Resend,
+        op: F,
+    ) -> Result<T, LockError>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
         match self.slot() {
-            Some(slot) => slot.run(what, op).await,
-            None => self.background.run(what, op).await,
+            Some(slot) => slot.run(what, resend, op).await,
+            None => self.background.run(what, resend, op).await,
         }
     }
 
@@ -274,8 +301,9 @@ impl Slot {
     }
 
     /// Runs `op` on the current connection; where the connection turns out broken, once more on a
-    /// fresh one (every operation of this backend is idempotent for its owner).
-    async fn run<T, F, Fut>(&self, what: &str, op: F) -> Result<T, LockError>
+    /// fresh one (every operation of this backend is idempotent for its owner), unless it only
+    /// timed out and `resend` says a late first copy must not meet a second.
+    async fn run<T, F, Fut>(&self, what: &str, resend: Resend, op: F) -> Result<T, LockError>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
@@ -283,6 +311,11 @@ impl Slot {
         let (generation, conn) = self.get().await?;
         match op(conn).await {
             Ok(value) => Ok(value),
+            Err(error) if error.is_timeout() && resend == Resend::OnlyIfDropped => {
+                // The connection may be stuck: the next call takes a fresh one.
+                self.discard(generation);
+                Err(self.error(what, error))
+            }
             Err(error) if is_broken(&error) => {
                 tracing::debug!(%error, "distributed_lock: redis connection broken; retrying on a fresh one");
                 self.discard(generation);
@@ -387,6 +420,15 @@ fn collect_text(value: &Value, texts: &mut Vec<String>) {
             .for_each(|(_, value)| collect_text(value, texts)),
         _ => {}
     }
+}
+
+/// When a call whose connection failed is sent again on a fresh one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resend {
+    /// Also after a time-out, where the first copy may still run later.
+    AfterTimeout,
+    /// Only where the connection dropped, taking the first copy with it.
+    OnlyIfDropped,
 }
 
 /// Whether `error` means the connection is unusable and a fresh one may succeed.

@@ -660,7 +660,7 @@ impl RedisBackend {
             let reply = self
                 .inner
                 .conn
-                .run("acquire", |conn| eval(conn, &ACQUIRE, &script_keys, args))
+                .run_acquire(|conn| eval(conn, &ACQUIRE, &script_keys, args))
                 .await?;
             return parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason));
         }
@@ -668,9 +668,7 @@ impl RedisBackend {
         let (reply, acknowledged) = self
             .inner
             .conn
-            .run("acquire", |conn| {
-                eval_then_wait(conn, &ACQUIRE, &script_keys, args, replicas)
-            })
+            .run_acquire(|conn| eval_then_wait(conn, &ACQUIRE, &script_keys, args, replicas))
             .await?;
         match parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason))? {
             Attempt::Granted(_) if acknowledged < replicas.count => {
