@@ -60,6 +60,18 @@ struct Waiter {
     wake: Notify,
 }
 
+impl Waiter {
+    /// A place in the queue for `request`'s owner.
+    fn new(request: &AcquireRequest<'_>) -> Arc<Waiter> {
+        Arc::new(Waiter {
+            owner: request.owner,
+            ttl: request.ttl,
+            granted: OnceLock::new(),
+            wake: Notify::new(),
+        })
+    }
+}
+
 impl KeyState {
     fn is_free(&self, now: Instant) -> bool {
         self.holder.as_ref().is_none_or(|h| h.expires_at <= now)
@@ -246,12 +258,7 @@ impl Backend for MemoryBackend {
             if request.wait.is_zero() {
                 return Ok(None);
             }
-            let waiter = Arc::new(Waiter {
-                owner: request.owner,
-                ttl: request.ttl,
-                granted: OnceLock::new(),
-                wake: Notify::new(),
-            });
+            let waiter = Waiter::new(request);
             state.queue.push_back(waiter.clone());
             waiter
         };
@@ -287,12 +294,7 @@ impl Backend for MemoryBackend {
                         _ => {
                             // The claim window ran out before this waiter was polled again, and
                             // the key went on: wait again, at the back.
-                            let waiter = Arc::new(Waiter {
-                                owner: request.owner,
-                                ttl: request.ttl,
-                                granted: OnceLock::new(),
-                                wake: Notify::new(),
-                            });
+                            let waiter = Waiter::new(request);
                             state.queue.push_back(waiter.clone());
                             guard.waiter = waiter;
                             continue;
