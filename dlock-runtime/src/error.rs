@@ -51,6 +51,10 @@ pub enum LockError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The locker was shut down ([`Locker::shutdown`](crate::Locker::shutdown)): it takes no
+    /// new leases.
+    #[error("the locker was shut down; it takes no new leases")]
+    ShutDown,
     /// The store failed or could not be reached.
     #[error("lock backend error: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
@@ -72,6 +76,7 @@ impl LockError {
             LockError::Busy { key } => LockError::Busy { key: key.clone() },
             LockError::Lost { key } => LockError::Lost { key: key.clone() },
             LockError::NoLocker => LockError::NoLocker,
+            LockError::ShutDown => LockError::ShutDown,
             LockError::InvalidUrl { url, reason } => LockError::InvalidUrl {
                 url: url.clone(),
                 reason: reason.clone(),

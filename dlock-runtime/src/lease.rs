@@ -1,4 +1,6 @@
-//! One acquisition: its key, owner and fence, and its validity as the client reckons it.
+//! One acquisition's shared state: its key, owner and fence, and its validity as the client
+//! reckons it. The guard that releases it, [`Lease`](crate::Lease), lives beside the `Locker`
+//! that hands it out.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -8,9 +10,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use crate::clock;
-use crate::locker::Locker;
 use crate::reentry::Turns;
-use crate::{LockError, Owner};
+use crate::Owner;
 
 /// The shared state of one held lease: read by its holder, `current_lease()` and the watchdog.
 pub(crate) struct LeaseState {
@@ -37,6 +38,8 @@ pub(crate) enum LossCause {
     Refused,
     /// No renewal was confirmed before the validity ran out.
     Unconfirmed,
+    /// Its locker was shut down while the lease was held.
+    ShutDown,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
@@ -152,81 +155,6 @@ impl LeaseState {
     }
 }
 
-/// A held lease, from [`Locker::lock`]. Dropping it releases it (queued, without blocking);
-/// [`release`](Self::release) releases it and waits for the store's answer.
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
-/// use std::time::Duration;
-/// use dlock::{LockOptions, Locker};
-///
-/// let locker = Locker::memory();
-/// let lease = locker.lock("report:2026-11", LockOptions::new().ttl(Duration::from_secs(5))).await?;
-/// assert!(lease.is_held());
-/// // … write the report, passing lease.fence() along with each write …
-/// lease.release().await?;
-/// # Ok(()) }
-/// ```
-#[must_use = "a lease is released as soon as it is dropped"]
-pub struct Lease {
-    pub(crate) state: Arc<LeaseState>,
-    pub(crate) locker: Locker,
-}
-
-impl Lease {
-    /// The key this lease holds.
-    pub fn key(&self) -> &str {
-        &self.state.key
-    }
-
-    /// The fencing token of this acquisition: greater than that of every earlier acquisition of
-    /// the key. Pass it with each write the lock protects, and let the store reject a write whose
-    /// fence is lower than one it has seen.
-    pub fn fence(&self) -> u64 {
-        self.state.fence
-    }
-
-    /// The owner token this lease is stored under.
-    pub fn owner(&self) -> Owner {
-        self.state.owner
-    }
-
-    /// Whether the lease is still held by the client's reckoning: not released, not lost, and
-    /// within its validity.
-    pub fn is_held(&self) -> bool {
-        self.state.is_held()
-    }
-
-    /// Resolves when the lease is lost (a renewal refused or not confirmed in time, or the ttl
-    /// run out without renewal). Never resolves for a lease that stays held.
-    pub fn lost(&self) -> impl Future<Output = ()> + Send + '_ {
-        self.state.wait_lost()
-    }
-
-    /// Releases the lease and waits for the store to confirm. Releasing a lease that was lost is
-    /// not an error: the key is no longer ours either way.
-    pub async fn release(self) -> Result<(), LockError> {
-        // Marks the state released first, so the `Drop` that follows queues nothing.
-        self.locker.release(&self.state).await
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        self.locker.release_in_background(&self.state);
-    }
-}
-
-impl std::fmt::Debug for Lease {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lease")
-            .field("key", &self.state.key)
-            .field("fence", &self.state.fence)
-            .field("held", &self.is_held())
-            .finish()
-    }
-}
-
 /// What an annotated body can see of the lease it runs under, from
 /// [`current_lease()`](crate::current_lease).
 #[derive(Clone)]
@@ -240,17 +168,17 @@ impl LeaseInfo {
         &self.state.key
     }
 
-    /// The fencing token of the acquisition (see [`Lease::fence`]).
+    /// The fencing token of the acquisition (see [`Lease::fence`](crate::Lease::fence)).
     pub fn fence(&self) -> u64 {
         self.state.fence
     }
 
-    /// Whether the lease is still held (see [`Lease::is_held`]).
+    /// Whether the lease is still held (see [`Lease::is_held`](crate::Lease::is_held)).
     pub fn is_held(&self) -> bool {
         self.state.is_held()
     }
 
-    /// Resolves when the lease is lost (see [`Lease::lost`]).
+    /// Resolves when the lease is lost (see [`Lease::lost`](crate::Lease::lost)).
     pub fn lost(&self) -> impl Future<Output = ()> + Send + '_ {
         self.state.wait_lost()
     }

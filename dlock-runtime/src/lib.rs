@@ -31,8 +31,8 @@ mod url;
 mod watchdog;
 
 pub use error::{FromLockError, LockError};
-pub use lease::{Lease, LeaseInfo};
-pub use locker::{set_default_locker, Locker};
+pub use lease::LeaseInfo;
+pub use locker::{init_from_env, set_default_locker, Lease, Locker};
 pub use options::LockOptions;
 pub use owner::Owner;
 pub use reentry::current_lease;

@@ -6,8 +6,8 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use crate::lease::{Lease, LeaseState};
-use crate::locker::{default_locker, Locker};
+use crate::lease::LeaseState;
+use crate::locker::{default_locker, Lease, Locker};
 use crate::{reentry, LockError, LockOptions};
 
 /// What happens when the lease is lost while the body runs.

@@ -267,7 +267,7 @@ pub async fn connect(spec: &WorkerSpec) -> Locker {
     loop {
         let attempt = match spec.backend {
             Backend::Memory => panic!("the memory store cannot be shared between processes"),
-            Backend::Redis => Locker::redis(&spec.lock_url).await,
+            Backend::Redis => Locker::connect(&spec.lock_url).await,
             Backend::Mysql => match MysqlBackend::builder(&spec.lock_url) {
                 Ok(builder) => builder
                     .table(&spec.table)

@@ -139,6 +139,13 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// Closes the store's connections, once the runtime has released every lease it held:
+    /// [`Locker::shutdown`](crate::Locker::shutdown) calls it last. It may be called more than
+    /// once. The default does nothing, for stores whose connections close when dropped.
+    fn close(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
     /// Releases at once without awaiting, where the store lives in this process. Returns `false`
     /// where a release needs I/O; the runtime then queues an async `release` instead. `Drop`
     /// calls this, so it must never block.
@@ -163,6 +170,7 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>>;
     fn release_now(&self, key: &str, owner: Owner) -> bool;
     fn ttl_limit(&self) -> Option<Duration>;
+    fn close(&self) -> BoxFuture<'_, ()>;
 }
 
 impl<B: Backend> DynBackend for B {
@@ -190,5 +198,9 @@ impl<B: Backend> DynBackend for B {
 
     fn ttl_limit(&self) -> Option<Duration> {
         Backend::ttl_limit(self)
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(Backend::close(self))
     }
 }

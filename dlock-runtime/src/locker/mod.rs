@@ -1,16 +1,24 @@
-//! `Locker`: a handle to one store that hands out leases; and the default locker.
+//! `Locker`: a handle to one store that hands out leases; the [`Lease`] guard it hands out; and
+//! the default locker.
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
-
-use tokio::sync::watch;
 
 use crate::backend::{AcquireRequest, Backend, DynBackend};
 use crate::background;
-use crate::lease::{Lease, LeaseState};
+use crate::lease::{LeaseState, LossCause};
 use crate::url::{self, Scheme};
 use crate::watchdog::Watchdog;
 use crate::{LockError, LockOptions, Owner};
+
+mod default;
+mod guard;
+mod holdings;
+
+pub(crate) use default::default_locker;
+pub use default::{init_from_env, set_default_locker};
+pub use guard::Lease;
+use holdings::Holdings;
 
 /// A handle to one lock store. Cheap to clone (clones share the store's connections and one
 /// watchdog), `Send + Sync`, and usable from any tokio runtime: its background work runs on a
@@ -37,6 +45,7 @@ pub struct Locker {
 struct Inner {
     backend: Arc<dyn DynBackend>,
     watchdog: Watchdog,
+    holdings: Arc<Holdings>,
     description: String,
 }
 
@@ -55,26 +64,6 @@ impl Locker {
         Locker::with_backend(crate::backend::MemoryBackend::new())
     }
 
-    /// A locker on the Redis server (or, with the `redis-cluster` feature, the cluster) that `url`
-    /// names, connected: `redis://[[user]:password@]host[:port][/db]`, `rediss://…` with the
-    /// `redis-tls` feature, `redis+cluster://host:port,host:port`; `?min_replicas=n` makes a
-    /// grant and each renewal count only once `n` replicas acknowledged them (see
-    /// [`RedisBackendBuilder::min_replicas`](crate::backend::RedisBackendBuilder::min_replicas)).
-    /// For other options (key prefix, timeouts), build a
-    /// [`RedisBackend`](crate::backend::RedisBackend) and use [`Locker::with_backend`].
-    ///
-    /// ```no_run
-    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
-    /// let locker = dlock::Locker::redis("redis://:secret@127.0.0.1:6379").await?;
-    /// let lease = locker.lock("acct:42", dlock::LockOptions::new()).await?;
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "redis")]
-    pub async fn redis(url: &str) -> Result<Locker, LockError> {
-        let backend = crate::backend::RedisBackend::connect(url).await?;
-        Ok(Locker::with_backend(backend).described(url))
-    }
-
     /// A locker on any [`Backend`].
     pub fn with_backend<B: Backend>(backend: B) -> Locker {
         let name = std::any::type_name::<B>()
@@ -88,14 +77,39 @@ impl Locker {
         Locker {
             inner: Arc::new(Inner {
                 watchdog: Watchdog::new(backend.clone()),
+                holdings: Arc::default(),
                 backend,
                 description,
             }),
         }
     }
 
-    /// Connects to the store a URL names: `memory://`, `redis://`, `rediss://`, `mysql://` or
-    /// `zk://host:port[,host:port][/chroot]`, each where its cargo feature is enabled.
+    /// Connects to the store a URL names, each where its cargo feature is enabled:
+    ///
+    /// | store | URL |
+    /// | --- | --- |
+    /// | in-process | `memory://` |
+    /// | Redis | `redis://[[user]:password@]host[:port][/db]`, `rediss://…` (feature `redis-tls`) |
+    /// | Redis Cluster | `redis+cluster://host:port,host:port` (feature `redis-cluster`) |
+    /// | MySQL / MariaDB | `mysql://user:password@host[:port]/database` |
+    /// | ZooKeeper | `zk://host:port[,host:port][/chroot]` |
+    ///
+    /// Redis URLs take `?min_replicas=n`: a grant and each renewal then count only once `n`
+    /// replicas acknowledged them. For the other settings of a store (key prefix, table, time-outs)
+    /// use its builder, such as [`RedisBackend::builder`](crate::backend::RedisBackend::builder),
+    /// and [`Locker::with_backend`].
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidUrl`] where the URL cannot be used (an unknown scheme, a feature this
+    /// build lacks), [`LockError::Backend`] where the store cannot be reached.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// let locker = dlock::Locker::connect("redis://:secret@127.0.0.1:6379").await?;
+    /// let lease = locker.lock("acct:42", dlock::LockOptions::new()).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(url: &str) -> Result<Locker, LockError> {
         let invalid = |reason: String| LockError::invalid_url(url, reason);
         match Scheme::of(url) {
@@ -107,7 +121,10 @@ impl Locker {
             )
             .described(url)),
             #[cfg(feature = "redis")]
-            Some(Scheme::Redis | Scheme::RedisCluster) => Locker::redis(url).await,
+            Some(Scheme::Redis | Scheme::RedisCluster) => Ok(Locker::with_backend(
+                crate::backend::RedisBackend::connect(url).await?,
+            )
+            .described(url)),
             #[cfg(feature = "zookeeper")]
             Some(Scheme::Zookeeper) => Ok(Locker::with_backend(
                 crate::backend::ZookeeperBackend::connect(url).await?,
@@ -122,6 +139,26 @@ impl Locker {
         }
     }
 
+    /// Connects to the store the `DLOCK_URL` environment variable names (see
+    /// [`connect`](Self::connect) for the URLs). To make it the default locker too, call
+    /// [`init_from_env`](crate::init_from_env).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::NoLocker`] where `DLOCK_URL` is unset or empty; else as
+    /// [`connect`](Self::connect).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+    /// # std::env::set_var("DLOCK_URL", "memory://");
+    /// let locker = dlock::Locker::from_env().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_env() -> Result<Locker, LockError> {
+        let url = default::url_from_env().ok_or(LockError::NoLocker)?;
+        Locker::connect(&url).await
+    }
+
     fn described(mut self, url: &str) -> Locker {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
             inner.description = url::mask_password(url);
@@ -134,7 +171,16 @@ impl Locker {
     }
 
     /// Acquires `key`, waiting up to `options.wait` for it, and keeps the lease renewed while it
-    /// is held if `options.renew`. Fails with [`LockError::Busy`] when the key stayed taken.
+    /// is held if `options.renew`.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Busy`] when the key stayed taken for the whole wait;
+    /// [`LockError::InvalidKey`] or [`LockError::InvalidOptions`] before any I/O;
+    /// [`LockError::ShutDown`] after [`shutdown`](Self::shutdown); [`LockError::Backend`] when
+    /// the store failed.
+    ///
+    /// # Cancel safety
     ///
     /// If this future is dropped while the acquisition is in flight, the key is released if the
     /// store granted it.
@@ -150,6 +196,68 @@ impl Locker {
         })
     }
 
+    /// Shuts the locker down for a clean exit: refuses new acquisitions, releases every lease
+    /// still held (a body running under one is told its lease is lost, and stopped if its
+    /// `on_lost` is `"cancel"`), waits for the releases queued by dropped leases to reach the
+    /// store, and closes the store's connections. Affects every clone of this locker. Calling it
+    /// again does nothing more.
+    ///
+    /// A lease dropped just before the program returns from `main` is released on dlock's
+    /// background thread, which dies with the process: without this call, such a key stays
+    /// held until its ttl runs out. So a service calls it last, after its own work has stopped
+    /// (for a web server, after its graceful shutdown returned).
+    ///
+    /// # Errors
+    ///
+    /// The first [`LockError::Backend`] of a release the store did not confirm; that key then
+    /// stays held until its ttl runs out. Every other lease is still released.
+    ///
+    /// # Cancel safety
+    ///
+    /// If this future is dropped, the releases it started go on in the background, and the
+    /// locker stays shut down.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::{LockError, LockOptions, Locker};
+    ///
+    /// let locker = Locker::memory();
+    /// let lease = locker.lock("report:2026-11", LockOptions::new()).await?;
+    /// locker.shutdown().await?;
+    /// assert!(!lease.is_held());
+    /// assert!(matches!(
+    ///     locker.lock("report:2026-12", LockOptions::new()).await,
+    ///     Err(LockError::ShutDown)
+    /// ));
+    /// # Ok(()) }
+    /// ```
+    pub async fn shutdown(&self) -> Result<(), LockError> {
+        let held = self.inner.holdings.close();
+        if !held.is_empty() {
+            tracing::info!(leases = held.len(), locker = %self.inner.description, "distributed_lock: shutting down; releasing held leases");
+        }
+        let first_error: Arc<Mutex<Option<LockError>>> = Arc::default();
+        for state in held {
+            state.mark_lost(LossCause::ShutDown);
+            let (locker, first_error) = (self.clone(), first_error.clone());
+            // Counted as a queued release, so the wait below covers it, and run on the background
+            // runtime, so it goes on if this future is dropped.
+            let queued = self.inner.holdings.queued_release();
+            background::spawn(async move {
+                let _queued = queued;
+                if let Err(error) = locker.release(&state).await {
+                    tracing::warn!(key = %state.key, %error, "distributed_lock: release at shutdown failed; the lease will expire");
+                    let mut first = first_error.lock().unwrap_or_else(|p| p.into_inner());
+                    first.get_or_insert(error);
+                }
+            });
+        }
+        self.inner.holdings.queued_releases_done().await;
+        self.inner.backend.close().await;
+        let first_error = first_error.lock().unwrap_or_else(|p| p.into_inner()).take();
+        first_error.map_or(Ok(()), Err)
+    }
+
     /// [`lock`](Self::lock) without the `Lease` around the state, for callers that own a
     /// `Locker` to put in it.
     pub(crate) async fn acquire(
@@ -159,6 +267,9 @@ impl Locker {
     ) -> Result<Arc<LeaseState>, LockError> {
         let mut options = options.checked()?;
         check_key_length(&key)?;
+        if self.inner.holdings.is_closed() {
+            return Err(LockError::ShutDown);
+        }
         if let Some(limit) = self.inner.backend.ttl_limit() {
             if options.ttl > limit {
                 tracing::debug!(%key, asked = ?options.ttl, kept = ?limit, "distributed_lock: ttl shortened to the store's limit");
@@ -198,6 +309,11 @@ impl Locker {
             acquired.valid_from,
             self.id(),
         ));
+        if self.inner.holdings.register(&state).is_err() {
+            // Shut down while the acquisition was in flight: give the key back at once.
+            self.release_in_background(&state);
+            return Err(LockError::ShutDown);
+        }
         if options.renew {
             self.inner.watchdog.watch(&state, acquired.valid_from);
         }
@@ -210,6 +326,7 @@ impl Locker {
             return Ok(());
         }
         self.inner.watchdog.forget(state);
+        self.inner.holdings.forget(state);
         let mut pending = PendingRelease {
             locker: self,
             state,
@@ -233,6 +350,7 @@ impl Locker {
             return;
         }
         self.inner.watchdog.forget(state);
+        self.inner.holdings.forget(state);
         self.queue_release(state.key.clone(), state.owner);
         tracing::debug!(key = %state.key, fence = state.fence, "distributed_lock: released on drop");
     }
@@ -242,7 +360,9 @@ impl Locker {
             return;
         }
         let backend = self.inner.backend.clone();
+        let queued = self.inner.holdings.queued_release();
         background::spawn(async move {
+            let _queued = queued;
             if let Err(error) = backend.release(&key, owner).await {
                 tracing::warn!(%key, %error, "distributed_lock: queued release failed; the lease will expire");
             }
@@ -307,89 +427,5 @@ impl std::fmt::Debug for Locker {
         f.debug_tuple("Locker")
             .field(&self.inner.description)
             .finish()
-    }
-}
-
-static DEFAULT: RwLock<Option<Locker>> = RwLock::new(None);
-static FROM_ENV: Mutex<FromEnv> = Mutex::new(FromEnv::Unset);
-
-/// The locker built from `DLOCK_URL`.
-enum FromEnv {
-    /// Not built, or the last attempt failed: the next caller tries again.
-    Unset,
-    /// An attempt is under way; callers arriving now wait for its outcome instead of queueing
-    /// attempts of their own behind it.
-    Connecting(watch::Receiver<Option<Result<Locker, Arc<LockError>>>>),
-    Ready(Locker),
-}
-
-/// Sets the locker that `#[distributed_lock]` uses where it names none. A later call replaces
-/// the locker for calls that start after it.
-///
-/// ```
-/// dlock::set_default_locker(dlock::Locker::memory());
-/// ```
-pub fn set_default_locker(locker: Locker) {
-    *DEFAULT.write().unwrap_or_else(|p| p.into_inner()) = Some(locker);
-}
-
-/// The locker set by [`set_default_locker`]; else one built once from `DLOCK_URL`; else
-/// [`LockError::NoLocker`].
-pub(crate) async fn default_locker() -> Result<Locker, LockError> {
-    if let Some(locker) = DEFAULT.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
-        return Ok(locker.clone());
-    }
-    let mut outcome = {
-        let mut from_env = FROM_ENV.lock().unwrap_or_else(|p| p.into_inner());
-        match &*from_env {
-            FromEnv::Ready(locker) => return Ok(locker.clone()),
-            FromEnv::Connecting(outcome) => outcome.clone(),
-            FromEnv::Unset => {
-                let url = match std::env::var("DLOCK_URL") {
-                    Ok(url) if !url.trim().is_empty() => url.trim().to_owned(),
-                    _ => return Err(LockError::NoLocker),
-                };
-                let outcome = connect_from_env(url);
-                *from_env = FromEnv::Connecting(outcome.clone());
-                outcome
-            }
-        }
-    };
-    let result = match outcome.wait_for(Option::is_some).await.as_deref() {
-        Ok(Some(Ok(locker))) => Ok(locker.clone()),
-        Ok(Some(Err(error))) => Err(error.duplicate()),
-        _ => Err(LockError::backend(
-            "the connection to DLOCK_URL was abandoned",
-        )),
-    };
-    result
-}
-
-/// Connects to `url` on the background runtime, so the attempt goes on if the caller that
-/// started it is dropped, and publishes the outcome to every caller waiting on it.
-fn connect_from_env(url: String) -> watch::Receiver<Option<Result<Locker, Arc<LockError>>>> {
-    let (publish, outcome) = watch::channel(None);
-    background::spawn(async move {
-        // Should the attempt end without an outcome (a panic in a store's client), the next call
-        // tries again rather than finding an attempt that never finishes.
-        let unset_unless_done = ResetOnDrop;
-        let connected = Locker::connect(&url).await;
-        *FROM_ENV.lock().unwrap_or_else(|p| p.into_inner()) = match &connected {
-            Ok(locker) => FromEnv::Ready(locker.clone()),
-            // A failed connection is not kept: the next call tries again.
-            Err(_) => FromEnv::Unset,
-        };
-        std::mem::forget(unset_unless_done);
-        let _ = publish.send(Some(connected.map_err(Arc::new)));
-    });
-    outcome
-}
-
-/// Resets the locker from `DLOCK_URL` to "not built" when dropped.
-struct ResetOnDrop;
-
-impl Drop for ResetOnDrop {
-    fn drop(&mut self) {
-        *FROM_ENV.lock().unwrap_or_else(|p| p.into_inner()) = FromEnv::Unset;
     }
 }

@@ -57,15 +57,23 @@
 //! already depend on. Its connections belong to a tokio runtime, so they live on dlock's
 //! background runtime and a `Locker` in a `static` keeps working across runtimes.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::mysql::MySqlPool;
+use sqlx::AssertSqlSafe;
 
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::{background, LockError, Owner};
+
+mod builder;
+mod renew;
+mod retry;
+
+use builder::quote_table;
+pub use builder::MysqlBuilder;
+use renew::renew_chunk;
+use retry::{backend_error, is_duplicate_key, on_background, retry_transient};
 
 /// The widest key the `lock_key` column holds. Longer keys are rejected, never truncated:
 /// truncation could merge two keys into one lock.
@@ -112,32 +120,6 @@ struct Statements {
     release: Arc<str>,
 }
 
-/// Options of a [`MysqlBackend`], from [`MysqlBackend::builder`].
-#[derive(Clone)]
-pub struct MysqlBuilder {
-    options: MySqlConnectOptions,
-    table: String,
-    max_connections: u32,
-    create_table: bool,
-    time_zone: Option<String>,
-}
-
-/// Everything but the password, which the connect options would print.
-impl std::fmt::Debug for MysqlBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MysqlBuilder")
-            .field("host", &self.options.get_host())
-            .field("port", &self.options.get_port())
-            .field("username", &self.options.get_username())
-            .field("database", &self.options.get_database())
-            .field("table", &self.table)
-            .field("max_connections", &self.max_connections)
-            .field("create_table", &self.create_table)
-            .field("time_zone", &self.time_zone)
-            .finish()
-    }
-}
-
 impl MysqlBackend {
     /// Connects with the default options (table `dlock_locks`, created if missing).
     pub async fn connect(url: &str) -> Result<MysqlBackend, LockError> {
@@ -145,17 +127,12 @@ impl MysqlBackend {
     }
 
     /// Options for a connection to `url` (`mysql://user:password@host:port/database`).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidUrl`] where `url` cannot be parsed.
     pub fn builder(url: &str) -> Result<MysqlBuilder, LockError> {
-        let options: MySqlConnectOptions = url
-            .parse()
-            .map_err(|error| LockError::invalid_url(url, error))?;
-        Ok(MysqlBuilder {
-            options,
-            table: "dlock_locks".into(),
-            max_connections: 10,
-            create_table: true,
-            time_zone: None,
-        })
+        MysqlBuilder::new(url)
     }
 
     /// The `CREATE TABLE` statement for `table`, for a DBA to run ahead of time.
@@ -283,79 +260,6 @@ async fn delete_row(shared: &Shared, key: &[u8], owner: &str) -> Result<bool, Lo
     Ok(done.rows_affected() == 1)
 }
 
-impl MysqlBuilder {
-    /// The lock table's name (default `dlock_locks`): letters, digits and `_`, optionally
-    /// `database.table`.
-    pub fn table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
-        self
-    }
-
-    /// The most connections the locker's own pool opens (default 10).
-    pub fn max_connections(mut self, max: u32) -> Self {
-        self.max_connections = max.max(1);
-        self
-    }
-
-    /// Whether to create the table if it is missing (default `true`).
-    pub fn create_table(mut self, create: bool) -> Self {
-        self.create_table = create;
-        self
-    }
-
-    /// The session time zone of the pool's connections. Expiry is judged in UTC by the
-    /// database whatever this is; it exists for deployments that must set one.
-    pub fn time_zone(mut self, time_zone: impl Into<String>) -> Self {
-        self.time_zone = Some(time_zone.into());
-        self
-    }
-
-    /// Opens the pool (one connection at once, so a wrong password or an unreachable server is
-    /// reported here) and creates the table if asked.
-    pub async fn connect(self) -> Result<MysqlBackend, LockError> {
-        let table = quote_table(&self.table)?;
-        let ddl = MysqlBackend::ddl(&self.table)?;
-        let options = match &self.time_zone {
-            Some(zone) => self.options.clone().timezone(Some(zone.clone())),
-            None => self.options.clone(),
-        };
-        let pool = on_background(async move {
-            let pool = MySqlPoolOptions::new()
-                .max_connections(self.max_connections)
-                .min_connections(1)
-                .acquire_timeout(Duration::from_secs(5))
-                .connect_with(options)
-                .await
-                .map_err(|error| LockError::backend(format!("cannot connect to MySQL: {error}")))?;
-            if self.create_table {
-                sqlx::query(AssertSqlSafe(ddl))
-                    .execute(&pool)
-                    .await
-                    .map_err(backend_error)?;
-            }
-            Ok::<_, LockError>(pool)
-        })
-        .await?;
-        let now_us = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))";
-        let sql = Statements {
-            insert: Arc::from(format!(
-                "INSERT INTO {table} (lock_key, owner, fence, expires_at, created_at) \
-                 VALUES (?, ?, LAST_INSERT_ID({now_us}), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6))"
-            )),
-            take_over: Arc::from(format!(
-                "UPDATE {table} SET owner = ?, fence = LAST_INSERT_ID(GREATEST(fence + 1, {now_us})), \
-                 expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, created_at = UTC_TIMESTAMP(6) \
-                 WHERE lock_key = ? AND (expires_at <= UTC_TIMESTAMP(6) OR owner = ?)"
-            )),
-            release: Arc::from(format!("DELETE FROM {table} WHERE lock_key = ? AND owner = ?")),
-            table,
-        };
-        Ok(MysqlBackend {
-            shared: Arc::new(Shared { pool, sql }),
-        })
-    }
-}
-
 impl Backend for MysqlBackend {
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
         check_key(request.key)?;
@@ -386,6 +290,15 @@ impl Backend for MysqlBackend {
         on_background(async move { delete_row(&shared, &key, &owner).await }).await
     }
 
+    async fn close(&self) {
+        let shared = self.shared.clone();
+        let _ = on_background(async move {
+            shared.pool.close().await;
+            Ok(())
+        })
+        .await;
+    }
+
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
         let shared = self.shared.clone();
         let leases: Vec<(Vec<u8>, String, u64)> = leases
@@ -409,119 +322,6 @@ impl Backend for MysqlBackend {
     }
 }
 
-/// Renews `chunk` with one `UPDATE` per distinct ttl (normally one), and a `SELECT` only when
-/// some lease was not renewed.
-async fn renew_chunk(
-    shared: &Shared,
-    chunk: &[(Vec<u8>, String, u64)],
-) -> Result<Vec<bool>, LockError> {
-    let table = &shared.sql.table;
-    let mut ttls: Vec<u64> = chunk.iter().map(|(_, _, ttl)| *ttl).collect();
-    ttls.sort_unstable();
-    ttls.dedup();
-    let mut renewed = 0;
-    for ttl in ttls {
-        let group: Vec<&(Vec<u8>, String, u64)> =
-            chunk.iter().filter(|(_, _, t)| *t == ttl).collect();
-        let keys = vec!["?"; group.len()].join(", ");
-        let pairs = vec!["(?, ?)"; group.len()].join(", ");
-        let sql = format!(
-            "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-             WHERE expires_at > UTC_TIMESTAMP(6) AND lock_key IN ({keys}) AND (lock_key, owner) IN ({pairs})"
-        );
-        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(ttl);
-        for (key, _, _) in &group {
-            query = query.bind(key);
-        }
-        for (key, owner, _) in &group {
-            query = query.bind(key).bind(owner);
-        }
-        renewed += query
-            .execute(&shared.pool)
-            .await
-            .map_err(backend_error)?
-            .rows_affected();
-    }
-    if renewed == chunk.len() as u64 {
-        return Ok(vec![true; chunk.len()]);
-    }
-    // Some lease was not renewed: find out which are still ours.
-    let keys = vec!["?"; chunk.len()].join(", ");
-    let sql = format!("SELECT lock_key, owner FROM {table} WHERE lock_key IN ({keys}) AND expires_at > UTC_TIMESTAMP(6)");
-    let mut query = sqlx::query(AssertSqlSafe(sql));
-    for (key, _, _) in chunk {
-        query = query.bind(key);
-    }
-    let rows = query.fetch_all(&shared.pool).await.map_err(backend_error)?;
-    let ours: Vec<(Vec<u8>, String)> = rows
-        .iter()
-        .map(|row| (row.get::<Vec<u8>, _>(0), row.get::<String, _>(1)))
-        .collect();
-    Ok(chunk
-        .iter()
-        .map(|(key, owner, _)| ours.iter().any(|(k, o)| k == key && o == owner))
-        .collect())
-}
-
-/// Runs `task` on dlock's background runtime, where the pool's connections live.
-async fn on_background<T: Send + 'static>(
-    task: impl Future<Output = Result<T, LockError>> + Send + 'static,
-) -> Result<T, LockError> {
-    background::handle()
-        .spawn(task)
-        .await
-        .map_err(|error| LockError::backend(format!("MySQL task failed: {error}")))?
-}
-
-/// Runs `statement` again if it failed in a way that says nothing about the lock: once on a
-/// fresh connection if its connection broke (so the first call after a server restart
-/// succeeds), and up to three times when InnoDB chose it as a deadlock victim or timed out its
-/// row-lock wait — concurrent `INSERT`s and `DELETE`s of one key can deadlock on the key's index
-/// record, and a victim's autocommit statement was rolled back whole. Every lock statement is
-/// safe to repeat for its owner.
-async fn retry_transient<T, F, Fut>(mut statement: F) -> Result<T, sqlx::Error>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, sqlx::Error>>,
-{
-    let mut deadlocks = 0;
-    let mut reconnected = false;
-    loop {
-        match statement().await {
-            Err(sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed)
-                if !reconnected =>
-            {
-                reconnected = true;
-            }
-            Err(error) if is_lock_conflict(&error) && deadlocks < 3 => deadlocks += 1,
-            other => return other,
-        }
-    }
-}
-
-/// A deadlock (1213) or a row-lock wait time-out (1205).
-fn is_lock_conflict(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Database(db) => db
-            .try_downcast_ref::<MySqlDatabaseError>()
-            .is_some_and(|e| matches!(e.number(), 1205 | 1213)),
-        _ => false,
-    }
-}
-
-fn is_duplicate_key(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Database(db) => db
-            .try_downcast_ref::<MySqlDatabaseError>()
-            .is_some_and(|e| e.number() == 1062),
-        _ => false,
-    }
-}
-
-fn backend_error(error: sqlx::Error) -> LockError {
-    LockError::backend(format!("MySQL: {error}"))
-}
-
 fn check_key(key: &str) -> Result<(), LockError> {
     if key.len() > MAX_KEY_BYTES {
         return Err(LockError::InvalidKey {
@@ -537,26 +337,6 @@ fn check_key(key: &str) -> Result<(), LockError> {
 
 fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
-}
-
-/// Accepts `name` or `database.name` made of letters, digits and `_`, and quotes it.
-fn quote_table(name: &str) -> Result<String, LockError> {
-    let valid_part = |part: &str| {
-        !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-    };
-    let parts: Vec<&str> = name.split('.').collect();
-    if parts.len() > 2 || !parts.iter().all(|p| valid_part(p)) {
-        return Err(LockError::InvalidOptions {
-            reason: format!(
-                "table name `{name}` must be letters, digits and `_` (optionally `database.table`)"
-            ),
-        });
-    }
-    Ok(parts
-        .iter()
-        .map(|p| format!("`{p}`"))
-        .collect::<Vec<_>>()
-        .join("."))
 }
 
 /// A small xorshift generator for back-off jitter, seeded from the owner token.
@@ -580,18 +360,9 @@ impl Jitter {
 mod tests {
     use proptest::prelude::*;
 
-    use super::{check_key, quote_table, MAX_KEY_BYTES};
+    use super::{check_key, MAX_KEY_BYTES};
     use crate::key::KeyBuilder;
     use crate::LockError;
-
-    #[test]
-    fn table_names_are_checked_and_quoted() {
-        assert_eq!(quote_table("dlock_locks").unwrap(), "`dlock_locks`");
-        assert_eq!(quote_table("app.locks").unwrap(), "`app`.`locks`");
-        for bad in ["", "a;b", "a`b", "a.b.c", "a.", "lock table"] {
-            assert!(quote_table(bad).is_err(), "{bad:?}");
-        }
-    }
 
     #[test]
     fn keys_longer_than_the_column_are_rejected() {

@@ -1,0 +1,159 @@
+//! [`MysqlBuilder`]: the options of a MySQL store, and the statements they make.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::AssertSqlSafe;
+
+use super::retry::{backend_error, on_background};
+use super::{MysqlBackend, Shared, Statements};
+use crate::LockError;
+
+/// Options of a [`MysqlBackend`], from [`MysqlBackend::builder`].
+#[derive(Clone)]
+pub struct MysqlBuilder {
+    options: MySqlConnectOptions,
+    table: String,
+    max_connections: u32,
+    create_table: bool,
+    time_zone: Option<String>,
+}
+
+/// Everything but the password, which the connect options would print.
+impl std::fmt::Debug for MysqlBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MysqlBuilder")
+            .field("host", &self.options.get_host())
+            .field("port", &self.options.get_port())
+            .field("username", &self.options.get_username())
+            .field("database", &self.options.get_database())
+            .field("table", &self.table)
+            .field("max_connections", &self.max_connections)
+            .field("create_table", &self.create_table)
+            .field("time_zone", &self.time_zone)
+            .finish()
+    }
+}
+
+impl MysqlBuilder {
+    pub(super) fn new(url: &str) -> Result<MysqlBuilder, LockError> {
+        let options: MySqlConnectOptions = url
+            .parse()
+            .map_err(|error| LockError::invalid_url(url, error))?;
+        Ok(MysqlBuilder {
+            options,
+            table: "dlock_locks".into(),
+            max_connections: 10,
+            create_table: true,
+            time_zone: None,
+        })
+    }
+}
+
+impl MysqlBuilder {
+    /// The lock table's name (default `dlock_locks`): letters, digits and `_`, optionally
+    /// `database.table`.
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// The most connections the locker's own pool opens (default 10).
+    pub fn max_connections(mut self, max: u32) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
+    /// Whether to create the table if it is missing (default `true`).
+    pub fn create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
+    }
+
+    /// The session time zone of the pool's connections. Expiry is judged in UTC by the
+    /// database whatever this is; it exists for deployments that must set one.
+    pub fn time_zone(mut self, time_zone: impl Into<String>) -> Self {
+        self.time_zone = Some(time_zone.into());
+        self
+    }
+
+    /// Opens the pool (one connection at once, so a wrong password or an unreachable server is
+    /// reported here) and creates the table if asked.
+    pub async fn connect(self) -> Result<MysqlBackend, LockError> {
+        let table = quote_table(&self.table)?;
+        let ddl = MysqlBackend::ddl(&self.table)?;
+        let options = match &self.time_zone {
+            Some(zone) => self.options.clone().timezone(Some(zone.clone())),
+            None => self.options.clone(),
+        };
+        let pool = on_background(async move {
+            let pool = MySqlPoolOptions::new()
+                .max_connections(self.max_connections)
+                .min_connections(1)
+                .acquire_timeout(Duration::from_secs(5))
+                .connect_with(options)
+                .await
+                .map_err(|error| LockError::backend(format!("cannot connect to MySQL: {error}")))?;
+            if self.create_table {
+                sqlx::query(AssertSqlSafe(ddl))
+                    .execute(&pool)
+                    .await
+                    .map_err(backend_error)?;
+            }
+            Ok::<_, LockError>(pool)
+        })
+        .await?;
+        let now_us = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))";
+        let sql = Statements {
+            insert: Arc::from(format!(
+                "INSERT INTO {table} (lock_key, owner, fence, expires_at, created_at) \
+                 VALUES (?, ?, LAST_INSERT_ID({now_us}), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6))"
+            )),
+            take_over: Arc::from(format!(
+                "UPDATE {table} SET owner = ?, fence = LAST_INSERT_ID(GREATEST(fence + 1, {now_us})), \
+                 expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, created_at = UTC_TIMESTAMP(6) \
+                 WHERE lock_key = ? AND (expires_at <= UTC_TIMESTAMP(6) OR owner = ?)"
+            )),
+            release: Arc::from(format!("DELETE FROM {table} WHERE lock_key = ? AND owner = ?")),
+            table,
+        };
+        Ok(MysqlBackend {
+            shared: Arc::new(Shared { pool, sql }),
+        })
+    }
+}
+
+/// Accepts `name` or `database.name` made of letters, digits and `_`, and quotes it.
+pub(super) fn quote_table(name: &str) -> Result<String, LockError> {
+    let valid_part = |part: &str| {
+        !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    };
+    let parts: Vec<&str> = name.split('.').collect();
+    if parts.len() > 2 || !parts.iter().all(|p| valid_part(p)) {
+        return Err(LockError::InvalidOptions {
+            reason: format!(
+                "table name `{name}` must be letters, digits and `_` (optionally `database.table`)"
+            ),
+        });
+    }
+    Ok(parts
+        .iter()
+        .map(|p| format!("`{p}`"))
+        .collect::<Vec<_>>()
+        .join("."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quote_table;
+
+    #[test]
+    fn table_names_are_checked_and_quoted() {
+        assert_eq!(quote_table("dlock_locks").unwrap(), "`dlock_locks`");
+        assert_eq!(quote_table("app.locks").unwrap(), "`app`.`locks`");
+        for bad in ["", "a;b", "a`b", "a.b.c", "a.", "lock table"] {
+            assert!(quote_table(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! Renewal: every lease of a tick in one `UPDATE` per chunk.
+
+use sqlx::{AssertSqlSafe, Row};
+
+use super::retry::backend_error;
+use super::Shared;
+use crate::LockError;
+
+/// Renews `chunk` with one `UPDATE` per distinct ttl (normally one), and a `SELECT` only when
+/// some lease was not renewed.
+pub(super) async fn renew_chunk(
+    shared: &Shared,
+    chunk: &[(Vec<u8>, String, u64)],
+) -> Result<Vec<bool>, LockError> {
+    let table = &shared.sql.table;
+    let mut ttls: Vec<u64> = chunk.iter().map(|(_, _, ttl)| *ttl).collect();
+    ttls.sort_unstable();
+    ttls.dedup();
+    let mut renewed = 0;
+    for ttl in ttls {
+        let group: Vec<&(Vec<u8>, String, u64)> =
+            chunk.iter().filter(|(_, _, t)| *t == ttl).collect();
+        let keys = vec!["?"; group.len()].join(", ");
+        let pairs = vec!["(?, ?)"; group.len()].join(", ");
+        let sql = format!(
+            "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+             WHERE expires_at > UTC_TIMESTAMP(6) AND lock_key IN ({keys}) AND (lock_key, owner) IN ({pairs})"
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(ttl);
+        for (key, _, _) in &group {
+            query = query.bind(key);
+        }
+        for (key, owner, _) in &group {
+            query = query.bind(key).bind(owner);
+        }
+        renewed += query
+            .execute(&shared.pool)
+            .await
+            .map_err(backend_error)?
+            .rows_affected();
+    }
+    if renewed == chunk.len() as u64 {
+        return Ok(vec![true; chunk.len()]);
+    }
+    // Some lease was not renewed: find out which are still ours.
+    let keys = vec!["?"; chunk.len()].join(", ");
+    let sql = format!("SELECT lock_key, owner FROM {table} WHERE lock_key IN ({keys}) AND expires_at > UTC_TIMESTAMP(6)");
+    let mut query = sqlx::query(AssertSqlSafe(sql));
+    for (key, _, _) in chunk {
+        query = query.bind(key);
+    }
+    let rows = query.fetch_all(&shared.pool).await.map_err(backend_error)?;
+    let ours: Vec<(Vec<u8>, String)> = rows
+        .iter()
+        .map(|row| (row.get::<Vec<u8>, _>(0), row.get::<String, _>(1)))
+        .collect();
+    Ok(chunk
+        .iter()
+        .map(|(key, owner, _)| ours.iter().any(|(k, o)| k == key && o == owner))
+        .collect())
+}

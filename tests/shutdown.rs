@@ -1,0 +1,187 @@
+//! A clean exit: `Locker::shutdown` leaves no key held behind a program that returns from `main`,
+//! against a real Redis. In its own binary, as `init_from_env` reads the process's environment.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock::{distributed_lock, LockError, LockOptions, Locker};
+use tokio::sync::Notify;
+
+use support::fault_proxy::{Direction, FaultProxy};
+use support::redis_server::RedisServer;
+use support::unique_key;
+
+/// Whether another client gets `key` at once: the key is free on the store.
+async fn free_on_the_store(url: &str, key: &str) -> bool {
+    let other = Locker::connect(url).await.unwrap();
+    match other.lock(key, LockOptions::new()).await {
+        Ok(lease) => {
+            lease.release().await.unwrap();
+            true
+        }
+        Err(LockError::Busy { .. }) => false,
+        Err(error) => panic!("{error}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_waits_for_the_release_of_a_lease_dropped_on_the_way_out() {
+    let redis = RedisServer::start();
+    // A slow link: the release queued by the drop is still on its way when `main` would return.
+    let (proxy, slow_url) = FaultProxy::in_front_of(&redis.url());
+    let locker = Locker::connect(&slow_url).await.unwrap();
+    let key = unique_key("exit");
+    let lease = locker
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    proxy.set_latency(Direction::Both, Duration::from_millis(300));
+    drop(lease);
+    locker.shutdown().await.unwrap();
+    assert!(
+        free_on_the_store(&redis.url(), &key).await,
+        "the dropped lease's key was still held after shutdown returned"
+    );
+}
+
+#[distributed_lock(key = "<key>", ttl = "30s", locker = locker)]
+async fn long_job(locker: &Locker, key: &str, started: &Notify) -> Result<(), LockError> {
+    started.notify_one();
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_held_leases_and_stops_the_bodies_under_them() {
+    let redis = RedisServer::start();
+    let locker = Locker::connect(&redis.url()).await.unwrap();
+    let (body_key, lease_key) = (unique_key("body"), unique_key("lease"));
+
+    let started = Arc::new(Notify::new());
+    let job = tokio::spawn({
+        let (locker, key, started) = (locker.clone(), body_key.clone(), started.clone());
+        async move { long_job(&locker, &key, &started).await }
+    });
+    started.notified().await;
+    let lease = locker.lock(&*lease_key, LockOptions::new()).await.unwrap();
+
+    locker.shutdown().await.unwrap();
+
+    let stopped = tokio::time::timeout(Duration::from_secs(5), job).await;
+    assert!(
+        matches!(stopped, Ok(Ok(Err(LockError::Lost { .. })))),
+        "the body under the lock was not stopped: {stopped:?}"
+    );
+    assert!(!lease.is_held());
+    tokio::time::timeout(Duration::from_secs(1), lease.lost())
+        .await
+        .expect("the holder of a manual lease was not told it is lost");
+    assert!(free_on_the_store(&redis.url(), &body_key).await);
+    assert!(free_on_the_store(&redis.url(), &lease_key).await);
+    // Releasing it again after shutdown is harmless.
+    lease.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shut_down_locker_takes_no_new_leases_on_any_clone_and_shuts_down_twice() {
+    let redis = RedisServer::start();
+    let locker = Locker::connect(&redis.url()).await.unwrap();
+    let clone = locker.clone();
+    locker.shutdown().await.unwrap();
+    let key = unique_key("after");
+    assert!(matches!(
+        clone.lock(&*key, LockOptions::new()).await,
+        Err(LockError::ShutDown)
+    ));
+    assert!(free_on_the_store(&redis.url(), &key).await);
+    clone.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_in_flight_during_shutdown_leaves_the_key_free() {
+    let redis = RedisServer::start();
+    let (proxy, slow_url) = FaultProxy::in_front_of(&redis.url());
+    let locker = Locker::connect(&slow_url).await.unwrap();
+    proxy.set_latency(Direction::Both, Duration::from_millis(300));
+    let key = unique_key("inflight");
+    let acquiring = tokio::spawn({
+        let (locker, key) = (locker.clone(), key.clone());
+        async move { locker.lock(&*key, LockOptions::new()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    locker.shutdown().await.unwrap();
+    let outcome = acquiring.await.unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::ShutDown)),
+        "an acquisition finishing after shutdown was kept: {outcome:?}"
+    );
+    // The grant's undo travels the same slow link.
+    for _ in 0..50 {
+        if free_on_the_store(&redis.url(), &key).await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the key granted during shutdown stayed held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_from_env_fails_at_boot_and_then_serves_as_the_default() {
+    std::env::remove_var("DLOCK_URL");
+    assert!(matches!(
+        dlock::init_from_env().await,
+        Err(LockError::NoLocker)
+    ));
+    std::env::set_var("DLOCK_URL", "nosuch://127.0.0.1");
+    assert!(matches!(
+        dlock::init_from_env().await,
+        Err(LockError::InvalidUrl { .. })
+    ));
+
+    let redis = RedisServer::start();
+    std::env::set_var("DLOCK_URL", redis.url());
+    let locker = dlock::init_from_env().await.unwrap();
+    let key = unique_key("default");
+    let held = locker.lock(&*key, LockOptions::new()).await.unwrap();
+    // The attribute without `locker = …` now uses the same locker and store.
+    assert!(matches!(
+        default_job(&key).await,
+        Err(LockError::Busy { .. })
+    ));
+    held.release().await.unwrap();
+    assert_eq!(default_job(&key).await.unwrap(), 7);
+    locker.shutdown().await.unwrap();
+}
+
+#[distributed_lock(key = "<key>")]
+async fn default_job(key: &str) -> Result<u32, LockError> {
+    Ok(7)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_shutdown_releases_before_it_closes_the_pool() {
+    let url = support::mysql_url();
+    let locker = Locker::connect(&url).await.unwrap();
+    let key = unique_key("mysql-exit");
+    let held = locker.lock(&*key, LockOptions::new()).await.unwrap();
+    let dropped = locker
+        .lock(unique_key("mysql-drop"), LockOptions::new())
+        .await
+        .unwrap();
+    let dropped_key = dropped.key().to_owned();
+    drop(dropped);
+    locker.shutdown().await.unwrap();
+    assert!(!held.is_held());
+    assert!(
+        free_on_the_store(&url, &key).await,
+        "held lease not released"
+    );
+    assert!(
+        free_on_the_store(&url, &dropped_key).await,
+        "dropped lease not released"
+    );
+    // The closed pool answers a late release with an error, not a hang.
+    locker.shutdown().await.unwrap();
+}
