@@ -60,6 +60,16 @@ impl Lease {
 
     /// Releases the lease and waits for the store to confirm. Releasing a lease that was lost is
     /// not an error: the key is no longer ours either way.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] when the store did not confirm the release: the key then stays
+    /// held until its ttl runs out (it is no longer renewed).
+    ///
+    /// # Cancel safety
+    ///
+    /// If this future is dropped before the store answered, the release goes on in the
+    /// background.
     pub async fn release(self) -> Result<(), LockError> {
         // Marks the state released first, so the `Drop` that follows queues nothing.
         self.locker.release(&self.state).await
