@@ -185,3 +185,29 @@ async fn mysql_shutdown_releases_before_it_closes_the_pool() {
     // The closed pool answers a late release with an error, not a hang.
     locker.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locker_on_the_services_own_pool_excludes_and_leaves_the_pool_open_at_shutdown() {
+    use dlock::backend::MysqlBackend;
+
+    let url = support::mysql_url();
+    let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+    let locker = Locker::with_backend(
+        MysqlBackend::with_pool(pool.clone())
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let key = unique_key("service-pool");
+    let held = locker.lock(&*key, LockOptions::new()).await.unwrap();
+    // Another process, on a pool of its own, is kept out.
+    assert!(!free_on_the_store(&url, &key).await);
+    drop(held);
+    locker.shutdown().await.unwrap();
+    assert!(free_on_the_store(&url, &key).await);
+    let one: i64 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(one, 1, "shutdown closed the service's pool");
+}

@@ -3,33 +3,51 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::AssertSqlSafe;
 
 use super::retry::{backend_error, on_background};
 use super::{MysqlBackend, Shared, Statements};
 use crate::LockError;
 
-/// Options of a [`MysqlBackend`], from [`MysqlBackend::builder`].
+/// Options of a [`MysqlBackend`], from [`MysqlBackend::builder`] or
+/// [`MysqlBackend::with_pool`].
 #[derive(Clone)]
+#[must_use = "a builder does nothing until `connect`"]
 pub struct MysqlBuilder {
-    options: MySqlConnectOptions,
+    source: Source,
     table: String,
     max_connections: u32,
+    connect_timeout: Duration,
     create_table: bool,
     time_zone: Option<String>,
+}
+
+/// Where the connections come from.
+#[derive(Clone)]
+enum Source {
+    /// A pool of dlock's own, opened by `connect` and closed by `Locker::shutdown`.
+    Url(Box<MySqlConnectOptions>),
+    /// The service's own pool: used, never closed.
+    Pool(MySqlPool),
 }
 
 /// Everything but the password, which the connect options would print.
 impl std::fmt::Debug for MysqlBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MysqlBuilder")
-            .field("host", &self.options.get_host())
-            .field("port", &self.options.get_port())
-            .field("username", &self.options.get_username())
-            .field("database", &self.options.get_database())
+        let mut debug = f.debug_struct("MysqlBuilder");
+        match &self.source {
+            Source::Url(options) => debug
+                .field("host", &options.get_host())
+                .field("port", &options.get_port())
+                .field("username", &options.get_username())
+                .field("database", &options.get_database()),
+            Source::Pool(_) => debug.field("pool", &"the caller's"),
+        };
+        debug
             .field("table", &self.table)
             .field("max_connections", &self.max_connections)
+            .field("connect_timeout", &self.connect_timeout)
             .field("create_table", &self.create_table)
             .field("time_zone", &self.time_zone)
             .finish()
@@ -41,13 +59,22 @@ impl MysqlBuilder {
         let options: MySqlConnectOptions = url
             .parse()
             .map_err(|error| LockError::invalid_url(url, error))?;
-        Ok(MysqlBuilder {
-            options,
+        Ok(Self::from_source(Source::Url(Box::new(options))))
+    }
+
+    pub(super) fn with_pool(pool: MySqlPool) -> MysqlBuilder {
+        Self::from_source(Source::Pool(pool))
+    }
+
+    fn from_source(source: Source) -> MysqlBuilder {
+        MysqlBuilder {
+            source,
             table: "dlock_locks".into(),
             max_connections: 10,
+            connect_timeout: Duration::from_secs(5),
             create_table: true,
             time_zone: None,
-        })
+        }
     }
 }
 
@@ -59,7 +86,15 @@ impl MysqlBuilder {
         self
     }
 
-    /// The most connections the locker's own pool opens (default 10).
+    /// How long connecting, or waiting for a free connection of the pool, may take (default
+    /// 5 s). Not used with [`MysqlBackend::with_pool`], whose pool has its own.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The most connections the locker's own pool opens (default 10). Not used with
+    /// [`MysqlBackend::with_pool`].
     pub fn max_connections(mut self, max: u32) -> Self {
         self.max_connections = max.max(1);
         self
@@ -72,7 +107,8 @@ impl MysqlBuilder {
     }
 
     /// The session time zone of the pool's connections. Expiry is judged in UTC by the
-    /// database whatever this is; it exists for deployments that must set one.
+    /// database whatever this is; it exists for deployments that must set one. Not used with
+    /// [`MysqlBackend::with_pool`].
     pub fn time_zone(mut self, time_zone: impl Into<String>) -> Self {
         self.time_zone = Some(time_zone.into());
         self
@@ -83,27 +119,36 @@ impl MysqlBuilder {
     pub async fn connect(self) -> Result<MysqlBackend, LockError> {
         let table = quote_table(&self.table)?;
         let ddl = MysqlBackend::ddl(&self.table)?;
-        let options = match &self.time_zone {
-            Some(zone) => self.options.clone().timezone(Some(zone.clone())),
-            None => self.options.clone(),
+        let (pool, owns_pool) = match self.source {
+            Source::Url(options) => {
+                let options = match &self.time_zone {
+                    Some(zone) => options.timezone(Some(zone.clone())),
+                    None => *options,
+                };
+                let pool_options = MySqlPoolOptions::new()
+                    .max_connections(self.max_connections)
+                    .min_connections(1)
+                    .acquire_timeout(self.connect_timeout);
+                let pool = on_background(async move {
+                    pool_options.connect_with(options).await.map_err(|error| {
+                        LockError::backend(format!("cannot connect to MySQL: {error}"))
+                    })
+                })
+                .await?;
+                (pool, true)
+            }
+            Source::Pool(pool) => (pool, false),
         };
-        let pool = on_background(async move {
-            let pool = MySqlPoolOptions::new()
-                .max_connections(self.max_connections)
-                .min_connections(1)
-                .acquire_timeout(Duration::from_secs(5))
-                .connect_with(options)
-                .await
-                .map_err(|error| LockError::backend(format!("cannot connect to MySQL: {error}")))?;
-            if self.create_table {
+        if self.create_table {
+            let pool = pool.clone();
+            on_background(async move {
                 sqlx::query(AssertSqlSafe(ddl))
                     .execute(&pool)
                     .await
-                    .map_err(backend_error)?;
-            }
-            Ok::<_, LockError>(pool)
-        })
-        .await?;
+                    .map_err(backend_error)
+            })
+            .await?;
+        }
         let now_us = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))";
         let sql = Statements {
             insert: Arc::from(format!(
@@ -119,7 +164,11 @@ impl MysqlBuilder {
             table,
         };
         Ok(MysqlBackend {
-            shared: Arc::new(Shared { pool, sql }),
+            shared: Arc::new(Shared {
+                pool,
+                owns_pool,
+                sql,
+            }),
         })
     }
 }

@@ -108,6 +108,8 @@ pub struct MysqlBackend {
 
 struct Shared {
     pool: MySqlPool,
+    /// Whether the pool is dlock's own, to close at shutdown, or the caller's.
+    owns_pool: bool,
     sql: Statements,
 }
 
@@ -133,6 +135,24 @@ impl MysqlBackend {
     /// [`LockError::InvalidUrl`] where `url` cannot be parsed.
     pub fn builder(url: &str) -> Result<MysqlBuilder, LockError> {
         MysqlBuilder::new(url)
+    }
+
+    /// Options for a store on the service's own pool, so the locks need no connections of their
+    /// own. Each lock statement is one short autocommit statement on a connection of that pool,
+    /// never inside a transaction of the service's. [`Locker::shutdown`](crate::Locker::shutdown)
+    /// leaves the pool open: it is the service's to close. The pool must belong to a runtime
+    /// that outlives the locker (the service's main runtime, usually).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use dlock::{backend::MysqlBackend, Locker};
+    ///
+    /// let pool = sqlx::MySqlPool::connect("mysql://app:secret@db.internal:3306/orders").await?;
+    /// let locker = Locker::with_backend(MysqlBackend::with_pool(pool.clone()).connect().await?);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_pool(pool: MySqlPool) -> MysqlBuilder {
+        MysqlBuilder::with_pool(pool)
     }
 
     /// The `CREATE TABLE` statement for `table`, for a DBA to run ahead of time.
@@ -291,6 +311,9 @@ impl Backend for MysqlBackend {
     }
 
     async fn close(&self) {
+        if !self.shared.owns_pool {
+            return;
+        }
         let shared = self.shared.clone();
         let _ = on_background(async move {
             shared.pool.close().await;
