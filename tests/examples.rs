@@ -159,3 +159,125 @@ fn examples_on_zookeeper() {
     check_stock_deduction(Some(&url));
     check_dedupe_messages(Some(&url));
 }
+
+/// The web service example as two processes on one Redis and one MariaDB: concurrent requests
+/// for the same accounts, spread over both, leave one row per account under the lock (and
+/// duplicates without it); `SIGTERM` stops a process cleanly, its leases released.
+#[cfg(all(feature = "mysql", feature = "redis"))]
+#[test]
+fn axum_service_keeps_one_row_per_account_across_two_processes() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpStream;
+    use std::process::{Child, Stdio};
+
+    /// One HTTP/1.1 request; the response's status.
+    fn request(port: u16, method: &str, path: &str) -> u16 {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response
+            .split(' ')
+            .nth(1)
+            .and_then(|status| status.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"))
+    }
+
+    fn start(binary: &std::path::Path, redis: &str, table: &str) -> (Child, u16) {
+        let mut child = Command::new(binary)
+            .env("DLOCK_URL", redis)
+            .env("ACCOUNTS_URL", support::mysql_url())
+            .env("ACCOUNTS_TABLE", table)
+            .env("PORT", "0")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut first).unwrap();
+        let port = first
+            .trim()
+            .rsplit(':')
+            .next()
+            .and_then(|port| port.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {first:?}"));
+        // Keep reading so the process never blocks on a full pipe; collect for the exit check.
+        child.stdout = None;
+        std::thread::spawn(move || {
+            let mut rest = String::new();
+            let _ = stdout.read_to_string(&mut rest);
+        });
+        (child, port)
+    }
+
+    /// The row count of each account named `{prefix}N`.
+    fn rows_per_account(table: &str, prefix: &str) -> Vec<i64> {
+        let sql = format!(
+            "SELECT COUNT(*) FROM {table} WHERE open_id LIKE '{prefix}%' GROUP BY open_id ORDER BY open_id"
+        );
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let db = sqlx::MySqlPool::connect(&support::mysql_url())
+                    .await
+                    .unwrap();
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                    .fetch_all(&db)
+                    .await
+                    .unwrap()
+            })
+    }
+
+    /// Eight concurrent requests for each of ten accounts `{account}N`, alternating between the
+    /// processes; the rows each account has afterwards.
+    fn race(ports: [u16; 2], route: &str, account: &str, table: &str) -> Vec<i64> {
+        let threads: Vec<_> = (0..80)
+            .map(|i| {
+                let port = ports[i % 2];
+                let path = format!("{route}/accounts/{account}{}/devices/d{i}", i % 10);
+                std::thread::spawn(move || request(port, "POST", &path))
+            })
+            .collect();
+        for thread in threads {
+            let status = thread.join().unwrap();
+            assert!(status == 200 || status == 409, "unexpected status {status}");
+        }
+        rows_per_account(table, account)
+    }
+
+    let binary = example_binary("axum_service");
+    let redis = support::redis_server::RedisServer::start();
+    let table = format!("axum_accounts_{}", std::process::id());
+    let (mut first, first_port) = start(&binary, &redis.url(), &table);
+    let (mut second, second_port) = start(&binary, &redis.url(), &table);
+    assert_eq!(request(first_port, "GET", "/health"), 200);
+
+    let unlocked = race([first_port, second_port], "/unlocked", "free", &table);
+    assert!(
+        unlocked.iter().any(|&rows| rows > 1),
+        "without the lock no account got a duplicate row, so the race proves nothing: {unlocked:?}"
+    );
+    let locked = race([first_port, second_port], "", "acct", &table);
+    assert_eq!(locked, vec![1; 10], "rows per account under the lock");
+
+    for child in [&mut first, &mut second] {
+        // SIGTERM: a graceful shutdown that ends with `locker.shutdown()`.
+        let killed = Command::new("kill")
+            .arg(child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = child.wait().unwrap();
+        assert!(
+            status.success(),
+            "the service did not stop cleanly: {status}"
+        );
+    }
+    support::drop_mysql_table(&table);
+}
