@@ -43,7 +43,7 @@ if [ -z "${DLOCK_MYSQL_URL:-}" ] && ! mysql_answers root; then
 fi
 need java default-jre-headless
 need /usr/share/java/zookeeper.jar zookeeper
-need faketime faketime       # the skewed-clock client of tests/faults.rs
+need faketime faketime       # the skewed-clock client of tests/faults/
 
 if cargo nextest --version >/dev/null 2>&1; then
     # The UI tests compile a crate against dlock; with the default features that is a fraction

@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 use dlock::backend::{AcquireRequest, Backend, RedisBackend, Renewal};
 use dlock::{current_lease, distributed_lock, LockError, LockOptions, Locker, Owner};
 use support::fault_proxy::{Direction, FaultProxy};
+use support::redis_commands::{self, commands, commands_between};
 use support::redis_server::RedisServer;
-use support::{unique_key, Gauge};
+use support::{lock_and_release, unique_key, Gauge};
 
 /// A primary, a replica that follows it through `link` (so the link can be cut), the addresses
 /// clients use, which follow whichever of the two is the primary, and a spare server that
@@ -348,42 +349,9 @@ async fn with_min_replicas_a_holder_cut_off_from_its_replica_stops_before_the_fa
     );
 }
 
-/// Every command `server` ran so far, by name (`INFO commandstats`, the commands scripts run
-/// included), without the `INFO` calls that read it and the replicas' `REPLCONF ACK`s (which
-/// come every second, and when a `WAIT` asks for them).
+/// Every command `server` ran so far, by name.
 async fn command_counts(server: &RedisServer) -> BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut connect(server).await)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|line| line.strip_prefix("cmdstat_"))
-        .filter_map(|line| {
-            let (name, rest) = line.split_once(":calls=")?;
-            let calls = rest.split(',').next()?.parse().ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .filter(|(name, _)| name != "info" && name != "replconf")
-        .collect()
-}
-
-/// The commands run between two [`command_counts`].
-fn commands_between(
-    before: &BTreeMap<String, u64>,
-    after: &BTreeMap<String, u64>,
-) -> Vec<(String, u64)> {
-    after
-        .iter()
-        .map(|(name, calls)| (name.clone(), calls - before.get(name).copied().unwrap_or(0)))
-        .filter(|(_, calls)| *calls > 0)
-        .collect()
-}
-
-fn commands(list: &[(&str, u64)]) -> Vec<(String, u64)> {
-    list.iter()
-        .map(|&(name, calls)| (name.to_owned(), calls))
-        .collect()
+    redis_commands::command_counts(&mut connect(server).await).await
 }
 
 /// What `min_replicas` costs the server: one `WAIT` after each acquire call and one after each
@@ -398,16 +366,14 @@ async fn min_replicas_adds_one_wait_to_an_acquire_and_to_a_renewal_and_nothing_e
         .unwrap();
     let locker = Locker::with_backend(backend.clone());
     // The first pair teaches the server the scripts.
-    let lease = locker.lock("warm-up", LockOptions::new()).await.unwrap();
+    lock_and_release(&locker, "warm-up", LockOptions::new()).await;
     let owner = Owner::random();
     let renewal = [Renewal::new("warm-up", owner, Duration::from_secs(30))];
     backend.renew(&renewal).await.unwrap();
-    lease.release().await.unwrap();
     for round in 0..3 {
         let key = unique_key("commands");
         let before = command_counts(&redis.primary).await;
-        let lease = locker.lock(&*key, LockOptions::new()).await.unwrap();
-        lease.release().await.unwrap();
+        lock_and_release(&locker, &key, LockOptions::new()).await;
         let ran = commands_between(&before, &command_counts(&redis.primary).await);
         let expected = commands(&[
             ("del", 1),

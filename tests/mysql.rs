@@ -51,6 +51,10 @@ impl Drop for Mysql {
 impl support::Store for Mysql {
     type Backend = MysqlBackend;
 
+    // MySQL cannot tell a waiter that a row went, so waiting polls with back-off.
+    const WAKES_WAITERS_ON_RELEASE: bool = false;
+    const SERVES_IN_ARRIVAL_ORDER: bool = false;
+
     async fn backend(&self) -> MysqlBackend {
         MysqlBackend::builder(&mysql_url())
             .unwrap()
@@ -78,24 +82,7 @@ impl support::Store for Mysql {
     }
 }
 
-// MySQL cannot tell a waiter that a row went, so waiting polls with back-off: the properties of
-// wake-up by release and of arrival order are not claimed for it (see the module docs).
-lock_properties!(@tests Mysql::fresh().await;
-    sixty_four_callers_never_overlap,
-    losers_with_no_wait_skip_the_body,
-    nested_call_on_the_same_key_reenters_without_acquiring,
-    spawned_and_joined_calls_are_other_owners,
-    panic_releases_at_once,
-    dropped_caller_future_releases_at_once,
-    body_longer_than_ttl_keeps_the_key,
-    lease_taken_away_cancels_the_body,
-    on_lost_continue_lets_the_body_finish,
-    unrenewed_lease_is_lost_when_its_ttl_runs_out,
-    fences_strictly_increase,
-    keys_are_escaped,
-    manual_lease_excludes_and_releases,
-    renewals_are_batched,
-);
+lock_properties!(Mysql::fresh().await);
 
 /// The account table of the `account_sync` example: no unique index on `open_id`.
 async fn account_table(db: &Mysql) -> String {

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use dlock::{current_lease, LeaseInfo};
 
-use crate::driver::OnLost;
+use crate::calls::OnLost;
 use crate::support::chaos::LeaseBook;
 
 /// How long after a lease was invalid for sure a poll of its body still counts as a race of

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::driver::{OnLost, Variant, VARIANTS};
+use crate::calls::{OnLost, Variant, VARIANTS};
 use crate::support::chaos::{Faults, SplitMix};
 
 /// The two kinds of seed.

@@ -1,6 +1,7 @@
 //! A TCP proxy between a client and its server that injects network faults, per direction:
 //! latency, stalls (bytes held, connection kept open, as in a partition), cuts of every open
-//! connection, random cuts, and refusing new connections (a server that is down).
+//! connection, random cuts, and refusing new connections (a server that is down). It also
+//! counts the chunks it reads each way, so a test can tell one pipelined request from many.
 //!
 //! Each connection is served by two reader threads (one per direction), each feeding a writer
 //! thread through a queue stamped with the time a chunk may leave, so latency delays bytes
@@ -50,6 +51,8 @@ struct Faults {
     /// service's address to the new primary.
     target: Mutex<Option<SocketAddr>>,
     cuts: AtomicU64,
+    /// Chunks read so far, per direction.
+    chunks: [AtomicU64; 2],
     rng: Mutex<u64>,
     open: Mutex<Vec<Arc<Connection>>>,
 }
@@ -253,6 +256,17 @@ impl FaultProxy {
     pub fn cuts(&self) -> u64 {
         self.faults.cuts.load(Ordering::SeqCst)
     }
+
+    /// How many chunks the proxy has read going `direction` so far, over every connection. A
+    /// chunk is what one read returned: what a peer wrote in one go (a pipeline of requests
+    /// included) arrives as one, N requests written one at a time as N.
+    pub fn chunks(&self, direction: Direction) -> u64 {
+        direction
+            .indices()
+            .iter()
+            .map(|&i| self.faults.chunks[i].load(Ordering::SeqCst))
+            .sum()
+    }
 }
 
 /// Starts the four threads of one connection.
@@ -292,11 +306,13 @@ fn pump(
     let (queue, chunks) = mpsc::channel::<(Instant, Vec<u8>)>();
     let reader_faults = faults.clone();
     std::thread::spawn(move || {
-        let mut buffer = vec![0; 16 * 1024];
+        // Larger than a pipeline of a hundred requests, so that one arrives as one chunk.
+        let mut buffer = vec![0; 64 * 1024];
         loop {
             match from.read(&mut buffer) {
                 Ok(0) | Err(_) => break,
                 Ok(read) => {
+                    reader_faults.chunks[index].fetch_add(1, Ordering::SeqCst);
                     let latency = reader_faults.latency_micros[index].load(Ordering::SeqCst);
                     let due = Instant::now() + Duration::from_micros(latency);
                     if queue.send((due, buffer[..read].to_vec())).is_err() {

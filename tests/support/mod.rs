@@ -6,6 +6,7 @@ pub mod chaos;
 pub mod fault_proxy;
 pub mod history;
 pub mod properties;
+pub mod redis_commands;
 pub mod redis_server;
 pub mod zk_server;
 
@@ -14,12 +15,21 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use dlock::backend::{AcquireRequest, Acquired, Backend, Renewal};
-use dlock::{LockError, Owner};
+use dlock::{LockError, LockOptions, Locker, Owner};
 
 /// A store the property tests run against.
 pub trait Store: Send + Sync + 'static {
     /// The store's backend type.
     type Backend: Backend + Clone;
+
+    /// Whether a release wakes the key's waiters at once. A store that cannot tell a waiter that
+    /// a key came free (MySQL) makes it poll instead: it is held to getting a waiter in within a
+    /// few seconds of the release, not within a moment.
+    const WAKES_WAITERS_ON_RELEASE: bool = true;
+
+    /// Whether waiters get a key in the order they asked for it. A store whose waiters poll
+    /// (MySQL) lets whichever polls first in: it is held to letting every waiter in, each once.
+    const SERVES_IN_ARRIVAL_ORDER: bool = true;
 
     /// A new backend handle on the same store (a separate client, as another process would have).
     fn backend(&self) -> impl Future<Output = Self::Backend> + Send;
@@ -72,6 +82,21 @@ pub fn unique_key(name: &str) -> String {
         Owner::random(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// Takes `key` with `options` and releases it at once; returns the lease's fence. For a test that
+/// needs the key to have been taken once (a warm-up, a fence to compare) and nothing held after.
+pub async fn lock_and_release(locker: &Locker, key: &str, options: LockOptions) -> u64 {
+    let lease = locker
+        .lock(key, options)
+        .await
+        .unwrap_or_else(|error| panic!("locking `{key}`: {error}"));
+    let fence = lease.fence();
+    lease
+        .release()
+        .await
+        .unwrap_or_else(|error| panic!("releasing `{key}`: {error}"));
+    fence
 }
 
 /// Wraps a backend and counts what is asked of it.
@@ -156,7 +181,8 @@ impl Gauge {
 }
 
 /// Instantiates every property test of `properties` for one store. `$store` is an expression
-/// (evaluated per test) whose value implements [`Store`].
+/// (evaluated per test) whose value implements [`Store`]; what the store cannot promise, its
+/// [`Store`] constants say, and the properties concerned test what it does promise instead.
 #[macro_export]
 macro_rules! lock_properties {
     ($store:expr) => {

@@ -246,11 +246,8 @@ async fn warm_up(url: &str) {
         .unwrap();
     let locker = Locker::with_backend(backend);
     for i in 0..WARM_UP_LOCKS {
-        let lease = locker
-            .lock(format!("warm-up-{i}"), LockOptions::new().renew(false))
-            .await
-            .unwrap();
-        lease.release().await.unwrap();
+        let key = format!("warm-up-{i}");
+        super::lock_and_release(&locker, &key, LockOptions::new().renew(false)).await;
     }
 }
 

@@ -16,13 +16,15 @@
 //! A run's timing is the machine's, so a replay draws the same schedule of faults but may
 //! interleave threads differently; a failing seed fails again most of the time.
 
-#[path = "explore/checker.rs"]
-mod checker;
-#[path = "explore/driver.rs"]
-mod driver;
-#[path = "explore/plan.rs"]
-mod plan;
+// The support every test crate shares, one directory up.
+#[path = "../support/mod.rs"]
 mod support;
+
+mod calls;
+mod checker;
+mod driver;
+mod plan;
+mod store;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,8 +34,9 @@ use std::time::{Duration, Instant};
 use dlock::backend::RedisBackend;
 
 use checker::{Finding, Kind, Tally};
-use driver::{run_seed, MemoryStore, RedisStore, Store};
+use driver::run_seed;
 use plan::SeedPlan;
+use store::{MemoryStore, RedisStore, Store};
 
 /// Seeds run by default: together well under a minute on a loaded two-core machine.
 const MEMORY_SEEDS: u64 = 300;
@@ -97,22 +100,6 @@ async fn delete_keys(url: &str, prefix: &str) {
             return;
         }
         cursor = next;
-    }
-}
-
-impl<S: Store> Store for &S {
-    type Backend = S::Backend;
-
-    fn client(&self, worker: usize) -> S::Backend {
-        (**self).client(worker)
-    }
-
-    fn key(&self, seed: u64, index: usize) -> String {
-        (**self).key(seed, index)
-    }
-
-    fn is_held(&self, key: &str) -> Option<bool> {
-        (**self).is_held(key)
     }
 }
 

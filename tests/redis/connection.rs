@@ -1,0 +1,255 @@
+//! The connections to Redis: the first call after a restart, AUTH and TLS through the URL, a
+//! locker that outlives the runtime that connected it, and a server that never answers.
+
+use std::time::{Duration, Instant};
+
+use dlock::backend::RedisBackend;
+use dlock::{LockError, LockOptions, Locker};
+use redis::AsyncCommands;
+
+use crate::support::fault_proxy::{Direction, FaultProxy};
+use crate::support::redis_server::RedisServer;
+use crate::support::{lock_and_release, unique_key};
+use crate::{locker_on, spawn_lock};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_call_after_a_server_restart_succeeds() {
+    let mut server = RedisServer::start();
+    let locker = locker_on(&server).await;
+    let key = unique_key("restart");
+    lock_and_release(&locker, &key, LockOptions::new()).await;
+    server.restart();
+    // No reconnect by hand: the call finds its connection broken and retries on a fresh one.
+    let lease = locker.lock(&*key, LockOptions::new()).await;
+    assert!(
+        lease.is_ok(),
+        "first call after the restart failed: {lease:?}"
+    );
+    lease.unwrap().release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_through_the_url_and_a_wrong_password_is_a_clear_error() {
+    let server = RedisServer::start_with_password("s3cret-pw");
+    let locker = Locker::connect(&server.url())
+        .await
+        .expect("the right password was refused");
+    lock_and_release(&locker, &unique_key("auth"), LockOptions::new()).await;
+
+    let port = server.port();
+    for (url, what) in [
+        (
+            format!("redis://:wrong-pw@127.0.0.1:{port}"),
+            "a wrong password",
+        ),
+        (
+            format!("redis://default:wrong-pw@127.0.0.1:{port}"),
+            "a wrong user password",
+        ),
+        (format!("redis://127.0.0.1:{port}"), "no password"),
+    ] {
+        let started = Instant::now();
+        let result = tokio::time::timeout(Duration::from_secs(10), Locker::connect(&url))
+            .await
+            .expect("connecting hung");
+        let error = result.expect_err(what).to_string();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{what}: took {:?}",
+            started.elapsed()
+        );
+        let lower = error.to_lowercase();
+        assert!(
+            lower.contains("auth") || lower.contains("wrongpass"),
+            "{what}: unclear error: {error}"
+        );
+        assert!(
+            !error.contains("wrong-pw"),
+            "{what}: the password leaked into the error: {error}"
+        );
+    }
+}
+
+/// A locker kept across runtimes, as a `static` serves every `#[tokio::test]`: its connections
+/// and its waiters' pub/sub must not die with the runtime that first used it.
+#[test]
+fn a_locker_outlives_the_runtime_that_connected_it() {
+    let server = RedisServer::start();
+    let key = unique_key("runtimes");
+    let runtime = |_| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime(1);
+    let locker = first.block_on(locker_on(&server));
+    first.block_on(async {
+        // Waits once, so the pub/sub connection is made on this runtime's watch.
+        let holder = locker.lock(&*key, LockOptions::new()).await.unwrap();
+        let waiter = spawn_lock(
+            &locker,
+            &key,
+            LockOptions::new().wait(Duration::from_secs(10)),
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        holder.release().await.unwrap();
+        waiter.await.unwrap().unwrap().release().await.unwrap();
+    });
+    drop(first);
+    let second = runtime(2);
+    second.block_on(async {
+        let holder = locker
+            .lock(&*key, LockOptions::new().ttl(Duration::from_millis(900)))
+            .await
+            .unwrap();
+        let waiting = LockOptions::new()
+            .ttl(Duration::from_secs(60))
+            .wait(Duration::from_secs(10));
+        let waiter = spawn_lock(&locker, &key, waiting);
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        // Renewed by the watchdog across the runtime change, so still held.
+        assert!(holder.is_held());
+        let released_at = Instant::now();
+        holder.release().await.unwrap();
+        let lease = waiter.await.unwrap().unwrap();
+        assert!(
+            released_at.elapsed() < Duration::from_secs(1),
+            "the waiter was not woken by the release"
+        );
+        lease.release().await.unwrap();
+    });
+}
+
+/// `rediss://` with the `redis-tls` feature: the server's certificate is checked against the
+/// system's roots, here a test CA given through `SSL_CERT_FILE`.
+#[cfg(feature = "redis-tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_through_a_rediss_url() {
+    let server = RedisServer::start_tls();
+    std::env::set_var("SSL_CERT_FILE", server.ca_file().unwrap());
+    let url = server.url();
+    assert!(url.starts_with("rediss://"), "{url}");
+    let locker = Locker::connect(&url).await.expect("no TLS connection");
+    let key = unique_key("tls");
+    let holder = locker.lock(&*key, LockOptions::new()).await.unwrap();
+    // A waiter, so the pub/sub connection goes over TLS too.
+    let waiter = spawn_lock(
+        &locker,
+        &key,
+        LockOptions::new().wait(Duration::from_secs(10)),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+    assert!(
+        released_at.elapsed() < Duration::from_secs(1),
+        "the waiter was not woken over TLS"
+    );
+    // Plain text to a TLS port fails, and says so rather than hanging.
+    let plain = tokio::time::timeout(
+        Duration::from_secs(15),
+        Locker::connect(&format!("redis://127.0.0.1:{}", server.port())),
+    )
+    .await;
+    assert!(plain
+        .expect("a plain connection to a TLS port hung")
+        .is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresponsive_server_is_an_error_not_a_hang() {
+    // Accepts connections and never says a word.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            held.push(stream);
+        }
+    });
+    let url = format!("redis://127.0.0.1:{port}");
+    let timeout = Duration::from_millis(500);
+    let started = Instant::now();
+    let connected = RedisBackend::builder(&url)
+        .connect_timeout(timeout)
+        .response_timeout(timeout)
+        .connect()
+        .await;
+    assert!(
+        connected.is_err(),
+        "connected to a server that never answers"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "connecting took {:?}",
+        started.elapsed()
+    );
+
+    // Many callers at once share the failed attempt instead of queueing one timeout each.
+    let backend = RedisBackend::builder(&url)
+        .connect_timeout(timeout)
+        .response_timeout(timeout)
+        .build()
+        .unwrap();
+    let locker = Locker::with_backend(backend);
+    let started = Instant::now();
+    let calls: Vec<_> = (0..20)
+        .map(|i| {
+            let locker = locker.clone();
+            tokio::spawn(async move {
+                locker
+                    .lock(format!("silent-{i}"), LockOptions::new())
+                    .await
+                    .map(drop)
+            })
+        })
+        .collect();
+    for call in calls {
+        let result = call.await.unwrap();
+        assert!(matches!(result, Err(LockError::Backend(_))), "{result:?}");
+    }
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < Duration::from_secs(8),
+        "20 calls took {elapsed:?}: each waited out its own attempt"
+    );
+}
+
+/// An acquisition that timed out on a connection that hangs is not sent again on a fresh one:
+/// the first copy still waits on the old connection, and had a second copy been granted and
+/// released meanwhile, the first would grant the key to nobody for a whole ttl when it ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_that_timed_out_leaves_no_late_copy_to_grant_the_key_to_nobody() {
+    let server = RedisServer::start();
+    let (proxy, url) = FaultProxy::in_front_of(&server.url());
+    let backend = RedisBackend::builder(url)
+        .response_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let locker = Locker::with_backend(backend.clone());
+    let key = unique_key("late-copy");
+    // The connections exist before the stall, so it catches them.
+    lock_and_release(&locker, &key, LockOptions::new()).await;
+
+    proxy.stall_open(Direction::ToServer);
+    match locker.lock(&*key, LockOptions::new()).await {
+        // Granted through a fresh connection: the body runs, and releases.
+        Ok(lease) => lease.release().await.unwrap(),
+        Err(error) => assert!(matches!(error, LockError::Backend(_)), "{error:?}"),
+    }
+    proxy.resume(Direction::ToServer);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let mut raw = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let pttl: i64 = raw.pttl(backend.lock_key(&key)).await.unwrap();
+    assert_eq!(
+        pttl, -2,
+        "the key is held by nobody: a late copy of an acquisition granted it (PTTL {pttl} ms)"
+    );
+}

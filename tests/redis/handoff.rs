@@ -1,0 +1,240 @@
+//! A release on Redis hands the key to the first waiter for its claim window; the waiter claims
+//! it, late if its runtime stalled, and a waiter that died lets the grant lapse.
+
+use std::time::{Duration, Instant};
+
+use dlock::backend::{AcquireRequest, Backend, RedisBackend};
+use dlock::{LockOptions, Locker, Owner};
+use redis::AsyncCommands;
+
+use crate::support::redis_commands::script_runs;
+use crate::support::unique_key;
+use crate::{locker_on, spawn_lock, wait_for_queue_length, Redis};
+
+/// One hand-off from a holder on `holder_locker` to a waiter on `waiter_locker`: the waiter's
+/// lease, the holder's fence, how many scripts the server ran from the release until the
+/// waiter's return, and how long after the waiter queued it returned.
+async fn hand_off_once(
+    redis: &Redis,
+    holder_locker: &Locker,
+    waiter_locker: &Locker,
+    ttl: Duration,
+) -> (dlock::Lease, u64, u64, Duration) {
+    let mut raw = redis.raw().await;
+    let key = unique_key("handed-off");
+    let holder = holder_locker
+        .lock(&*key, LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    let holder_fence = holder.fence();
+    let waiting = LockOptions::new().ttl(ttl).wait(Duration::from_secs(30));
+    let waiter = spawn_lock(waiter_locker, &key, waiting);
+    wait_for_queue_length(&mut raw, &redis.names.queue_key(&key), 1).await;
+    let queued_at = Instant::now();
+    let scripts_before = script_runs(&mut raw).await;
+    holder.release().await.unwrap();
+    let lease = waiter.await.unwrap().unwrap();
+    let returned_after = queued_at.elapsed();
+    let scripts = script_runs(&mut raw).await - scripts_before;
+    (lease, holder_fence, scripts, returned_after)
+}
+
+/// A release hands the lock to the first waiter for its claim window, with a fresh fence; the
+/// waiter, woken, claims it with one round trip and holds it for its full ttl — whether it
+/// waits on the releasing backend (woken in-process) or on another one (woken by the published
+/// message).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_off_lease_is_claimed_with_one_round_trip_for_its_full_ttl() {
+    let redis = Redis::start();
+    let ttl = Duration::from_secs(60);
+    let holder_locker = locker_on(&redis.server).await;
+    let other_locker = locker_on(&redis.server).await;
+    // Teaches the server both scripts, so that each run below is one EVALSHA.
+    for locker in [&holder_locker, &other_locker] {
+        let (lease, ..) = hand_off_once(&redis, locker, locker, ttl).await;
+        lease.release().await.unwrap();
+    }
+    for (waiter_locker, how) in [
+        (&holder_locker, "a waiter of the releasing locker"),
+        (&other_locker, "a waiter of another locker"),
+    ] {
+        // A waiter's first fallback poll comes at least 187 ms after it queued; a hand-off that
+        // took longer than that (a loaded machine) may have been found by that poll: run again.
+        let mut attempts = 0;
+        let (lease, holder_fence, scripts) = loop {
+            attempts += 1;
+            let (lease, holder_fence, scripts, returned_after) =
+                hand_off_once(&redis, &holder_locker, waiter_locker, ttl).await;
+            if returned_after < Duration::from_millis(150) || attempts == 5 {
+                break (lease, holder_fence, scripts);
+            }
+            lease.release().await.unwrap();
+        };
+        assert!(lease.is_held(), "{how}: the handed-off lease is not held");
+        assert!(
+            lease.fence() > holder_fence,
+            "{how}: fence {} after the holder's {holder_fence}",
+            lease.fence()
+        );
+        assert_eq!(
+            scripts, 2,
+            "{how}: the server ran {scripts} scripts for the hand-off, not the release and the claim"
+        );
+        // Claimed: the server holds the key for the waiter's full ttl, not the claim window.
+        let mut raw = redis.raw().await;
+        let lock_key = redis.names.lock_key(lease.key());
+        let holder: String = raw.get(&lock_key).await.unwrap();
+        assert_eq!(holder, lease.owner().to_string(), "{how}");
+        let pttl: i64 = raw.pttl(&lock_key).await.unwrap();
+        assert!(
+            pttl > 50_000,
+            "{how}: the handed-off key expires in {pttl} ms"
+        );
+        lease.release().await.unwrap();
+    }
+}
+
+/// A waiter handed the lock while its runtime stalls (for less than its claim window) claims it
+/// once it runs again: its lease counts from the claim, not from its last look at the key, and
+/// the server holds the key for its full ttl.
+#[test]
+fn a_waiter_that_stalls_after_its_hand_off_claims_it_once_it_runs() {
+    let redis = Redis::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(2);
+    let key = unique_key("stalled-waiter");
+    let holder_backend = runtime
+        .block_on(RedisBackend::connect(&redis.server.url()))
+        .unwrap();
+    let holder = Owner::random();
+    let holder_fence = runtime
+        .block_on(holder_backend.acquire(&AcquireRequest::new(
+            &key,
+            holder,
+            Duration::from_secs(60),
+            Duration::ZERO,
+        )))
+        .unwrap()
+        .expect("the key was busy")
+        .fence;
+
+    // The waiter, on a current-thread runtime of its own, which a second task can stall.
+    let (stall_tx, stall_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stalling_tx, stalling_rx) = std::sync::mpsc::channel::<()>();
+    let waiter_owner = Owner::random();
+    let waiter = std::thread::spawn({
+        let (url, key) = (redis.server.url(), key.clone());
+        move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let backend = RedisBackend::connect(&url).await.unwrap();
+                tokio::spawn(async move {
+                    if stall_rx.await.is_ok() {
+                        stalling_tx.send(()).unwrap();
+                        // Blocks the runtime, waiter and all, for 0.6 ttl: within the claim
+                        // window (the ttl, shorter than the liveness window).
+                        std::thread::sleep(Duration::from_millis(1_200));
+                    }
+                });
+                let request = AcquireRequest::new(&key, waiter_owner, ttl, Duration::from_secs(30));
+                let acquired = backend.acquire(&request).await;
+                (acquired, Instant::now())
+            })
+        }
+    });
+
+    runtime.block_on(async {
+        let mut raw = redis.raw().await;
+        wait_for_queue_length(&mut raw, &redis.names.queue_key(&key), 1).await;
+        stall_tx.send(()).unwrap();
+        stalling_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the waiter's runtime did not stall");
+        let released_at = Instant::now();
+        assert!(holder_backend.release(&key, holder).await.unwrap());
+        let (acquired, returned_at) = tokio::task::spawn_blocking(move || waiter.join().unwrap())
+            .await
+            .unwrap();
+        let acquired = acquired
+            .unwrap()
+            .expect("the waiter was not handed the key");
+        assert!(acquired.fence > holder_fence, "{acquired:?}");
+        assert!(
+            acquired.valid_from >= released_at,
+            "the lease counts from {:?} before the release, from the waiter's last look: \
+             it was not claimed",
+            released_at - acquired.valid_from
+        );
+        let left = (acquired.valid_from + ttl - ttl / 10).saturating_duration_since(returned_at);
+        assert!(left >= ttl / 2, "only {left:?} of validity left");
+        // Claimed on the server too: the key is the waiter's, extended to its full ttl.
+        let lock_key = redis.names.lock_key(&key);
+        let stored: String = raw.get(&lock_key).await.unwrap();
+        assert_eq!(stored, waiter_owner.to_string());
+        let pttl: i64 = raw.pttl(&lock_key).await.unwrap();
+        assert!(pttl > 1_500, "the key expires in {pttl} ms");
+    });
+}
+
+/// A waiter whose process died while it waited in the queue (nothing polls its future again,
+/// nothing drops it) is handed the key by the holder's release all the same. The hand-off is a
+/// grant for the waiter's claim window only, which the dead waiter never claims: the next
+/// caller gets the key within that window, not after the dead waiter's ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_to_a_waiter_that_died_lapses_after_its_claim_window() {
+    let redis = Redis::start();
+    let window = Duration::from_secs(1);
+    let holder_locker = locker_on(&redis.server).await;
+    let doomed_locker = Locker::with_backend(
+        RedisBackend::builder(redis.server.url())
+            .waiter_liveness(window)
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let key = unique_key("dead-waiter");
+    let holder = holder_locker
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let mut doomed = Box::pin({
+        let (locker, key) = (doomed_locker.clone(), key.clone());
+        async move {
+            let waiting = LockOptions::new()
+                .ttl(Duration::from_secs(30))
+                .wait(Duration::from_secs(60));
+            locker.lock(&*key, waiting).await
+        }
+    });
+    let mut raw = redis.raw().await;
+    let queue = redis.names.queue_key(&key);
+    tokio::select! {
+        result = &mut doomed => panic!("the waiter did not queue: {result:?}"),
+        () = wait_for_queue_length(&mut raw, &queue, 1) => {}
+    }
+    // The waiter's process dies: its future is neither polled again nor dropped.
+    std::mem::forget(doomed);
+    holder.release().await.unwrap();
+    let granted_for: i64 = raw.pttl(redis.names.lock_key(&key)).await.unwrap();
+    let started = Instant::now();
+    let next = holder_locker
+        .lock(&*key, LockOptions::new().wait(Duration::from_secs(8)))
+        .await;
+    let waited = started.elapsed();
+    assert!(
+        next.is_ok() && waited < window + Duration::from_millis(1_500),
+        "the next caller got {next:?} after {waited:?}; the key was handed to the dead waiter \
+         for {granted_for} ms"
+    );
+    assert!(
+        granted_for <= window.as_millis() as i64,
+        "the key was handed to the dead waiter for {granted_for} ms"
+    );
+}

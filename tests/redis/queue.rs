@@ -1,0 +1,141 @@
+//! The queue of waiters on Redis: a waiter that is dropped or gives up leaves it, and a release
+//! wakes the next one through pub/sub, not a poll, also after the server restarted.
+
+use std::time::{Duration, Instant};
+
+use dlock::backend::RedisBackend;
+use dlock::{LockError, LockOptions, Locker};
+use redis::AsyncCommands;
+
+use crate::support::redis_server::RedisServer;
+use crate::support::unique_key;
+use crate::{locker_on, spawn_lock, wait_for_queue_length, Redis};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_waiter_leaves_the_queue() {
+    let redis = Redis::start();
+    // A long liveness window: a waiter that failed to leave would block the next one for 30 s.
+    let backend = RedisBackend::builder(redis.server.url())
+        .waiter_liveness(Duration::from_secs(30))
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend.clone());
+    let key = unique_key("dropped-waiter");
+    let holder = locker
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let waiting = LockOptions::new()
+        .ttl(Duration::from_secs(60))
+        .wait(Duration::from_secs(60));
+    let dropped = spawn_lock(&locker, &key, waiting);
+    let queue = backend.queue_key(&key);
+    let mut raw = redis.raw().await;
+    wait_for_queue_length(&mut raw, &queue, 1).await;
+    let next = spawn_lock(&locker, &key, waiting);
+    wait_for_queue_length(&mut raw, &queue, 2).await;
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    wait_for_queue_length(&mut raw, &queue, 1).await;
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(20), next)
+        .await
+        .expect("the next waiter was blocked")
+        .unwrap()
+        .unwrap();
+    let latency = released_at.elapsed();
+    assert!(
+        latency < Duration::from_secs(3),
+        "the next waiter got the key {latency:?} after the release"
+    );
+    lease.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_gives_up_when_its_wait_runs_out_and_leaves_the_queue() {
+    let redis = Redis::start();
+    let locker = locker_on(&redis.server).await;
+    let key = unique_key("gives-up");
+    let _holder = locker
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let result = locker
+        .lock(&*key, LockOptions::new().wait(Duration::from_millis(700)))
+        .await;
+    let waited = started.elapsed();
+    assert!(matches!(result, Err(LockError::Busy { .. })), "{result:?}");
+    assert!(
+        waited >= Duration::from_millis(700),
+        "gave up after {waited:?}, before its wait ran out"
+    );
+    assert!(
+        waited < Duration::from_secs(5),
+        "gave up only after {waited:?}"
+    );
+    let queued: u64 = redis
+        .raw()
+        .await
+        .llen(redis.names.queue_key(&key))
+        .await
+        .unwrap();
+    assert_eq!(queued, 0, "the waiter stayed in the queue");
+}
+
+/// Holds `key`, lets a waiter wait `after`, releases, and says how long the waiter took to enter.
+async fn wake_latency(locker: &Locker, key: &str, after: Duration) -> Duration {
+    let holder = locker
+        .lock(key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let (locker, key) = (locker.clone(), key.to_owned());
+        async move {
+            let lease = locker
+                .lock(
+                    &*key,
+                    LockOptions::new()
+                        .ttl(Duration::from_secs(60))
+                        .wait(Duration::from_secs(60)),
+                )
+                .await;
+            (Instant::now(), lease)
+        }
+    });
+    tokio::time::sleep(after).await;
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    let (entered_at, lease) = waiter.await.unwrap();
+    lease.unwrap().release().await.unwrap();
+    entered_at.duration_since(released_at)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_woken_by_pub_sub_not_polling_also_after_a_restart() {
+    let mut server = RedisServer::start();
+    // A 30 s liveness window lets the fallback polls back off to 10 s: polls come about 0.25,
+    // 0.75, 1.75, 3.75 and 7.75 s into a wait, so a release 4.5 s in is seen within a second only
+    // through the published hand-off.
+    let backend = RedisBackend::builder(server.url())
+        .waiter_liveness(Duration::from_secs(30))
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend);
+    let key = unique_key("pubsub");
+    let latency = wake_latency(&locker, &key, Duration::from_millis(4_500)).await;
+    assert!(
+        latency < Duration::from_secs(1),
+        "the waiter entered {latency:?} after the release"
+    );
+    // The pub/sub connection dies with the server; the next waiter subscribes on a fresh one.
+    server.restart();
+    let latency = wake_latency(&locker, &key, Duration::from_millis(4_500)).await;
+    assert!(
+        latency < Duration::from_secs(1),
+        "after a restart, the waiter entered {latency:?} after the release"
+    );
+}

@@ -1,0 +1,316 @@
+//! Leases on ZooKeeper trusted no longer than the session that holds their nodes: through a
+//! partition, a server outage and a follower cut off from the quorum, a ttl beyond what the
+//! session allows, and the leader's view of the session's expiry.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dlock::backend::ZookeeperBackend;
+use dlock::{distributed_lock, LockError, Locker, Owner};
+
+use crate::support::fault_proxy::{Direction, FaultProxy};
+use crate::support::unique_key;
+use crate::support::zk_server::{self, ZkServer};
+use crate::{backend_at, ttl, Zookeeper, ROOT};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_partition_the_client_gives_its_leases_up_before_the_ensemble_deletes_their_nodes() {
+    let zk = Zookeeper::shared().await;
+    let (partition, url) = FaultProxy::in_front_of(&zk.url);
+    let session = Duration::from_secs(4);
+    let backend = backend_at(&url, session).await;
+    assert_eq!(backend.session_timeout(), session);
+    let locker = Locker::with_backend(backend);
+    let keys = [unique_key("partition-a"), unique_key("partition-b")];
+    let mut leases = Vec::new();
+    for key in &keys {
+        leases.push(locker.lock(&**key, ttl(4)).await.unwrap());
+    }
+
+    // The server hears nothing from the client, and the client nothing from the server, but
+    // no connection closes.
+    partition.stall(Direction::Both);
+    let frozen_at = Instant::now();
+    let deadline = frozen_at + Duration::from_secs(60);
+    for key in &keys {
+        // The ensemble expires the session and deletes its nodes...
+        while !zk.queue(key).await.is_empty() {
+            assert!(Instant::now() < deadline, "the session never expired");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    // ... by which time the client had stopped trusting the leases: the ttl (4 s) does not
+    // exceed the session timeout, and the client counts from before the server's last word.
+    let deleted_after = frozen_at.elapsed();
+    for lease in &leases {
+        assert!(
+            !lease.is_held(),
+            "a node was deleted {deleted_after:?} into the partition while its lease was trusted"
+        );
+        tokio::time::timeout(Duration::ZERO, lease.lost())
+            .await
+            .expect("the loss was not reported");
+    }
+    assert!(
+        deleted_after >= session,
+        "expired after only {deleted_after:?}"
+    );
+
+    // When the network comes back, the client learns that its session expired and later calls
+    // run on a new session.
+    partition.resume(Direction::Both);
+    drop(leases);
+    for key in &keys {
+        let lease = tokio::time::timeout(Duration::from_secs(30), locker.lock(&**key, ttl(4)))
+            .await
+            .expect("the first call after the partition hung")
+            .unwrap();
+        assert!(lease.is_held());
+        assert_eq!(zk.queue(key).await.len(), 1);
+    }
+}
+
+/// A ttl longer than the session allows (two thirds of its timeout less a tick) is shortened by
+/// the `Locker` — the lease is served and trusted no longer than the limit — and refused by the
+/// backend called directly, naming the fix, without a node left behind; a session too short
+/// for any ttl is refused outright.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_beyond_the_session_s_limit_is_shortened_or_refused() {
+    use dlock::backend::{AcquireRequest, Backend};
+
+    let zk = Zookeeper::shared().await;
+    let backend = backend_at(&zk.url, Duration::from_secs(6)).await;
+    assert_eq!(backend.session_timeout(), Duration::from_secs(6));
+    assert_eq!(backend.ttl_limit(), Duration::from_millis(3500));
+    let key = unique_key("ttl-rule");
+    let request = AcquireRequest::new(
+        &key,
+        Owner::random(),
+        Duration::from_secs(4),
+        Duration::ZERO,
+    );
+    match backend.acquire(&request).await {
+        Err(LockError::InvalidOptions { reason }) => {
+            assert!(reason.contains("session_timeout"), "{reason}");
+            assert!(reason.contains("3.5s"), "{reason}");
+        }
+        other => panic!("expected InvalidOptions, got {other:?}"),
+    }
+    assert!(
+        zk.queue(&key).await.is_empty(),
+        "a refused acquisition made a node"
+    );
+
+    let locker = Locker::with_backend(backend);
+    let sent_at = Instant::now();
+    let lease = locker.lock(&*key, ttl(60).renew(false)).await.unwrap();
+    assert!(lease.is_held());
+    assert_eq!(zk.queue(&key).await.len(), 1);
+    tokio::time::timeout(Duration::from_secs(10), lease.lost())
+        .await
+        .expect("a lease of a shortened ttl was trusted for longer");
+    assert!(
+        sent_at.elapsed() >= Duration::from_millis(3150),
+        "given up after {:?}, before the limit less the margin",
+        sent_at.elapsed()
+    );
+
+    // Two thirds of 1.5 s is one (claimed) tick: nothing is left.
+    let too_short = ZookeeperBackend::builder(&zk.url)
+        .unwrap()
+        .root(ROOT)
+        .session_timeout(Duration::from_millis(1500))
+        .tick_time(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
+    let too_short = Locker::with_backend(too_short);
+    match too_short.lock(unique_key("ttl-rule"), ttl(1)).await {
+        Err(LockError::InvalidOptions { reason }) => {
+            assert!(reason.contains("leaves no safe ttl"), "{reason}");
+            assert!(reason.contains("session_timeout"), "{reason}");
+        }
+        other => panic!(
+            "expected InvalidOptions, got {:?}",
+            other.map(|l| l.fence())
+        ),
+    }
+}
+
+/// The leader may start counting a session's expiry before the request the client counts a
+/// lease from: a follower tells it of the session's activity only in its ping replies, so the
+/// leader's clock for the session can run from the client's previous request (up to a third of
+/// the session timeout earlier) plus half a tick. A lease whose ttl equals the session timeout
+/// would then be trusted past that expiry; the client must stop trusting a confirmation within
+/// two thirds of the session timeout less half a tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmation_is_trusted_no_longer_than_the_leader_keeps_the_session() {
+    let zk = Zookeeper::shared().await;
+    let session = Duration::from_secs(6);
+    let backend = backend_at(&zk.url, session).await;
+    assert_eq!(backend.session_timeout(), session);
+    let locker = Locker::with_backend(backend);
+    let key = unique_key("ttl-within-session");
+    // The acquisition is the only confirmation: no renewal follows it.
+    let sent_at = Instant::now();
+    let lease = locker
+        .lock(&*key, ttl(6).renew(false))
+        .await
+        .expect("a ttl as long as the session timeout is served");
+    // The shared server's tick is 500 ms.
+    let leader_may_expire = sent_at + session * 2 / 3 - Duration::from_millis(250);
+    while lease.is_held() {
+        assert!(
+            Instant::now() <= leader_may_expire,
+            "the lease was still trusted {:?} after its only confirmation was sent, past the \
+             {:?} after which the leader may expire the session",
+            sent_at.elapsed(),
+            leader_may_expire - sent_at
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn until_set(flag: &AtomicBool) {
+    while !flag.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[distributed_lock(key = "<key>", ttl = "4s", locker = locker)]
+async fn hold_on_a_short_session(
+    locker: &Locker,
+    key: &str,
+    started: &AtomicBool,
+) -> Result<(), LockError> {
+    started.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(300)).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_outage_longer_than_the_session_cancels_the_body_and_later_calls_succeed() {
+    let mut server = tokio::task::spawn_blocking(ZkServer::start_new)
+        .await
+        .unwrap();
+    let session = Duration::from_secs(4);
+    let backend = backend_at(&server.url(), session).await;
+    assert_eq!(backend.session_timeout(), session);
+    let locker = Locker::with_backend(backend);
+    let key = unique_key("outage");
+    let started = Arc::new(AtomicBool::new(false));
+    let body = tokio::spawn({
+        let (locker, key, started) = (locker.clone(), key.clone(), started.clone());
+        async move { hold_on_a_short_session(&locker, &key, &started).await }
+    });
+    until_set(&started).await;
+
+    let stopped_at = Instant::now();
+    tokio::task::block_in_place(|| server.stop());
+    let result = tokio::time::timeout(Duration::from_secs(30), body)
+        .await
+        .expect("the body was not cancelled while the server was down");
+    assert!(matches!(result.unwrap(), Err(LockError::Lost { .. })));
+    // Judged by the client: ttl less the margin (3.6 s) after the last confirmation.
+    let lost_after = stopped_at.elapsed();
+    assert!(
+        lost_after < Duration::from_secs(10),
+        "lost only after {lost_after:?}"
+    );
+
+    // Down past the session's end: the client gives a session up after 7/5 of its timeout.
+    tokio::time::sleep_until((stopped_at + Duration::from_secs(8)).into()).await;
+    tokio::task::block_in_place(|| server.start());
+
+    // The first call after the outage succeeds, on a new session.
+    let other_key = unique_key("after-outage");
+    let lease = tokio::time::timeout(Duration::from_secs(30), locker.lock(&*other_key, ttl(4)))
+        .await
+        .expect("the first call after the outage hung")
+        .unwrap();
+    assert!(lease.is_held());
+    // The old session's node goes when the restarted server expires that session; a waiter is
+    // woken by it.
+    let again = tokio::time::timeout(
+        Duration::from_secs(60),
+        locker.lock(&*key, ttl(4).wait(Duration::from_secs(30))),
+    )
+    .await
+    .expect("the key never came free")
+    .unwrap();
+    assert!(again.is_held());
+    drop((lease, again));
+    tokio::task::block_in_place(|| drop(server));
+}
+
+/// A follower cut off from the quorum goes on answering reads from its own copy of the data
+/// for `syncLimit` ticks, while the leader expires the sessions it serves and grants their keys
+/// to others. A lease renewed through such a follower must not be confirmed by it: the client
+/// gives the lease up by its own deadline, before the leader can grant the key again, and no
+/// two holders overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_cut_off_from_the_quorum_confirms_no_lease() {
+    let ensemble = tokio::task::spawn_blocking(zk_server::ZkEnsemble::start)
+        .await
+        .unwrap();
+    assert_eq!(ensemble.server(0).mode(), "follower");
+    let session = Duration::from_secs(4);
+    let through_follower = Locker::with_backend(backend_at(&ensemble.url_of(&[0]), session).await);
+    let elsewhere = Locker::with_backend(backend_at(&ensemble.url_of(&[1, 2]), session).await);
+    let key = unique_key("stale-follower");
+    let lease = through_follower.lock(&*key, ttl(4)).await.unwrap();
+    // Renewals go through while the ensemble is whole.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(lease.is_held(), "lost while the ensemble was whole");
+
+    ensemble.cut_off_first();
+    let cut_at = Instant::now();
+    let rival_got_in = Arc::new(Mutex::new(None));
+    let rival = {
+        let (key, got_in) = (key.clone(), rival_got_in.clone());
+        tokio::spawn(async move {
+            let lease = elsewhere
+                .lock(&*key, ttl(4).wait(Duration::from_secs(60)))
+                .await
+                .unwrap();
+            *got_in.lock().unwrap() = Some(Instant::now());
+            lease
+        })
+    };
+    // The lease's deadline: the ttl past the last confirmation, which came before the cut.
+    let deadline = cut_at + Duration::from_secs(4);
+    let mut lost_at = None;
+    while rival_got_in.lock().unwrap().is_none() {
+        let now = Instant::now();
+        if lost_at.is_none() && !lease.is_held() {
+            lost_at = Some(now);
+        }
+        assert!(
+            lost_at.is_some() || now < deadline + Duration::from_millis(500),
+            "the lease was still held {:?} after the cut, past its ttl: confirmed by a follower \
+             cut off from the quorum",
+            now - cut_at
+        );
+        assert!(
+            now < cut_at + Duration::from_secs(60),
+            "the rival never got the key"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let rival_at = rival_got_in.lock().unwrap().unwrap();
+    let Some(lost_at) = lost_at else {
+        panic!(
+            "the rival got the key {:?} after the cut while the lease was still held: two holders",
+            rival_at - cut_at
+        );
+    };
+    assert!(
+        lost_at <= rival_at,
+        "two holders for {:?}",
+        lost_at - rival_at
+    );
+    let second = rival.await.unwrap();
+    assert!(second.is_held());
+    assert!(!lease.is_held());
+}
