@@ -154,7 +154,7 @@ fn explore<S: Store>(test: &str, default_seeds: u64, store: impl Fn(u64) -> S + 
                         .unwrap()
                         .insert(seed, (plan.describe(), outcome.findings));
                 }
-                if (index + 1) % 5000 == 0 {
+                if (index + 1).is_multiple_of(5000) {
                     eprintln!(
                         "explore {test}: {} seeds in {:?}, {} failing",
                         index + 1,
