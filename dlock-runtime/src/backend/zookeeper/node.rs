@@ -1,5 +1,5 @@
-//! One acquisition's lock node, the guard that deletes it when the acquisition is abandoned,
-//! and the writes that confirm or delete lock nodes.
+//! One acquisition's lock node: where it stands ([`Stage`]), the guard that deletes it when the
+//! acquisition is abandoned, and the writes that confirm or delete lock nodes.
 
 use std::time::Duration;
 
@@ -14,8 +14,95 @@ use crate::{background, Owner};
 /// How often a background delete of an unanswered release is retried.
 const DELETE_RETRIES: usize = 100;
 
-/// The lock node of one acquisition in progress. Dropped before it was granted (the waiter
-/// gave up or its future was dropped), it deletes the node at once, from the background.
+/// Where one acquisition's lock node stands. The acquisition loop (`contend`) moves it from
+/// stage to stage; dropping the [`LockNode`] before it is [`Granted`](Stage::Granted) cleans up
+/// by the stage it is in, so a waiter that gives up, or whose future is dropped, never leaves a
+/// node that would block the key for as long as the session lives.
+pub(super) enum Stage {
+    /// No node of ours exists and no create is unanswered: the next step sends a create. This
+    /// is where an acquisition starts, and where it comes back to when its node turned out to
+    /// be gone (deleted from outside, or refused by the leader's check): it queues again, at
+    /// the back. Moves on to `CreateUnanswered` as the create is sent. Dropped here, nothing is
+    /// left to delete.
+    NotCreated,
+    /// A create was sent and its answer not seen (the connection was lost, the request failed
+    /// without saying whether it landed, or the future was dropped): the node may exist. Its
+    /// name starts with the owner, so the next step lists the parent and looks for it, moving
+    /// on to `Queued` when it is there and to `NotCreated` when it is not. Dropped here, the
+    /// guard does that search from the background and deletes what it finds.
+    CreateUnanswered,
+    /// Our node exists, as far as the last answer said, and waits for the nodes created before
+    /// it to go. Moves on to `Granted` when none is left ahead and the node is confirmed by a
+    /// write; back to `NotCreated` when the node is gone; to `Gone` when the wait ran out and
+    /// the node was deleted. Dropped here, the guard deletes the node.
+    Queued(Queued),
+    /// The node holds the lock: it belongs to the lease now, which releases it. The guard lets
+    /// it be. Final.
+    Granted,
+    /// Nothing of ours is left to delete: we deleted the node when the wait ran out, the node
+    /// went with its session, or the wait ran out with no node at all. Final.
+    Gone,
+}
+
+/// A lock node of ours that exists.
+pub(super) struct Queued {
+    /// The node's name, `{owner}-{sequence}`.
+    pub(super) name: String,
+    /// The node's `czxid`: its place in the queue, and the fence once it is granted.
+    pub(super) czxid: i64,
+    /// The lock nodes created before this one that were still there at the last listing, oldest
+    /// first, with their `czxid`s; `None` until a listing after the create was read.
+    ahead: Option<Vec<(i64, String)>>,
+}
+
+impl Queued {
+    /// A node just created, or found again after its create's answer was lost.
+    pub(super) fn new(name: String, czxid: i64) -> Self {
+        Queued {
+            name,
+            czxid,
+            ahead: None,
+        }
+    }
+
+    /// The nodes still ahead of this one, oldest first, from `children` of `parent`: a listing
+    /// read after this node was created. The first such listing holds every older node still
+    /// there, so their ages are read then, once; a node missing from it is younger than this
+    /// one, so later listings only drop the nodes that went.
+    pub(super) async fn still_ahead(
+        &mut self,
+        client: &Client,
+        parent: &str,
+        children: &[String],
+    ) -> Result<Vec<(i64, String)>, ZkError> {
+        let ahead = match self.ahead.take() {
+            Some(mut ahead) => {
+                ahead.retain(|(_, name)| children.contains(name));
+                ahead
+            }
+            None => {
+                let others: Vec<String> = children
+                    .iter()
+                    .filter(|name| sequence(name).is_some() && **name != self.name)
+                    .cloned()
+                    .collect();
+                let mut ahead: Vec<(i64, String)> = creation_zxids(client, parent, others)
+                    .await?
+                    .into_iter()
+                    .filter(|(czxid, _)| *czxid < self.czxid)
+                    .collect();
+                ahead.sort_unstable();
+                ahead
+            }
+        };
+        self.ahead = Some(ahead.clone());
+        Ok(ahead)
+    }
+}
+
+/// The lock node of one acquisition in progress, on one session. Dropped before it was granted
+/// (the waiter gave up or its future was dropped), it deletes the node at once, from the
+/// background.
 pub(super) struct LockNode {
     pub(super) client: Client,
     pub(super) session: SessionId,
@@ -26,17 +113,10 @@ pub(super) struct LockNode {
     pub(super) prefix: String,
     /// The owner token, the node's data.
     pub(super) data: String,
-    /// The node's name, once created.
-    pub(super) name: Option<String>,
-    pub(super) fence: i64,
-    /// The lock nodes created before this one that were still there at the last listing, oldest
-    /// first, with their `czxid`s; `None` until a listing after the create was read.
-    ahead: Option<Vec<(i64, String)>>,
-    /// A create was sent whose answer has not been seen.
-    pub(super) in_flight: bool,
-    /// The parent was seen missing: the create is preceded by one of the parent.
+    /// The parent was seen missing: from then on, every create of the node is preceded by one
+    /// of the parent (refused harmlessly where the parent exists again).
     pub(super) parent_missing: bool,
-    armed: bool,
+    pub(super) stage: Stage,
 }
 
 impl LockNode {
@@ -49,86 +129,26 @@ impl LockNode {
             parent,
             own_prefix,
             data: owner.to_string(),
-            name: None,
-            fence: 0,
-            ahead: None,
-            in_flight: false,
             parent_missing: false,
-            armed: true,
+            stage: Stage::NotCreated,
         }
     }
 
+    /// Whether `name` is a lock node of this node's owner.
     pub(super) fn is_ours(&self, name: &str) -> bool {
         name.starts_with(&self.own_prefix) && sequence(name).is_some()
     }
 
-    pub(super) fn is(&self, name: &str) -> bool {
-        self.name.as_deref() == Some(name)
-    }
-
-    pub(super) fn adopt(&mut self, name: String, czxid: i64) {
-        self.name = Some(name);
-        self.fence = czxid;
-        self.ahead = None;
-        self.in_flight = false;
-    }
-
-    /// The nodes still ahead of this one, oldest first, from `children`: a listing read after
-    /// this node was created. The first such listing holds every older node still there, so
-    /// their ages are read then, once; a node missing from it is younger than this one, so
-    /// later listings only drop the nodes that went.
-    pub(super) async fn still_ahead(
-        &mut self,
-        children: &[String],
-    ) -> Result<Vec<(i64, String)>, ZkError> {
-        let ahead = match self.ahead.take() {
-            Some(mut ahead) => {
-                ahead.retain(|(_, name)| children.contains(name));
-                ahead
-            }
-            None => {
-                let others: Vec<String> = children
-                    .iter()
-                    .filter(|name| sequence(name).is_some() && !self.is(name))
-                    .cloned()
-                    .collect();
-                let mut ahead: Vec<(i64, String)> =
-                    creation_zxids(&self.client, &self.parent, others)
-                        .await?
-                        .into_iter()
-                        .filter(|(czxid, _)| *czxid < self.fence)
-                        .collect();
-                ahead.sort_unstable();
-                ahead
-            }
-        };
-        self.ahead = Some(ahead.clone());
-        Ok(ahead)
-    }
-
-    /// The node is the holder's now: the guard lets it be. Returns its path.
-    pub(super) fn grant(&mut self) -> String {
-        self.armed = false;
-        format!(
-            "{}/{}",
-            self.parent,
-            self.name.as_deref().unwrap_or_default()
-        )
-    }
-
-    pub(super) fn disarm(&mut self) {
-        self.armed = false;
-    }
-
-    /// Deletes the node now; if that fails, dropping the guard tries again from the background.
+    /// Deletes a queued node now, which makes it [`Gone`](Stage::Gone); if that fails, it stays
+    /// [`Queued`](Stage::Queued), and dropping the guard tries again from the background.
     pub(super) async fn remove(&mut self) {
-        let Some(name) = &self.name else {
+        let Stage::Queued(queued) = &self.stage else {
             return;
         };
-        let path = format!("{}/{name}", self.parent);
+        let path = format!("{}/{}", self.parent, queued.name);
         match delete_node(&self.client, &path, &self.parent).await {
-            Ok(_) => self.armed = false,
-            Err(error) if ends_session(&error) => self.armed = false,
+            Ok(_) => self.stage = Stage::Gone,
+            Err(error) if ends_session(&error) => self.stage = Stage::Gone,
             Err(error) => {
                 tracing::debug!(%path, %error, "distributed_lock: deleting an abandoned ZooKeeper node failed; retrying");
             }
@@ -138,13 +158,14 @@ impl LockNode {
 
 impl Drop for LockNode {
     fn drop(&mut self) {
-        if !self.armed || (self.name.is_none() && !self.in_flight) {
-            return;
-        }
+        let name = match &self.stage {
+            Stage::Queued(queued) => Some(queued.name.clone()),
+            Stage::CreateUnanswered => None,
+            Stage::NotCreated | Stage::Granted | Stage::Gone => return,
+        };
         let client = self.client.clone();
         let parent = self.parent.clone();
         let own_prefix = self.own_prefix.clone();
-        let name = self.name.clone();
         background::spawn(async move {
             if let Some(name) = name {
                 let _ = delete_node(&client, &format!("{parent}/{name}"), &parent).await;
