@@ -1,0 +1,249 @@
+//! Acquisition: create a lock node, wait for the nodes ahead of it to go, watching only the one
+//! just ahead, and take the key when none is left. It moves a [`LockNode`] through its
+//! [`Stage`]s; the stage is what its guard cleans up by when the acquisition is abandoned.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use zookeeper_client::{Client, Error as ZkError, EventType};
+
+use super::node::{confirm_nodes, LockNode, Queued, Stage};
+use super::paths::sequence;
+use super::queue::list_or_empty;
+use super::session::{is_retryable, zk_error, Session};
+use super::{Held, ZookeeperBackend, EPHEMERAL_SEQUENTIAL, PERSISTENT};
+use crate::backend::{AcquireRequest, Acquired};
+use crate::{LockError, Owner};
+
+/// How often an acquisition recreates a parent that a concurrent release deleted before giving
+/// up. Each time needs a release to slip in between two of our requests.
+const PARENT_RETRIES: usize = 16;
+
+/// The children of the parent as listed in the create's round trip, and when the create was
+/// sent.
+type ListedWithCreate = (Vec<String>, Instant);
+
+impl ZookeeperBackend {
+    /// Acquires on `session`, trying once more on a lost connection or an ended session.
+    pub(super) async fn acquire_on(
+        &self,
+        mut session: Session,
+        request: &AcquireRequest<'_>,
+        parent: String,
+    ) -> Result<Option<Acquired>, LockError> {
+        let now = Instant::now();
+        // A wait too long to add is a wait without end.
+        let deadline = now
+            .checked_add(request.wait)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
+        let mut retried = false;
+        let mut parent_missing = false;
+        if request.wait.is_zero() {
+            // A try that is sure to fail creates nothing: no churn of nodes and watches on a
+            // busy key.
+            loop {
+                match session.client.list_children(&parent).await {
+                    Ok(children) if children.iter().any(|c| sequence(c).is_some()) => {
+                        return Ok(None)
+                    }
+                    Ok(_) => break,
+                    Err(ZkError::NoNode) => {
+                        parent_missing = true;
+                        break;
+                    }
+                    Err(error) if !retried && is_retryable(&error) => {
+                        retried = true;
+                        session = self.session().await?;
+                    }
+                    Err(error) => return Err(zk_error(error)),
+                }
+            }
+        }
+        let mut node = LockNode::new(&session, parent, request.owner);
+        node.parent_missing = parent_missing;
+        loop {
+            match self.contend(&mut node, request.owner, deadline).await {
+                Ok(acquired) => return Ok(acquired),
+                Err(error) if !retried && is_retryable(&error) => {
+                    retried = true;
+                    let fresh = self.session().await?;
+                    if fresh.id != node.session {
+                        // Our node, if any, went with the old session.
+                        node.stage = Stage::Gone;
+                        node = LockNode::new(&fresh, node.parent.clone(), request.owner);
+                    }
+                    // On the same session the node goes on from its stage: a create whose
+                    // answer the lost connection took is looked for before another is sent.
+                }
+                Err(error) => return Err(zk_error(error)),
+            }
+        }
+    }
+
+    /// Moves `node` on from its stage until it is granted or `deadline` passes (`None`, the
+    /// node deleted): creates it if it does not exist yet, and waits, watching its predecessor,
+    /// until it is the oldest. An error leaves the node in the stage it reached, for a retry on
+    /// the same session or for its guard.
+    async fn contend(
+        &self,
+        node: &mut LockNode,
+        owner: Owner,
+        deadline: Instant,
+    ) -> Result<Option<Acquired>, ZkError> {
+        let client = node.client.clone();
+        // A listing that came with the create, and the create's send time: the create was a
+        // write, so its success confirms the session and the node through the quorum. Set
+        // only as the node becomes queued, and taken by the very next step.
+        let mut listed: Option<ListedWithCreate> = None;
+        let mut parents_made = 0;
+        loop {
+            let queued = match &mut node.stage {
+                Stage::CreateUnanswered => {
+                    node.stage = find_unanswered_create(&client, node).await?;
+                    continue;
+                }
+                Stage::NotCreated => {
+                    listed = create(&client, node, &mut parents_made).await?;
+                    continue;
+                }
+                Stage::Queued(queued) => queued,
+                Stage::Granted | Stage::Gone => {
+                    unreachable!("a granted or deleted lock node contends no more")
+                }
+            };
+            let (children, confirmed_at) = match listed.take() {
+                Some((children, sent_at)) => (children, Some(sent_at)),
+                None => (list_or_empty(&client, &node.parent).await?, None),
+            };
+            if !children.contains(&queued.name) {
+                // Deleted from outside (an operator, or a forced release of a waiter).
+                node.stage = Stage::NotCreated;
+                if Instant::now() >= deadline {
+                    node.stage = Stage::Gone;
+                    return Ok(None);
+                }
+                continue;
+            }
+            let ahead = queued.still_ahead(&client, &node.parent, &children).await?;
+            if ahead.is_empty() {
+                // No node is ahead any more, and none can come ahead: that holds whoever served
+                // the listing. Whether our node and session still live is the leader's word,
+                // which a server cut off from it would answer from a stale copy: unless the
+                // create just confirmed it, a write does.
+                let path = format!("{}/{}", node.parent, queued.name);
+                let valid_from = match confirmed_at {
+                    Some(sent_at) => sent_at,
+                    None => {
+                        let sent_at = Instant::now();
+                        if !confirm_nodes(&client, &[path.as_str()]).await?[0] {
+                            node.stage = Stage::NotCreated;
+                            continue;
+                        }
+                        sent_at
+                    }
+                };
+                let fence = u64::try_from(queued.czxid).unwrap_or(0);
+                node.stage = Stage::Granted;
+                self.shared.held().insert(
+                    owner,
+                    Held {
+                        path,
+                        parent: node.parent.clone(),
+                        session: node.session,
+                    },
+                );
+                return Ok(Some(Acquired { fence, valid_from }));
+            }
+            if Instant::now() >= deadline {
+                node.remove().await;
+                return Ok(None);
+            }
+            let (_, just_ahead) = &ahead[ahead.len() - 1];
+            let predecessor = format!("{}/{just_ahead}", node.parent);
+            let (stat, watcher) = client.check_and_watch_stat(&predecessor).await?;
+            if stat.is_none() {
+                // Gone between the list and the watch: list again.
+                continue;
+            }
+            tokio::select! {
+                event = watcher.changed() => {
+                    if event.event_type == EventType::NodeDeleted {
+                        self.shared.watch_events.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // A session event ends the session's requests: the next one says so.
+                }
+                () = tokio::time::sleep_until(deadline.into()) => {}
+            }
+        }
+    }
+}
+
+/// The stage after a create whose answer was lost: it may have landed, so the node is looked
+/// for by its owner prefix. [`Queued`](Stage::Queued) when it is there, else
+/// [`NotCreated`](Stage::NotCreated). An error leaves the question open.
+async fn find_unanswered_create(client: &Client, node: &LockNode) -> Result<Stage, ZkError> {
+    let children = list_or_empty(client, &node.parent).await?;
+    if let Some(name) = children.iter().find(|c| node.is_ours(c)) {
+        let path = format!("{}/{name}", node.parent);
+        if let Some(stat) = client.check_stat(&path).await? {
+            return Ok(Stage::Queued(Queued::new(name.clone(), stat.czxid)));
+        }
+    }
+    Ok(Stage::NotCreated)
+}
+
+/// Sends the create of `node`, which is [`NotCreated`](Stage::NotCreated), making it
+/// [`CreateUnanswered`](Stage::CreateUnanswered) until the answer comes:
+/// [`Queued`](Stage::Queued) with the listing and the create's send time when it was created;
+/// `NotCreated` again, with `None`, when the parent was missing (it is made now, and the create
+/// is to be sent again); an error otherwise, `CreateUnanswered` unless the answer said the
+/// parent kept vanishing.
+async fn create(
+    client: &Client,
+    node: &mut LockNode,
+    parents_made: &mut usize,
+) -> Result<Option<ListedWithCreate>, ZkError> {
+    node.stage = Stage::CreateUnanswered;
+    let sent_at = Instant::now();
+    // Pipelined, one round trip: the session's requests are served in order, so the create
+    // finds the parent made just before it (when it was seen missing), and the list includes
+    // the node the create makes.
+    let make_parent = node
+        .parent_missing
+        .then(|| client.create(&node.parent, &[], &PERSISTENT));
+    let create = client.create(&node.prefix, node.data.as_bytes(), &EPHEMERAL_SEQUENTIAL);
+    let list = client.list_children(&node.parent);
+    let make_parent = async move {
+        match make_parent {
+            Some(made) => made.await.map(drop),
+            None => Ok(()),
+        }
+    };
+    let (made, created, children) = tokio::join!(make_parent, create, list);
+    match created {
+        Ok((stat, sequence)) => {
+            let name = format!("{}{sequence}", node.own_prefix);
+            node.stage = Stage::Queued(Queued::new(name, stat.czxid));
+            Ok(Some((children?, sent_at)))
+        }
+        Err(ZkError::NoNode) if *parents_made < PARENT_RETRIES => {
+            // The parent is missing, or a release deleted it between our steps.
+            node.stage = Stage::NotCreated;
+            *parents_made += 1;
+            if node.parent_missing && matches!(made, Err(ZkError::NoNode)) {
+                // The root itself is gone.
+                client.mkdir(&node.parent, &PERSISTENT).await?;
+            }
+            node.parent_missing = true;
+            Ok(None)
+        }
+        Err(ZkError::NoNode) => {
+            node.stage = Stage::NotCreated;
+            Err(ZkError::UnexpectedError(format!(
+                "the parent {} kept vanishing",
+                node.parent
+            )))
+        }
+        Err(error) => Err(error),
+    }
+}

@@ -1,0 +1,390 @@
+//! The ZooKeeper store: ephemeral sequential nodes, the lock recipe of the ZooKeeper
+//! documentation, with each waiter watching only its predecessor.
+//!
+//! # The nodes
+//!
+//! ```text
+//! /dlock                                       the root (builder option), created if missing
+//! └── acct:a%3Ab                               one persistent parent per key
+//!     ├── 3f9c…e1-0000000007  (ephemeral)      the holder: the lowest sequence number
+//!     ├── 8a02…5d-0000000008  (ephemeral)      a waiter, watching …07
+//!     └── c7b1…90-0000000009  (ephemeral)      a waiter, watching …08
+//! ```
+//!
+//! - **Parent**: named by the rendered key, with `/`, `%` and every character a znode name
+//!   cannot hold (controls, `U+007F`–`U+009F`, `U+D800`–`U+F8FF`, `U+FFF0`–`U+FFFF`)
+//!   percent-encoded as UTF-8 bytes, and the names `.` and `..` written `%2E` and `%2E%2E`. `%`
+//!   is always an escape, so the mapping is injective: two keys never share a parent. Keys
+//!   rendered by `#[distributed_lock]` are already escaped, so they appear as they are. A key
+//!   whose lock node path would pass [`MAX_PATH_BYTES`] is refused with `InvalidKey`, whole.
+//! - **Lock node**: `EPHEMERAL_SEQUENTIAL`, named `{owner}-{sequence}` and holding the owner
+//!   token. The owner in the name makes creation *protected* (Curator's term): when the reply to
+//!   a create is lost with the connection, the node is found again by its prefix, so a retried or
+//!   abandoned acquisition never leaves an orphan node that would block the key for as long as
+//!   the session lives.
+//! - **Queue order** is creation order: the nodes' `czxid`s (see *Fences*), not the numbers in
+//!   their names. ZooKeeper numbers a child with its parent's count of child changes, a signed
+//!   32-bit number: a key that stays busy through 2^31 creations and deletions sees the number
+//!   go from `2147483647` to `-2147483648`, and a node created after that would sort first by
+//!   its number, becoming a second holder. Comparing numbers modulo 2^32 would be right only
+//!   while the live nodes span fewer than 2^31 changes, which a key held for weeks while waiters
+//!   come and give up can pass. A `czxid` is a 64-bit zxid that does not wrap, and it is the
+//!   fence too, so the queue order and the fence order are one by construction. The price is
+//!   small: an acquirer that finds other lock nodes reads their stats once, in one `multiRead`;
+//!   a node missing from that first listing was created after its own, so later wake-ups need
+//!   no stats.
+//!
+//! # The calls
+//!
+//! - **Acquire**: `create` the lock node and `getChildren` of the parent, pipelined in one round
+//!   trip (a session's requests are processed in order, so the list includes the new node; where
+//!   the parent was seen missing, its `create` goes first in the same round trip). The oldest
+//!   node holds the lock. Otherwise the waiter sets an `exists` watch on the node just
+//!   ahead of its own and sleeps until that node goes, then lists again: a release wakes exactly
+//!   one waiter (no herd), and waiters are served in the order their nodes were created,
+//!   first come first served. A waiter whose predecessor gave up finds a new predecessor and
+//!   watches it instead. `wait` is kept exactly: when it runs out the waiter deletes its node
+//!   and answers busy. With `wait = 0` the parent is listed first, and a key that has any lock
+//!   node is answered busy without creating one, so tries on a busy key cause no churn.
+//! - **Release**: delete our node, pipelined with a delete of the parent that the server refuses
+//!   (`NotEmpty`) while anyone else queues; so an idle key leaves nothing behind. An acquirer
+//!   whose parent vanished between its steps gets `NoNode` on create, recreates the parent and
+//!   tries again: the two never need a lock of their own. The node to delete is the one this
+//!   backend created for the owner (kept in a map, owner → node), and its name carries the owner,
+//!   so a release can only ever delete its own node: `Ok(false)` when it was already gone.
+//! - **Renewal**: one `multi` of version checks (any version) on every lease's node (1,000 per
+//!   request, the requests pipelined): a lease is held while its node exists on the live
+//!   session. Nothing is extended on the server, because the lease *is* the session: the
+//!   client's heartbeats keep the session, and the session keeps the nodes.
+//! - **Confirmation through the quorum**: a server answers reads from its own copy of the data.
+//!   A follower cut off from the leader goes on doing so for up to `syncLimit × tickTime`,
+//!   while the leader expires the sessions it serves and grants their keys to others; a read
+//!   could then confirm a lease that is gone. So whatever makes the client trust a lease is a
+//!   write, which only the leader answers, once a quorum committed it: the create of the lock
+//!   node when it is granted at once, a check of the node when it is granted after waiting
+//!   (the listing that shows no node ahead may be stale, but only about nodes that went, never
+//!   about older ones), and the renewal's checks. A `multi` rather than a `sync` before a read:
+//!   a `sync` is answered by a leader that may itself have lost its quorum and not noticed yet,
+//!   a committed write cannot be. The price is one transaction per renewal tick (per thousand
+//!   leases) in the ensemble's log, instead of a read.
+//! - **Abandonment**: a waiter that gives up, or whose future is dropped, deletes its node at
+//!   once (a drop guard queues the delete on dlock's background runtime), so it never becomes a
+//!   holder that nobody serves.
+//!
+//! # Fences
+//!
+//! A fence is the `czxid` of the lock node: the zxid of the transaction that created it. Zxids
+//! are assigned by the ensemble's leader to every write, in one total order, increase
+//! monotonically (across leader changes too: the epoch is the high half) and are never reused.
+//! Nodes of one key are served in creation order, so each holder's node was created after every
+//! earlier holder's, and fences increase per key across releases, expiries and deletions of the
+//! parent. The sequence number could not serve: it counts the children of one parent, and
+//! restarts at zero when an idle key's parent is deleted and created again.
+//!
+//! # Sessions and time
+//!
+//! Every node of a backend lives on its one ZooKeeper session. When the ensemble expires the
+//! session (no heartbeat for the session timeout), it deletes the session's nodes: every lease
+//! on it is lost at once, renewal answers `false` for all of them, and the backend opens a new
+//! session for later calls. A disconnection shorter than that keeps the session, but the client
+//! stops trusting a lease as soon as ttl less the safety margin has passed since the last
+//! confirmation, whatever the session does: ZooKeeper's own limits are coarse (the session
+//! timeout is bounded below by twice the server's tick time), the client's are not.
+//!
+//! That is safe only if the ensemble cannot end the session, and delete the node, while the
+//! client still trusts the lease. Only the leader ends sessions, and it may start counting a
+//! session's timeout *before* the request the client counts a lease from: a follower tells the
+//! leader of its clients' activity only in its replies to the leader's pings (every half tick),
+//! and the leader does not restart a session's count for a request a follower forwards. A
+//! follower cut off just after it forwarded a confirmation leaves the leader counting from the
+//! client's previous request, up to the client's idle gap (a third of the session timeout) and
+//! half a tick earlier. So a lease's ttl may be at most two thirds of the granted session
+//! timeout less one tick (see [`ttl_limit`](ZookeeperBackend::ttl_limit)): 18 s for the default
+//! session of 30 s on ZooKeeper's default tick of 2 s. A longer ttl is shortened to that limit
+//! by the [`Locker`](crate::Locker) — which costs only more frequent renewals, since a crashed
+//! holder's node lives as long as its session whatever the ttl — and refused with
+//! [`LockError::InvalidOptions`] by [`Backend::acquire`] called directly. Set
+//! [`ZookeeperBuilder::tick_time`] to the ensemble's `tickTime` when it is not the default, and
+//! raise [`ZookeeperBuilder::session_timeout`] (within the server's `maxSessionTimeout`) for
+//! longer leases.
+//!
+//! A request the ensemble does not answer is bounded: an acquisition fails after its `wait`
+//! plus the session timeout, a release after the session timeout (its delete keeps being retried
+//! in the background while the session lives, so the key is not blocked for good).
+//!
+//! # Why zookeeper-client
+//!
+//! `zookeeper-client` is pure Rust and async, speaks the 3.5+ protocol (`create2` returns the
+//! new node's stat, so the fence comes with the create; `multi` for batched renewal; needs
+//! ZooKeeper 3.6 or newer), and drives its connection on its own `async-io` reactor, so the
+//! session outlives whichever tokio runtime first used the backend. Its session task is spawned
+//! through the `spawns` hook, which dlock points at its own background runtime.
+
+mod builder;
+mod contend;
+mod node;
+mod paths;
+mod queue;
+mod session;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use zookeeper_client::{Acls, CreateMode, CreateOptions, Error as ZkError, SessionId};
+
+pub use self::builder::ZookeeperBuilder;
+use self::node::{confirm_nodes, delete_node, delete_until_gone};
+use self::paths::parent_path;
+pub use self::paths::MAX_PATH_BYTES;
+use self::queue::queue_in_creation_order;
+use self::session::{ends_session, safe_ttl, zk_error, Session};
+use super::{AcquireRequest, Acquired, Backend, Renewal};
+use crate::{background, LockError, Owner};
+
+/// The root under which the per-key parents live, unless [`ZookeeperBuilder::root`] says
+/// otherwise.
+pub const DEFAULT_ROOT: &str = "/dlock";
+
+/// The session timeout asked of the ensemble, unless [`ZookeeperBuilder::session_timeout`] says
+/// otherwise. Leases may be as long as the timeout the ensemble grants.
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The ensemble's tick, unless [`ZookeeperBuilder::tick_time`] says otherwise: ZooKeeper's
+/// default `tickTime`. The client cannot ask the ensemble for it.
+pub const DEFAULT_TICK_TIME: Duration = Duration::from_secs(2);
+
+/// Leases renewed by one `multi` (and nodes read by one `multiRead`); more pipeline more
+/// requests.
+const RENEW_CHUNK: usize = 1_000;
+
+const PERSISTENT: CreateOptions<'static> = CreateMode::Persistent.with_acls(Acls::anyone_all());
+const EPHEMERAL_SEQUENTIAL: CreateOptions<'static> =
+    CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+
+/// A lock store on a ZooKeeper ensemble. Clones share one session.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), dlock::LockError> {
+/// use std::time::Duration;
+/// use dlock::{backend::ZookeeperBackend, Locker};
+///
+/// let backend = ZookeeperBackend::builder("zk://zk1:2181,zk2:2181,zk3:2181/apps/orders")?
+///     .root("/locks")
+///     .session_timeout(Duration::from_secs(20))
+///     .connect()
+///     .await?;
+/// let locker = Locker::with_backend(backend);
+/// // or simply: Locker::connect("zk://zk1:2181,zk2:2181,zk3:2181/apps/orders").await?
+/// # Ok(()) }
+/// ```
+///
+/// Each key is a persistent node under the root, and each acquisition an ephemeral sequential
+/// node under it; the lowest holds the lock and each waiter watches only the node below its own,
+/// so a release wakes one waiter and waiters are served first come, first served. Fences are the
+/// lock nodes' creation zxids. A lease lives as long as the backend's ZooKeeper session: when the
+/// ensemble expires the session, every lease on it is lost and later calls open a new session.
+/// Hence a lease's ttl may be at most [`ttl_limit`](Self::ttl_limit), two thirds of the session
+/// timeout the ensemble granted less one tick (see the module docs for why): a
+/// [`Locker`](crate::Locker) shortens a longer ttl to it. Requires ZooKeeper 3.6 or newer.
+///
+/// Besides [`Backend`], it has an operator's view of a key, [`queue`](Self::queue) and
+/// [`force_release`](Self::force_release), and a counter for tests,
+/// [`watch_events`](Self::watch_events).
+#[derive(Clone)]
+pub struct ZookeeperBackend {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// The connect string without the chroot: `host:port,host:port`.
+    hosts: String,
+    /// Chroot and root: the absolute path the per-key parents live under.
+    base: String,
+    /// The session timeout asked of the ensemble.
+    asked_timeout: Duration,
+    /// The ensemble's tick, as the builder was told.
+    tick: Duration,
+    session: Mutex<Session>,
+    /// Held while a new session is opened, so concurrent calls open one, not one each.
+    reconnecting: tokio::sync::Mutex<()>,
+    held: Mutex<HashMap<Owner, Held>>,
+    watch_events: AtomicU64,
+}
+
+/// A lock node this backend holds a lease through.
+struct Held {
+    path: String,
+    parent: String,
+    session: SessionId,
+}
+
+impl ZookeeperBackend {
+    /// Connects with the default options (root `/dlock`, session timeout 30 s).
+    pub async fn connect(url: &str) -> Result<ZookeeperBackend, LockError> {
+        Self::builder(url)?.connect().await
+    }
+
+    /// Options for a connection to `url`: `zk://host:port[,host:port…][/chroot]`. The chroot is
+    /// created if missing.
+    pub fn builder(url: &str) -> Result<ZookeeperBuilder, LockError> {
+        ZookeeperBuilder::from_url(url)
+    }
+
+    /// The absolute path (chroot included) the per-key parents live under.
+    pub fn root(&self) -> &str {
+        &self.shared.base
+    }
+
+    /// The session timeout the ensemble granted the current session.
+    pub fn session_timeout(&self) -> Duration {
+        self.shared.current().timeout
+    }
+
+    /// The longest ttl a lease may have on the current session: two thirds of its timeout less
+    /// one tick ([`ZookeeperBuilder::tick_time`]). A [`Locker`](crate::Locker) shortens a longer
+    /// ttl to this.
+    pub fn ttl_limit(&self) -> Duration {
+        safe_ttl(self.shared.current().timeout, self.shared.tick)
+    }
+
+    #[doc(hidden)] // A hook for tests, not part of the API.
+    /// How many predecessor watches have fired: one per wake-up of a waiter by the deletion of
+    /// the node below its own. A release wakes one waiter, never the whole queue.
+    pub fn watch_events(&self) -> u64 {
+        self.shared.watch_events.load(Ordering::Relaxed)
+    }
+
+    /// The lock nodes of `key` in queue order, the holder first, as `{owner}-{sequence}`. Empty
+    /// when nobody holds or waits for the key.
+    pub async fn queue(&self, key: &str) -> Result<Vec<String>, LockError> {
+        let parent = self.shared.parent(key)?;
+        let session = self.session().await?;
+        queue_in_creation_order(&session.client, &parent)
+            .await
+            .map_err(zk_error)
+    }
+
+    /// Deletes the node of `key`'s holder, whoever it is, as an operator's `delete` in `zkCli`
+    /// would: the holder sees the loss at its next renewal, and the next waiter gets the key.
+    /// Returns whether the key was held.
+    pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
+        let parent = self.shared.parent(key)?;
+        let session = self.session().await?;
+        let queue = queue_in_creation_order(&session.client, &parent)
+            .await
+            .map_err(zk_error)?;
+        let Some(holder) = queue.into_iter().next() else {
+            return Ok(false);
+        };
+        match session
+            .client
+            .delete(&format!("{parent}/{holder}"), None)
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(ZkError::NoNode) => Ok(false),
+            Err(error) => Err(zk_error(error)),
+        }
+    }
+}
+
+impl Shared {
+    fn current(&self) -> Session {
+        self.session
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    fn held(&self) -> MutexGuard<'_, HashMap<Owner, Held>> {
+        // Nothing panics while the map is locked, and it is consistent between statements.
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn parent(&self, key: &str) -> Result<String, LockError> {
+        parent_path(&self.base, key)
+    }
+}
+
+impl Backend for ZookeeperBackend {
+    fn ttl_limit(&self) -> Option<Duration> {
+        Some(ZookeeperBackend::ttl_limit(self))
+    }
+
+    async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
+        let parent = self.shared.parent(request.key)?;
+        let session = self.session().await?;
+        self.check_ttl(request.ttl, &session)?;
+        let limit = request.wait.saturating_add(session.timeout);
+        match tokio::time::timeout(limit, self.acquire_on(session, request, parent)).await {
+            Ok(acquired) => acquired,
+            // The node guard of the dropped attempt deletes whatever it created.
+            Err(_) => Err(LockError::backend(format!(
+                "ZooKeeper did not answer within {limit:?}"
+            ))),
+        }
+    }
+
+    async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+        let _ = key; // the node is found by its owner
+        let Some(held) = self.shared.held().remove(&owner) else {
+            return Ok(false);
+        };
+        let session = self.shared.current();
+        if session.id != held.session || session.client.state().is_terminated() {
+            // The node went with its session.
+            return Ok(false);
+        }
+        let deleted = tokio::time::timeout(
+            session.timeout,
+            delete_node(&session.client, &held.path, &held.parent),
+        )
+        .await;
+        let error = match deleted {
+            Ok(Ok(existed)) => return Ok(existed),
+            Ok(Err(error)) if ends_session(&error) => return Ok(false),
+            Ok(Err(error)) => zk_error(error),
+            Err(_) => LockError::backend(format!(
+                "ZooKeeper did not answer a release within {:?}",
+                session.timeout
+            )),
+        };
+        // A node left behind would block the key for as long as the session lives.
+        background::spawn(delete_until_gone(session.client, held.path, held.parent));
+        Err(error)
+    }
+
+    async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+        let session = self.shared.current();
+        let live = !session.client.state().is_terminated();
+        let paths: Vec<Option<String>> = {
+            let held = self.shared.held();
+            leases
+                .iter()
+                .map(|lease| {
+                    held.get(&lease.owner)
+                        .filter(|h| live && h.session == session.id)
+                        .map(|h| h.path.clone())
+                })
+                .collect()
+        };
+        let asked: Vec<&str> = paths.iter().flatten().map(String::as_str).collect();
+        if asked.is_empty() {
+            return Ok(vec![false; leases.len()]);
+        }
+        let found = match confirm_nodes(&session.client, &asked).await {
+            Ok(found) => found,
+            Err(error) if ends_session(&error) => return Ok(vec![false; leases.len()]),
+            Err(error) => return Err(zk_error(error)),
+        };
+        let mut found = found.into_iter();
+        Ok(paths
+            .iter()
+            .map(|path| path.is_some() && found.next().unwrap_or(false))
+            .collect())
+    }
+}

@@ -1,0 +1,266 @@
+//! One acquisition's lock node: where it stands ([`Stage`]), the guard that deletes it when the
+//! acquisition is abandoned, and the writes that confirm or delete lock nodes.
+
+use std::time::Duration;
+
+use zookeeper_client::{Client, Error as ZkError, MultiWriteError, SessionId};
+
+use super::paths::sequence;
+use super::queue::creation_zxids;
+use super::session::{ends_session, Session};
+use super::RENEW_CHUNK;
+use crate::{background, Owner};
+
+/// How often a background delete of an unanswered release is retried.
+const DELETE_RETRIES: usize = 100;
+
+/// Where one acquisition's lock node stands. The acquisition loop (`contend`) moves it from
+/// stage to stage; dropping the [`LockNode`] before it is [`Granted`](Stage::Granted) cleans up
+/// by the stage it is in, so a waiter that gives up, or whose future is dropped, never leaves a
+/// node that would block the key for as long as the session lives.
+pub(super) enum Stage {
+    /// No node of ours exists and no create is unanswered: the next step sends a create. This
+    /// is where an acquisition starts, and where it comes back to when its node turned out to
+    /// be gone (deleted from outside, or refused by the leader's check): it queues again, at
+    /// the back. Moves on to `CreateUnanswered` as the create is sent. Dropped here, nothing is
+    /// left to delete.
+    NotCreated,
+    /// A create was sent and its answer not seen (the connection was lost, the request failed
+    /// without saying whether it landed, or the future was dropped): the node may exist. Its
+    /// name starts with the owner, so the next step lists the parent and looks for it, moving
+    /// on to `Queued` when it is there and to `NotCreated` when it is not. Dropped here, the
+    /// guard does that search from the background and deletes what it finds.
+    CreateUnanswered,
+    /// Our node exists, as far as the last answer said, and waits for the nodes created before
+    /// it to go. Moves on to `Granted` when none is left ahead and the node is confirmed by a
+    /// write; back to `NotCreated` when the node is gone; to `Gone` when the wait ran out and
+    /// the node was deleted. Dropped here, the guard deletes the node.
+    Queued(Queued),
+    /// The node holds the lock: it belongs to the lease now, which releases it. The guard lets
+    /// it be. Final.
+    Granted,
+    /// Nothing of ours is left to delete: we deleted the node when the wait ran out, the node
+    /// went with its session, or the wait ran out with no node at all. Final.
+    Gone,
+}
+
+/// A lock node of ours that exists.
+pub(super) struct Queued {
+    /// The node's name, `{owner}-{sequence}`.
+    pub(super) name: String,
+    /// The node's `czxid`: its place in the queue, and the fence once it is granted.
+    pub(super) czxid: i64,
+    /// The lock nodes created before this one that were still there at the last listing, oldest
+    /// first, with their `czxid`s; `None` until a listing after the create was read.
+    ahead: Option<Vec<(i64, String)>>,
+}
+
+impl Queued {
+    /// A node just created, or found again after its create's answer was lost.
+    pub(super) fn new(name: String, czxid: i64) -> Self {
+        Queued {
+            name,
+            czxid,
+            ahead: None,
+        }
+    }
+
+    /// The nodes still ahead of this one, oldest first, from `children` of `parent`: a listing
+    /// read after this node was created. The first such listing holds every older node still
+    /// there, so their ages are read then, once; a node missing from it is younger than this
+    /// one, so later listings only drop the nodes that went.
+    pub(super) async fn still_ahead(
+        &mut self,
+        client: &Client,
+        parent: &str,
+        children: &[String],
+    ) -> Result<Vec<(i64, String)>, ZkError> {
+        let ahead = match self.ahead.take() {
+            Some(mut ahead) => {
+                ahead.retain(|(_, name)| children.contains(name));
+                ahead
+            }
+            None => {
+                let others: Vec<String> = children
+                    .iter()
+                    .filter(|name| sequence(name).is_some() && **name != self.name)
+                    .cloned()
+                    .collect();
+                let mut ahead: Vec<(i64, String)> = creation_zxids(client, parent, others)
+                    .await?
+                    .into_iter()
+                    .filter(|(czxid, _)| *czxid < self.czxid)
+                    .collect();
+                ahead.sort_unstable();
+                ahead
+            }
+        };
+        self.ahead = Some(ahead.clone());
+        Ok(ahead)
+    }
+}
+
+/// The lock node of one acquisition in progress, on one session. Dropped before it was granted
+/// (the waiter gave up or its future was dropped), it deletes the node at once, from the
+/// background.
+pub(super) struct LockNode {
+    pub(super) client: Client,
+    pub(super) session: SessionId,
+    pub(super) parent: String,
+    /// `{owner}-`: the start of the node's name.
+    pub(super) own_prefix: String,
+    /// `{parent}/{owner}-`: what the sequential create is given.
+    pub(super) prefix: String,
+    /// The owner token, the node's data.
+    pub(super) data: String,
+    /// The parent was seen missing: from then on, every create of the node is preceded by one
+    /// of the parent (refused harmlessly where the parent exists again).
+    pub(super) parent_missing: bool,
+    pub(super) stage: Stage,
+}
+
+impl LockNode {
+    pub(super) fn new(session: &Session, parent: String, owner: Owner) -> Self {
+        let own_prefix = format!("{owner}-");
+        LockNode {
+            client: session.client.clone(),
+            session: session.id,
+            prefix: format!("{parent}/{own_prefix}"),
+            parent,
+            own_prefix,
+            data: owner.to_string(),
+            parent_missing: false,
+            stage: Stage::NotCreated,
+        }
+    }
+
+    /// Whether `name` is a lock node of this node's owner.
+    pub(super) fn is_ours(&self, name: &str) -> bool {
+        name.starts_with(&self.own_prefix) && sequence(name).is_some()
+    }
+
+    /// Deletes a queued node now, which makes it [`Gone`](Stage::Gone); if that fails, it stays
+    /// [`Queued`](Stage::Queued), and dropping the guard tries again from the background.
+    pub(super) async fn remove(&mut self) {
+        let Stage::Queued(queued) = &self.stage else {
+            return;
+        };
+        let path = format!("{}/{}", self.parent, queued.name);
+        match delete_node(&self.client, &path, &self.parent).await {
+            Ok(_) => self.stage = Stage::Gone,
+            Err(error) if ends_session(&error) => self.stage = Stage::Gone,
+            Err(error) => {
+                tracing::debug!(%path, %error, "distributed_lock: deleting an abandoned ZooKeeper node failed; retrying");
+            }
+        }
+    }
+}
+
+impl Drop for LockNode {
+    fn drop(&mut self) {
+        let name = match &self.stage {
+            Stage::Queued(queued) => Some(queued.name.clone()),
+            Stage::CreateUnanswered => None,
+            Stage::NotCreated | Stage::Granted | Stage::Gone => return,
+        };
+        let client = self.client.clone();
+        let parent = self.parent.clone();
+        let own_prefix = self.own_prefix.clone();
+        background::spawn(async move {
+            if let Some(name) = name {
+                let _ = delete_node(&client, &format!("{parent}/{name}"), &parent).await;
+                return;
+            }
+            // The create's answer was never seen: find the node by its owner prefix. The list is
+            // served after the create, which was sent first on the same session.
+            let Ok(children) = client.list_children(&parent).await else {
+                return;
+            };
+            for name in children.iter().filter(|c| c.starts_with(&own_prefix)) {
+                let _ = delete_node(&client, &format!("{parent}/{name}"), &parent).await;
+            }
+        });
+    }
+}
+
+/// Whether each node of `paths` exists, in the leader's word: a `multi` of version checks (any
+/// version), one per thousand nodes, the requests pipelined. A `multi` is a write, so its
+/// answer is the leader's, committed by a quorum, never a stale copy's: a server cut off from
+/// the leader cannot answer it, which leaves the leases unconfirmed until the client's own
+/// deadline. A `multi` fails whole when one check fails and names that check: the node is
+/// gone, and the rest are checked again without it.
+pub(super) async fn confirm_nodes(client: &Client, paths: &[&str]) -> Result<Vec<bool>, ZkError> {
+    let mut found = vec![true; paths.len()];
+    let mut pending: Vec<Vec<usize>> = (0..paths.len())
+        .collect::<Vec<_>>()
+        .chunks(RENEW_CHUNK)
+        .map(<[usize]>::to_vec)
+        .collect();
+    while !pending.is_empty() {
+        let mut commits = Vec::with_capacity(pending.len());
+        for chunk in &pending {
+            let mut writer = client.new_multi_writer();
+            for &i in chunk {
+                writer.add_check_version(paths[i], -1)?;
+            }
+            commits.push(writer.commit());
+        }
+        // Every request is sent before any answer is awaited: one round trip in all.
+        let mut again = Vec::new();
+        for (chunk, commit) in pending.iter().zip(commits) {
+            match commit.await {
+                Ok(_) => {}
+                Err(MultiWriteError::OperationFailed {
+                    index,
+                    source: ZkError::NoNode | ZkError::BadVersion,
+                }) => {
+                    found[chunk[index]] = false;
+                    let rest: Vec<usize> = chunk
+                        .iter()
+                        .copied()
+                        .filter(|&i| i != chunk[index])
+                        .collect();
+                    if !rest.is_empty() {
+                        again.push(rest);
+                    }
+                }
+                Err(MultiWriteError::OperationFailed { source, .. }) => return Err(source),
+                Err(MultiWriteError::RequestFailed { source }) => return Err(source),
+            }
+        }
+        pending = again;
+    }
+    Ok(found)
+}
+
+/// Deletes the lock node at `path` and, pipelined after it, its `parent` if that is left empty
+/// (the server refuses with `NotEmpty` otherwise). Returns whether the node existed.
+pub(super) async fn delete_node(
+    client: &Client,
+    path: &str,
+    parent: &str,
+) -> Result<bool, ZkError> {
+    let node = client.delete(path, None);
+    let tidy = client.delete(parent, None);
+    let (node, _) = tokio::join!(node, tidy);
+    match node {
+        Ok(()) => Ok(true),
+        Err(ZkError::NoNode) => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
+/// Retries the delete of a release whose answer was lost, while the session lives.
+pub(super) async fn delete_until_gone(client: Client, path: String, parent: String) {
+    for _ in 0..DELETE_RETRIES {
+        match delete_node(&client, &path, &parent).await {
+            Ok(_) => return,
+            Err(error) if ends_session(&error) => return,
+            Err(ZkError::ConnectionLoss) => tokio::time::sleep(Duration::from_millis(200)).await,
+            Err(error) => {
+                tracing::warn!(%path, %error, "distributed_lock: cannot delete a released ZooKeeper node; it stays until the session ends");
+                return;
+            }
+        }
+    }
+}
