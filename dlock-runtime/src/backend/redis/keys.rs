@@ -1,6 +1,8 @@
 //! The names of a lock's Redis keys (laid out in the module documentation's table), the limits
 //! on keys and prefixes, and the Redis Cluster hash slot they share.
 
+use redis::{Script, ScriptInvocation};
+
 use super::RedisBackend;
 use crate::{LockError, Owner};
 
@@ -129,9 +131,12 @@ impl LockKeys {
         std::str::from_utf8(&self.owner).expect("hex digits are ASCII")
     }
 
-    /// `KEYS` of the acquire and release scripts (see common.lua).
-    pub(super) fn script_keys(&self) -> [&str; 3] {
-        [&self.lock, &self.counter, &self.queue]
+    /// A call of `script`, the acquire or the release script, for these names: its `KEYS`, and
+    /// the owner as its first `ARGV` (see common.lua).
+    pub(super) fn call<'a>(&self, script: &'a Script) -> ScriptInvocation<'a> {
+        let mut call = script.key(&[&self.lock, &self.counter, &self.queue]);
+        call.arg(self.owner());
+        call
     }
 
     pub(super) fn channel(&self) -> String {

@@ -63,10 +63,11 @@
 //! renewal pipeline carries a `WAIT` after its script(s), in the same round trip (see
 //! *Fail-over* below); without it (the default), nothing is added.
 //!
-//! Scripts are sent by `EVALSHA`, falling back to `EVAL` where the server has not seen them yet
-//! (after a restart, say). They need Redis 6.2 or later (`GETDEL`, `SET … GET`): each connection
-//! asks the server's version (`INFO server`) when it is made, and a connection to an older server
-//! fails with an error that names the version needed.
+//! Scripts are sent by `EVALSHA`, and loaded (`SCRIPT LOAD`) where the server has not seen them
+//! yet (after a restart, say), at the cost of a round trip or two more for that call. They need Redis 6.2 or
+//! later (`GETDEL`, `SET … GET`): each connection asks the server's version (`INFO server`) when
+//! it is made, and a connection to an older server fails with an error that names the version
+//! needed.
 //!
 //! # Waiting
 //!
@@ -205,8 +206,8 @@ pub use self::keys::MAX_KEY_BYTES;
 
 use self::conn::Connection;
 use self::keys::{check_key, KeyLayout, LockKeys};
-use self::replicas::eval_then_wait;
-use self::scripts::{eval, parse_attempt, parse_release, Arg, Attempt, Mode, ACQUIRE, RELEASE};
+use self::replicas::invoke_then_wait;
+use self::scripts::{invoke, parse_attempt, parse_release, Attempt, Mode, ACQUIRE, RELEASE};
 use self::subscriber::Subscriber;
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::{LockError, Owner};
@@ -326,30 +327,25 @@ impl RedisBackend {
         ttl: Duration,
         mode: Mode,
     ) -> Result<Attempt, LockError> {
-        let liveness = match mode {
-            Mode::Queue => millis(self.inner.liveness),
-            // A liveness window of 0 says to leave the queue.
-            Mode::Leave => 0,
-            Mode::FirstTry => 0,
-        };
-        let all = [
-            Arg::Text(keys.owner()),
-            Arg::Number(millis(ttl)),
-            Arg::Number(liveness),
-            Arg::Text(&self.inner.instance),
-        ];
+        let mut call = keys.call(&ACQUIRE);
+        call.arg(millis(ttl));
         // A first try passes no more than the ttl: the uncontended path reads nothing else.
-        let args = if mode == Mode::FirstTry {
-            &all[..2]
-        } else {
-            &all[..]
-        };
-        let script_keys = keys.script_keys();
+        match mode {
+            Mode::FirstTry => {}
+            Mode::Queue => {
+                call.arg(millis(self.inner.liveness))
+                    .arg(&self.inner.instance);
+            }
+            // A liveness window of 0 says to leave the queue.
+            Mode::Leave => {
+                call.arg(0).arg(&self.inner.instance);
+            }
+        }
         if self.inner.min_replicas == 0 {
             let reply = self
                 .inner
                 .conn
-                .run_acquire(|conn| eval(conn, &ACQUIRE, &script_keys, args))
+                .run_acquire(|conn| invoke(conn, &ACQUIRE, &call))
                 .await?;
             return parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason));
         }
@@ -357,7 +353,7 @@ impl RedisBackend {
         let (reply, acknowledged) = self
             .inner
             .conn
-            .run_acquire(|conn| eval_then_wait(conn, &ACQUIRE, &script_keys, args, replicas))
+            .run_acquire(|conn| invoke_then_wait(conn, &ACQUIRE, &call, replicas))
             .await?;
         match parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason))? {
             Attempt::Granted(_) if acknowledged < replicas.count => {
@@ -371,12 +367,12 @@ impl RedisBackend {
     /// queue.
     async fn release_or_leave(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
         let keys = self.inner.keys.lock_keys(key, owner);
-        let script_keys = keys.script_keys();
-        let args = [Arg::Text(keys.owner()), Arg::Text(&self.inner.instance)];
+        let mut call = keys.call(&RELEASE);
+        call.arg(&self.inner.instance);
         let reply = self
             .inner
             .conn
-            .run("release", |conn| eval(conn, &RELEASE, &script_keys, &args))
+            .run("release", |conn| invoke(conn, &RELEASE, &call))
             .await?;
         let released =
             parse_release(reply).map_err(|reason| self.inner.conn.error("release", reason))?;

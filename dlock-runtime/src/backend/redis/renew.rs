@@ -1,12 +1,11 @@
 //! Renewal: every lease of a watchdog tick in one pipeline (on a cluster, one per hash slot), and
 //! what its replies confirm.
 
-use redis::aio::ConnectionLike;
-use redis::{RedisResult, Value};
+use redis::{RedisResult, ScriptInvocation, Value};
 
 use super::conn::Conn;
 use super::replicas::{parse_acknowledged, ReplicaWait};
-use super::scripts::{is_noscript, unexpected, Arg, RENEW};
+use super::scripts::{invoke_pipelined, unexpected, RENEW};
 use super::{millis, RedisBackend};
 use crate::backend::Renewal;
 use crate::LockError;
@@ -22,31 +21,24 @@ impl RedisBackend {
         if leases.is_empty() {
             return (Vec::new(), None);
         }
-        let args: Vec<RenewArgs> = leases
-            .iter()
-            .map(|lease| {
-                (
-                    self.lock_key(lease.key),
-                    lease.owner.hex(),
-                    millis(lease.ttl),
-                )
-            })
-            .collect();
         let replicas = (self.inner.min_replicas > 0).then(|| {
             let shortest = leases.iter().map(|lease| lease.ttl).min();
             self.replicas_for(shortest.unwrap_or_default())
         });
         if self.inner.cluster {
             #[cfg(feature = "redis-cluster")]
-            return self.renew_by_slot(&args, replicas).await;
+            return self.renew_by_slot(leases, replicas).await;
             #[cfg(not(feature = "redis-cluster"))]
             unreachable!("a cluster backend needs the redis-cluster feature")
         }
-        let batch: Vec<_> = args.iter().map(renew_batch_entry).collect();
+        let calls: Vec<_> = leases
+            .iter()
+            .map(|lease| renew_call(self.lock_key(lease.key), lease))
+            .collect();
         let renewed = self
             .inner
             .conn
-            .run("renew", |conn| renew_pipelined(conn, &batch, replicas))
+            .run("renew", |conn| renew_pipelined(conn, &calls, replicas))
             .await;
         match renewed {
             Ok(renewed) => {
@@ -80,32 +72,36 @@ impl RedisBackend {
     /// the first failure.
     async fn renew_by_slot(
         &self,
-        args: &[RenewArgs],
+        leases: &[Renewal<'_>],
         replicas: Option<ReplicaWait>,
     ) -> (Vec<Option<bool>>, Option<LockError>) {
-        let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> =
-            std::collections::BTreeMap::new();
-        for (index, (lock, _, _)) in args.iter().enumerate() {
-            by_slot
+        // Per slot, the indices of its leases and their calls.
+        type Batch = (Vec<usize>, Vec<ScriptInvocation<'static>>);
+        let mut by_slot: std::collections::BTreeMap<u16, Batch> = std::collections::BTreeMap::new();
+        for (index, lease) in leases.iter().enumerate() {
+            let lock = self.lock_key(lease.key);
+            let (indices, calls) = by_slot
                 .entry(super::keys::cluster_slot(lock.as_bytes()))
-                .or_default()
-                .push(index);
+                .or_default();
+            indices.push(index);
+            calls.push(renew_call(lock, lease));
         }
         // A node that went down can keep its slots' calls waiting (the cluster client retries);
         // the others' answers must not wait for it past the point where their leases could use
         // them: a renewal comes every ttl/3, and is awaited for no longer than that.
         let bound = std::time::Duration::from_millis(
-            args.iter().map(|(_, _, ttl)| *ttl).min().unwrap_or(1) / 3,
-        );
-        let calls = by_slot.into_values().map(|indices| async move {
-            let batch: Vec<_> = indices
+            leases
                 .iter()
-                .map(|&i| renew_batch_entry(&args[i]))
-                .collect();
+                .map(|lease| millis(lease.ttl))
+                .min()
+                .unwrap_or(1)
+                / 3,
+        );
+        let batches = by_slot.into_values().map(|(indices, calls)| async move {
             let renewed = self
                 .inner
                 .conn
-                .run("renew", |conn| renew_pipelined(conn, &batch, replicas));
+                .run("renew", |conn| renew_pipelined(conn, &calls, replicas));
             let renewed = match tokio::time::timeout(bound, renewed).await {
                 Ok(renewed) => renewed?,
                 Err(_) => {
@@ -116,9 +112,9 @@ impl RedisBackend {
             };
             Ok::<_, LockError>((indices, renewed))
         });
-        let mut answers = vec![None; args.len()];
+        let mut answers = vec![None; leases.len()];
         let mut first_error = None;
-        for result in futures_util::future::join_all(calls).await {
+        for result in futures_util::future::join_all(batches).await {
             match result {
                 Ok((indices, renewed)) => {
                     for (index, held) in indices.into_iter().zip(renewed.judged()) {
@@ -137,12 +133,14 @@ impl RedisBackend {
     }
 }
 
-/// One lease to renew: its lock's name, its owner's hex digits, the ttl in ms.
-type RenewArgs = (String, [u8; 32], u64);
-
-fn renew_batch_entry((lock, owner, ttl): &RenewArgs) -> (&str, &str, u64) {
-    let owner = std::str::from_utf8(owner).expect("hex digits are ASCII");
-    (lock, owner, *ttl)
+/// The renew script's call for `lease`, whose lock is named `lock`: extend it by the lease's ttl
+/// where its owner still holds it.
+fn renew_call(lock: String, lease: &Renewal<'_>) -> ScriptInvocation<'static> {
+    let owner = lease.owner.hex();
+    let mut call = RENEW.key(lock);
+    call.arg(std::str::from_utf8(&owner).expect("hex digits are ASCII"))
+        .arg(millis(lease.ttl));
+    call
 }
 
 /// What one renewal pipeline said.
@@ -169,31 +167,15 @@ impl Renewed {
     }
 }
 
-/// Renews `leases` in one pipeline on `conn`, followed by a `WAIT` where `replicas` asks for
+/// Renews with `calls` in one pipeline on `conn`, followed by a `WAIT` where `replicas` asks for
 /// one: one round trip (two where the server had to be taught the script).
 async fn renew_pipelined(
-    mut conn: Conn,
-    leases: &[(&str, &str, u64)],
+    conn: Conn,
+    calls: &[ScriptInvocation<'_>],
     replicas: Option<ReplicaWait>,
 ) -> RedisResult<Renewed> {
-    let pipeline = |by_hash: bool| {
-        let mut pipe = redis::pipe();
-        for &(lock, owner, ttl) in leases {
-            pipe.add_command(RENEW.cmd(by_hash, &[lock], &[Arg::Text(owner), Arg::Number(ttl)]));
-        }
-        if let Some(replicas) = replicas {
-            pipe.add_command(replicas.cmd());
-        }
-        pipe
-    };
-    let count = leases.len() + usize::from(replicas.is_some());
-    let mut replies = conn.req_packed_commands(&pipeline(true), 0, count).await?;
-    let noscript =
-        |value: &Value| matches!(value.clone().extract_error(), Err(error) if is_noscript(&error));
-    if replies.iter().any(noscript) {
-        replies = conn.req_packed_commands(&pipeline(false), 0, count).await?;
-    }
-    if replies.len() != count {
+    let mut replies = invoke_pipelined(conn, &RENEW, calls, replicas.map(ReplicaWait::cmd)).await?;
+    if replies.len() != calls.len() + usize::from(replicas.is_some()) {
         return Err(unexpected(&Value::Array(replies)));
     }
     let acknowledged = match replicas {

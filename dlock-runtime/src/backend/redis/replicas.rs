@@ -3,11 +3,10 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
-use redis::{Cmd, RedisResult, Value};
+use redis::{Cmd, RedisResult, Script, ScriptInvocation, Value};
 
 use super::conn::Conn;
-use super::scripts::{is_noscript, unexpected, Arg, Lua};
+use super::scripts::{invoke_pipelined, unexpected};
 use super::{millis, RedisBackend};
 use crate::backend::AcquireRequest;
 use crate::LockError;
@@ -70,26 +69,22 @@ pub(super) fn parse_acknowledged(reply: Value) -> RedisResult<u64> {
     }
 }
 
-/// Runs `lua` and `WAIT`s for `replicas` in one pipeline: one round trip (two where the server
-/// had to be taught the script). `WAIT` counts the replicas that acknowledged every write the
-/// connection made so far, so the script's writes among them.
-pub(super) async fn eval_then_wait(
-    mut conn: Conn,
-    lua: &Lua,
-    keys: &[&str],
-    args: &[Arg<'_>],
+/// Runs `call`, an invocation of `script`, and `WAIT`s for `replicas` in one pipeline: one round
+/// trip (two where the server had to be taught the script). `WAIT` counts the replicas that
+/// acknowledged every write the connection made so far, so the script's writes among them.
+pub(super) async fn invoke_then_wait(
+    conn: Conn,
+    script: &Script,
+    call: &ScriptInvocation<'_>,
     replicas: ReplicaWait,
 ) -> RedisResult<(Value, u64)> {
-    let pipeline = |by_hash: bool| {
-        let mut pipe = redis::pipe();
-        pipe.add_command(lua.cmd(by_hash, keys, args))
-            .add_command(replicas.cmd());
-        pipe
-    };
-    let mut replies = conn.req_packed_commands(&pipeline(true), 0, 2).await?;
-    if matches!(replies[0].clone().extract_error(), Err(error) if is_noscript(&error)) {
-        replies = conn.req_packed_commands(&pipeline(false), 0, 2).await?;
-    }
+    let replies = invoke_pipelined(
+        conn,
+        script,
+        std::slice::from_ref(call),
+        Some(replicas.cmd()),
+    )
+    .await?;
     let [reply, acknowledged]: [Value; 2] = replies
         .try_into()
         .map_err(|replies: Vec<Value>| unexpected(&Value::Array(replies)))?;

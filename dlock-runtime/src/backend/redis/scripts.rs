@@ -3,14 +3,110 @@
 //! Each script runs its uncontended path before it defines the functions the other paths share
 //! (common.lua is spliced in after it), and takes only the names it needs: Redis spends about as
 //! long on a script's overhead as on a plain `SET`, so every command and argument saved shows.
+//!
+//! A script is sent by `EVALSHA`. A server that does not know it (restarted, say, or a replica
+//! just promoted) answers `NOSCRIPT` without running it: only then is it loaded and sent again.
+//! Nothing here sends a call again after a timeout or a broken connection, where the first copy
+//! may still run; what to do then is the connection's decision (see conn.rs).
 
-use std::sync::OnceLock;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisResult, Script, ScriptInvocation, ServerErrorKind, Value};
 
 use super::conn::Conn;
+
+pub(super) static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&with_common(include_str!("acquire.lua"))));
+pub(super) static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&with_common(include_str!("release.lua"))));
+pub(super) static RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("renew.lua")));
+
+/// A script's file with common.lua spliced in where a line says `--!common`.
+fn with_common(source: &str) -> String {
+    source.replacen("--!common\n", include_str!("common.lua"), 1)
+}
+
+/// Runs `call`, an invocation of `script`, and answers its reply.
+///
+/// On one server, redis-rs's `invoke_async` does it: `EVALSHA`, and after a `NOSCRIPT` reply
+/// `SCRIPT LOAD` and `EVALSHA` again. Not on a cluster: there its `SCRIPT LOAD` goes to every
+/// node and waits for each, so one node that stalls (paused, or cut off with its connection
+/// still open) holds up, then fails, a call whose keys live on a node that is up — a key never
+/// locked there before, or a replica just promoted, which has not seen the script. On a cluster
+/// the load rides in one pipeline with the call instead, which goes to the node that owns the
+/// call's keys alone.
+#[cfg_attr(not(feature = "redis-cluster"), allow(unused_variables))]
+pub(super) async fn invoke(
+    mut conn: Conn,
+    script: &Script,
+    call: &ScriptInvocation<'_>,
+) -> RedisResult<Value> {
+    #[cfg(feature = "redis-cluster")]
+    if matches!(conn, Conn::Cluster(_)) {
+        let mut replies = invoke_pipelined(conn, script, std::slice::from_ref(call), None).await?;
+        let reply = replies
+            .pop()
+            .ok_or_else(|| unexpected(&Value::Array(Vec::new())))?;
+        return reply.extract_error();
+    }
+    call.invoke_async(&mut conn).await
+}
+
+/// Runs `calls`, invocations of `script`, then `then`, in one pipeline: one round trip. Answers a
+/// reply per command, errors included.
+///
+/// Where a call answers `NOSCRIPT`, the server did not run it: the pipeline is sent again behind
+/// a `SCRIPT LOAD`, in a second round trip, whole. (The calls of one pipeline are either one
+/// call, which did not run, or renewals, which may run twice.) redis-rs loads nothing for a
+/// pipeline by itself.
+pub(super) async fn invoke_pipelined(
+    mut conn: Conn,
+    script: &Script,
+    calls: &[ScriptInvocation<'_>],
+    then: Option<Cmd>,
+) -> RedisResult<Vec<Value>> {
+    let pipeline = |load: bool| {
+        let mut pipe = redis::pipe();
+        if load {
+            pipe.load_script(script);
+        }
+        for call in calls {
+            pipe.invoke_script(call);
+        }
+        if let Some(then) = &then {
+            pipe.add_command(then.clone());
+        }
+        pipe
+    };
+    let count = calls.len() + usize::from(then.is_some());
+    let replies = conn.req_packed_commands(&pipeline(false), 0, count).await?;
+    if !replies[..calls.len().min(replies.len())]
+        .iter()
+        .any(is_noscript)
+    {
+        return Ok(replies);
+    }
+    let mut replies = conn
+        .req_packed_commands(&pipeline(true), 0, count + 1)
+        .await?;
+    if replies.len() != count + 1 {
+        return Err(unexpected(&Value::Array(replies)));
+    }
+    // A load that failed (the calls then answer NOSCRIPT again) says why.
+    replies.remove(0).extract_error()?;
+    Ok(replies)
+}
+
+/// Whether `reply` is the server's `NOSCRIPT`: it does not know the script, and did not run it.
+fn is_noscript(reply: &Value) -> bool {
+    matches!(
+        reply,
+        Value::ServerError(error) if error.kind() == Some(ServerErrorKind::NoScript)
+    )
+}
 
 /// How a run of the acquire script treats a busy lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,102 +200,6 @@ pub(super) fn unexpected(value: &Value) -> redis::RedisError {
     ))
 }
 
-/// A Lua script, sent by its SHA1 where the server knows it.
-pub(super) struct Lua {
-    /// The script's file; `--!common` on a line of its own marks where common.lua goes.
-    source: &'static str,
-    /// The code as sent, and its SHA1.
-    code: OnceLock<(String, String)>,
-}
-
-/// One `ARGV` of a script call.
-#[derive(Clone, Copy)]
-pub(super) enum Arg<'a> {
-    Text(&'a str),
-    Number(u64),
-}
-
-impl Lua {
-    const fn new(source: &'static str) -> Self {
-        Lua {
-            source,
-            code: OnceLock::new(),
-        }
-    }
-
-    fn code(&self) -> &(String, String) {
-        self.code.get_or_init(|| {
-            let code = self
-                .source
-                .replacen("--!common\n", include_str!("common.lua"), 1);
-            let hash = redis::Script::new(&code).get_hash().to_owned();
-            (code, hash)
-        })
-    }
-
-    /// `EVALSHA` (or, with `by_hash` false, `EVAL`) of this script, with `KEYS` `keys` and `ARGV`
-    /// `args`. Sized up front, so that building it allocates twice rather than growing its
-    /// buffers argument by argument.
-    pub(super) fn cmd(&self, by_hash: bool, keys: &[&str], args: &[Arg<'_>]) -> Cmd {
-        let (code, hash) = self.code();
-        let (name, script) = if by_hash {
-            ("EVALSHA", hash.as_str())
-        } else {
-            ("EVAL", code.as_str())
-        };
-        // u64::MAX has 20 digits; the key count, far fewer.
-        let data = name.len()
-            + script.len()
-            + 20
-            + keys.iter().map(|key| key.len()).sum::<usize>()
-            + args
-                .iter()
-                .map(|arg| match arg {
-                    Arg::Text(text) => text.len(),
-                    Arg::Number(_) => 20,
-                })
-                .sum::<usize>();
-        let mut cmd = Cmd::with_capacity(3 + keys.len() + args.len(), data);
-        cmd.arg(name).arg(script).arg(keys.len()).arg(keys);
-        for arg in args {
-            match *arg {
-                Arg::Text(text) => cmd.arg(text),
-                Arg::Number(number) => cmd.arg(number),
-            };
-        }
-        cmd
-    }
-}
-
-pub(super) static ACQUIRE: Lua = Lua::new(include_str!("acquire.lua"));
-pub(super) static RELEASE: Lua = Lua::new(include_str!("release.lua"));
-pub(super) static RENEW: Lua = Lua::new(include_str!("renew.lua"));
-
-pub(super) fn is_noscript(error: &redis::RedisError) -> bool {
-    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
-}
-
-/// Runs `lua`: `EVALSHA`, then `EVAL` where the server does not know the script (which also
-/// caches it there).
-pub(super) async fn eval(
-    mut conn: Conn,
-    lua: &Lua,
-    keys: &[&str],
-    args: &[Arg<'_>],
-) -> RedisResult<Value> {
-    match conn
-        .req_packed_command(&lua.cmd(true, keys, args))
-        .await
-        .and_then(Value::extract_error)
-    {
-        Err(error) if is_noscript(&error) => conn
-            .req_packed_command(&lua.cmd(false, keys, args))
-            .await
-            .and_then(Value::extract_error),
-        result => result,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,16 +230,19 @@ mod tests {
 
     #[test]
     fn shared_functions_are_spliced_in_after_the_uncontended_path() {
-        for lua in [&ACQUIRE, &RELEASE] {
-            let (code, hash) = lua.code();
-            let (uncontended, rest) = lua.source.split_once("--!common\n").unwrap();
+        let files = [
+            (&ACQUIRE, include_str!("acquire.lua")),
+            (&RELEASE, include_str!("release.lua")),
+        ];
+        for (script, file) in files {
+            let (uncontended, rest) = file.split_once("--!common\n").unwrap();
             assert!(uncontended.contains("return"), "{uncontended}");
             assert!(!uncontended.contains("local function"), "{uncontended}");
             let spliced = [uncontended, include_str!("common.lua"), rest].concat();
-            assert_eq!(code, &spliced);
-            assert_eq!(hash.len(), 40);
+            assert_eq!(script.get_hash(), Script::new(&spliced).get_hash());
         }
-        assert_eq!(RENEW.code().0, include_str!("renew.lua"));
+        let renew = Script::new(include_str!("renew.lua"));
+        assert_eq!(RENEW.get_hash(), renew.get_hash());
     }
 
     #[test]
