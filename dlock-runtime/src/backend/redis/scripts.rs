@@ -3,6 +3,9 @@
 //! Each script runs its uncontended path before it defines the functions the other paths share
 //! (common.lua is spliced in after it), and takes only the names it needs: Redis spends about as
 //! long on a script's overhead as on a plain `SET`, so every command and argument saved shows.
+//! Defining a function costs every call that runs past the definition, so only `grant`, the
+//! fence logic (grant.lua), comes before acquire's uncontended path, which grants; release's,
+//! which does not, has it spliced in after, with the rest.
 //!
 //! A script is sent by `EVALSHA`. A server that does not know it (restarted, say, or a replica
 //! just promoted) answers `NOSCRIPT` without running it: only then is it loaded and sent again.
@@ -18,15 +21,17 @@ use redis::{Cmd, ErrorKind, RedisResult, Script, ScriptInvocation, ServerErrorKi
 use super::conn::Conn;
 
 pub(super) static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_common(include_str!("acquire.lua"))));
+    LazyLock::new(|| Script::new(&spliced(include_str!("acquire.lua"))));
 pub(super) static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_common(include_str!("release.lua"))));
+    LazyLock::new(|| Script::new(&spliced(include_str!("release.lua"))));
 pub(super) static RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("renew.lua")));
 
-/// A script's file with common.lua spliced in where a line says `--!common`.
-fn with_common(source: &str) -> String {
-    source.replacen("--!common\n", include_str!("common.lua"), 1)
+/// A script's file with grant.lua spliced in where a line says `--!grant`, and common.lua where
+/// one says `--!common`.
+fn spliced(file: &str) -> String {
+    file.replacen("--!grant\n", include_str!("grant.lua"), 1)
+        .replacen("--!common\n", include_str!("common.lua"), 1)
 }
 
 /// Runs `call`, an invocation of `script`, and answers its reply.
@@ -235,14 +240,44 @@ mod tests {
             (&RELEASE, include_str!("release.lua")),
         ];
         for (script, file) in files {
+            assert_eq!(file.matches("--!grant\n").count(), 1, "{file}");
+            assert_eq!(file.matches("--!common\n").count(), 1, "{file}");
             let (uncontended, rest) = file.split_once("--!common\n").unwrap();
             assert!(uncontended.contains("return"), "{uncontended}");
             assert!(!uncontended.contains("local function"), "{uncontended}");
-            let spliced = [uncontended, include_str!("common.lua"), rest].concat();
+            let (before_grant, after_grant) = file.split_once("--!grant\n").unwrap();
+            let spliced = [
+                before_grant,
+                include_str!("grant.lua"),
+                &after_grant.replacen("--!common\n", include_str!("common.lua"), 1),
+            ]
+            .concat();
             assert_eq!(script.get_hash(), Script::new(&spliced).get_hash());
+            assert!(
+                !rest.contains("--!grant"),
+                "grant comes before the shared functions"
+            );
         }
         let renew = Script::new(include_str!("renew.lua"));
         assert_eq!(RENEW.get_hash(), renew.get_hash());
+    }
+
+    /// Fences are counted by `grant` alone, written once in grant.lua: no script counts them
+    /// on its own.
+    #[test]
+    fn the_fence_logic_is_written_once() {
+        let grant = include_str!("grant.lua");
+        assert_eq!(grant.matches("local function grant(").count(), 1);
+        for file in [
+            include_str!("acquire.lua"),
+            include_str!("release.lua"),
+            include_str!("common.lua"),
+            include_str!("renew.lua"),
+        ] {
+            for fence_logic in ["'TIME'", "3600000", "function grant("] {
+                assert!(!file.contains(fence_logic), "{fence_logic} in {file}");
+            }
+        }
     }
 
     #[test]
