@@ -150,7 +150,7 @@ impl RedisBackendBuilder {
                 reason: format!("waiter liveness {:?} is shorter than 30ms", self.liveness),
             });
         }
-        let keys = KeyLayout::new(self.prefix)?;
+        let layout = KeyLayout::new(self.prefix)?;
         let target = parse_target(&self.url, self.connect_timeout, self.response_timeout)
             .map_err(invalid)?;
         let min_replicas = match (self.min_replicas, query_param(&self.url, "min_replicas")) {
@@ -179,7 +179,7 @@ impl RedisBackendBuilder {
                     self.connect_timeout.max(self.response_timeout),
                 ),
                 instance: String::from_utf8_lossy(&Owner::random().hex()[..16]).into_owned(),
-                keys,
+                layout,
                 liveness: self.liveness,
                 cluster,
                 min_replicas,

@@ -29,7 +29,7 @@ impl RedisBackend {
     /// # Ok::<(), dlock::LockError>(())
     /// ```
     pub fn lock_key(&self, key: &str) -> String {
-        self.inner.keys.name(key, "")
+        self.inner.layout.name(key, "")
     }
 
     /// The Redis key that counts the fences of `key`: an integer, the last fence handed out. It
@@ -41,7 +41,7 @@ impl RedisBackend {
     /// # Ok::<(), dlock::LockError>(())
     /// ```
     pub fn fence_key(&self, key: &str) -> String {
-        self.inner.keys.name(key, COUNTER_SUFFIX)
+        self.inner.layout.name(key, COUNTER_SUFFIX)
     }
 
     /// The Redis key that queues the waiters of `key`, in arrival order.
@@ -52,7 +52,7 @@ impl RedisBackend {
     /// # Ok::<(), dlock::LockError>(())
     /// ```
     pub fn queue_key(&self, key: &str) -> String {
-        self.inner.keys.name(key, QUEUE_SUFFIX)
+        self.inner.layout.name(key, QUEUE_SUFFIX)
     }
 }
 
@@ -201,7 +201,7 @@ mod tests {
     #[test]
     fn keys_of_one_lock_share_the_hash_tag() {
         let backend = RedisBackend::builder("redis://127.0.0.1").build().unwrap();
-        let keys = backend.inner.keys.lock_keys("acct:42", Owner::random());
+        let keys = backend.inner.layout.lock_keys("acct:42", Owner::random());
         for name in [&keys.lock, &keys.counter, &keys.queue, &keys.channel()] {
             assert!(name.starts_with("dlock:{acct:42}"), "{name}");
         }
@@ -216,7 +216,7 @@ mod tests {
                 .build()
                 .unwrap();
             for key in ["", "}", "}abc", "{", "{}", "a}b", "acct:42"] {
-                let keys = backend.inner.keys.lock_keys(key, Owner::random());
+                let keys = backend.inner.layout.lock_keys(key, Owner::random());
                 let slot = cluster_slot(keys.lock.as_bytes());
                 for name in [&keys.counter, &keys.queue, &keys.channel()] {
                     assert_eq!(

@@ -240,7 +240,7 @@ struct Inner {
     /// of this backend itself, and the script leaves out the message to them.
     instance: String,
     /// How the names of a lock's Redis keys are made.
-    keys: KeyLayout,
+    layout: KeyLayout,
     liveness: Duration,
     cluster: bool,
     /// How many replicas must acknowledge a grant or a renewal before it counts (0: none asked).
@@ -252,7 +252,7 @@ struct Inner {
 impl Backend for RedisBackend {
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
         check_key(request.key)?;
-        let keys = self.inner.keys.lock_keys(request.key, request.owner);
+        let keys = self.inner.layout.lock_keys(request.key, request.owner);
         let deadline = Instant::now() + request.wait;
         if !request.wait.is_zero() && self.inner.subscriber.is_subscribed(&keys.channel()) {
             // Other waiters of this backend wait for the key: it is most likely busy, so queue
@@ -366,7 +366,7 @@ impl RedisBackend {
     /// Runs the release script: releases with hand-off where `owner` holds `key`, else leaves its
     /// queue.
     async fn release_or_leave(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
-        let keys = self.inner.keys.lock_keys(key, owner);
+        let keys = self.inner.layout.lock_keys(key, owner);
         let mut call = keys.call(&RELEASE);
         call.arg(&self.inner.instance);
         let reply = self
@@ -398,7 +398,7 @@ fn millis(duration: Duration) -> u64 {
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("prefix", &self.inner.keys.prefix())
+            .field("prefix", &self.inner.layout.prefix())
             .finish_non_exhaustive()
     }
 }
