@@ -12,20 +12,13 @@
 local lock, counter, queue = KEYS[1], KEYS[2], KEYS[3]
 local owner, ttl, liveness, instance = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
+--!grant
+
 -- The uncontended path, on its own: nobody holds the lock, nobody waits for it, and this
--- owner's acquisition was not cancelled (see `cancel` in common.lua). Three commands. A
--- waiter's calls, which expect a busy lock, go straight on.
+-- owner's acquisition was not cancelled (see `cancel` in common.lua). Five commands: the
+-- `EXISTS`, and grant's four. A waiter's calls, which expect a busy lock, go straight on.
 if not liveness and redis.call('EXISTS', lock, queue, lock .. ':x:' .. owner) == 0 then
-  -- grant(owner, ttl) of common.lua, written out: the functions are not defined yet.
-  local now = redis.call('TIME')
-  now = now[1] * 1000000 + now[2]
-  local fence = (tonumber(redis.call('GET', counter)) or 0) + 1
-  if fence < now then
-    fence = now
-  end
-  redis.call('SET', counter, fence, 'PX', 3600000)
-  redis.call('SET', lock, owner, 'PX', ttl)
-  return fence
+  return grant(owner, ttl)
 end
 
 --!common

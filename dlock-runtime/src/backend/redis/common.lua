@@ -1,12 +1,12 @@
 -- The functions acquire.lua and release.lua share, spliced into each where it says `--!common`:
 -- after the script's uncontended path, which needs none of them (defining them costs each call
--- that runs past the splice).
+-- that runs past the splice). `grant`, which they use, comes from grant.lua, spliced in before.
 --
--- The scripts' names, declared before the splice:
+-- The scripts' names, declared before the splices:
 -- `lock`    KEYS[1], the lock: a string holding its holder's owner, with the lease's PX
 -- `counter` KEYS[2], the fence counter: the last fence handed out for the lock (one more than
---           the last, floored by the server's clock in µs, see `grant`); it expires an hour
---           after the last grant
+--           the last, floored by the server's clock in µs, see `grant` in grant.lua); it expires
+--           an hour after the last grant
 -- `queue`   KEYS[3], the owners waiting for the lock, in arrival order; it exists only while
 --           someone waits
 -- `owner`   ARGV[1], the owner the call is for
@@ -17,9 +17,9 @@
 --
 -- A waiter's key, `<lock>:w:<owner>`, holds `<claim window in ms> <instance>` (how long a grant
 -- to the waiter lasts until it claims it, and the id of the backend it waits on), with a PX of
--- the liveness window; the lock's channel is
--- `<lock>:ch`. Both share the lock's hash slot, and are named here from the lock's name rather
--- than passed, which keeps the uncontended calls short.
+-- the liveness window; the lock's channel is `<lock>:ch`. Both share the lock's hash slot, and
+-- are named here from the lock's name rather than passed, which keeps the uncontended calls
+-- short.
 
 local function waiter_key(who)
   return lock .. ':w:' .. who
@@ -37,25 +37,6 @@ end
 -- beyond any response timeout, would take effect: its key expires after its ttl, unrenewed.)
 local function cancel()
   redis.call('SET', cancel_key(owner), 1, 'PX', 60000)
-end
-
--- Grants the lock to `who` for `ttl` ms. Returns the grant's fence: one more than the last, and
--- never below the server's clock in µs. The floor is what keeps fences rising when Redis loses
--- the counter — a restart without persistence, a snapshot restored, a fail-over to a replica
--- that missed writes — and what lets the counter expire: it starts again from the clock, past
--- every fence handed out before (the counter runs ahead of the clock by one µs per grant at
--- most, and an hour's expiry leaves it far behind). A number, and exact: µs since 1970 stay
--- below 2^53 until the year 2255.
-local function grant(who, ttl)
-  local now = redis.call('TIME')
-  now = now[1] * 1000000 + now[2]
-  local n = (tonumber(redis.call('GET', counter)) or 0) + 1
-  if n < now then
-    n = now
-  end
-  redis.call('SET', counter, n, 'PX', 3600000)
-  redis.call('SET', lock, who, 'PX', ttl)
-  return n
 end
 
 -- Takes the first live waiter off the queue, with its waiter key: its owner and the waiter key's

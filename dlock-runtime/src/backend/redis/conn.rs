@@ -8,6 +8,10 @@
 //! releases) uses one made on the background runtime. When a runtime ends, its connection dies
 //! with it, and nothing uses it again: runtime ids are never reused, and only the last few
 //! runtimes' connections are kept.
+//!
+//! (redis-rs's own `ConnectionManager` is not used: it spawns its reconnection work on whichever
+//! runtime created it or happened to await it, which is the caller's, and it dies with that
+//! runtime.)
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -18,7 +22,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
-use super::Target;
+use super::builder::Target;
 use crate::{background, LockError};
 
 /// The connection a call runs on.

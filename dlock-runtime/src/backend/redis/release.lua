@@ -22,6 +22,7 @@ if holder == owner then
   end
 end
 
+--!grant
 --!common
 
 if holder == owner then

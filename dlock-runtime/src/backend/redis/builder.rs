@@ -1,0 +1,365 @@
+//! The builder of a [`RedisBackend`] and the reading of its URL into what to connect to.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::conn::{Connection, Timeouts};
+use super::keys::KeyLayout;
+use super::subscriber::Subscriber;
+use super::{Inner, RedisBackend};
+use crate::url::{mask_password, Scheme};
+use crate::{LockError, Owner};
+
+const DEFAULT_PREFIX: &str = "dlock:";
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
+const DEFAULT_LIVENESS: Duration = Duration::from_secs(3);
+
+/// Options of a [`RedisBackend`], from [`RedisBackend::builder`].
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock::backend::RedisBackend;
+///
+/// // No I/O until the first call.
+/// let backend = RedisBackend::builder("redis://:secret@127.0.0.1:6379/0")
+///     .key_prefix("app:locks:")
+///     .connect_timeout(Duration::from_secs(1))
+///     .build()?;
+/// assert_eq!(backend.lock_key("job:7"), "app:locks:{job:7}");
+/// # Ok::<(), dlock::LockError>(())
+/// ```
+#[derive(Clone)]
+#[must_use = "a builder does nothing until `build` or `connect`"]
+pub struct RedisBackendBuilder {
+    url: String,
+    prefix: String,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    liveness: Duration,
+    /// As set by [`min_replicas`](RedisBackendBuilder::min_replicas); else the URL's, else 0.
+    min_replicas: Option<usize>,
+}
+
+impl std::fmt::Debug for RedisBackendBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackendBuilder")
+            .field("url", &mask_password(&self.url))
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("liveness", &self.liveness)
+            .field("min_replicas", &self.min_replicas)
+            .finish()
+    }
+}
+
+/// What to connect to. One per backend, cloned only to connect: its size does not matter.
+#[derive(Clone)]
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Target {
+    Single(redis::Client),
+    /// The cluster, and a client per seed node for pub/sub.
+    #[cfg(feature = "redis-cluster")]
+    Cluster(redis::cluster::ClusterClient, Vec<redis::Client>),
+}
+
+impl RedisBackendBuilder {
+    /// Prepends `prefix` to every Redis key and channel of this backend (default `dlock:`).
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long connecting (TCP, TLS and AUTH) may take (default 3 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long the server may take to answer a call (default 3 s).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How long a waiter stays in a key's queue without showing it is alive (default 3 s). A
+    /// waiter refreshes it at least three times per window; a waiter whose process died is
+    /// skipped once the window runs out. It is also the *claim window*: a release hands the
+    /// lock to the first waiter for this window only (or the waiter's ttl where shorter), and
+    /// the waiter, woken, claims it for its ttl; a lock handed to a waiter that died is free
+    /// again after at most one window.
+    pub fn waiter_liveness(mut self, window: Duration) -> Self {
+        self.liveness = window;
+        self
+    }
+
+    /// How many replicas must have a grant or a renewal before it counts (default 0: the
+    /// primary's word is enough, and nothing is added to any call).
+    ///
+    /// Redis replicates asynchronously: a primary that dies before a write reached its replicas
+    /// takes the write with it, and a replica promoted in its place never heard of the grant, or
+    /// of the renewals since the partition, so it can grant the key to a second caller while the
+    /// first still holds it by every confirmation it received. With `min_replicas(n)`, every
+    /// acquire call is followed by `WAIT n timeout` in the same round trip (a pipeline: `WAIT`
+    /// counts the replicas that acknowledged the connection's writes so far), and so is every
+    /// renewal pipeline:
+    ///
+    /// - a grant counts only once `n` replicas acknowledged it. A grant acknowledged by fewer is
+    ///   asked for again within the caller's `wait` (the acquire script re-extends a lock its
+    ///   owner holds, a write `WAIT` counts anew), with the back-off of a waiter's polls; when
+    ///   `wait` runs out (at once for `wait = 0`) it is released (owner-checked) and the call
+    ///   fails with [`LockError::Backend`], whose message names `min_replicas` and how many
+    ///   replicas acknowledged it;
+    /// - a renewal counts only where `n` replicas acknowledged it: one they did not leaves its
+    ///   leases unconfirmed that round, each judged by its own deadline (a renewal the primary
+    ///   refused is a loss all the same). A holder cut off from its replicas so loses its lease
+    ///   by its own clock, a ttl less the margin after the last acknowledged renewal — before
+    ///   the replicas' copy of the lease runs out, so before a promoted replica can grant the
+    ///   key again.
+    ///
+    /// `WAIT` blocks for at most a quarter of the renewal interval (ttl/12, the shortest ttl of
+    /// a renewal batch; the watchdog tries an unanswered renewal again after about that long),
+    /// no more than half the [response timeout](Self::response_timeout), and at least 1 ms.
+    /// Healthy replicas answer within a replication round trip; a `WAIT` that times out holds
+    /// up the calls behind it on the same connection for that long.
+    ///
+    /// Cost: the `WAIT` in each acquire call and each renewal round trip, which lasts until the
+    /// replicas acknowledge; `WAIT` blocks its connection meanwhile, so calls sharing it (one
+    /// connection per runtime) queue behind it. On Redis Cluster each call's `WAIT` goes to the
+    /// primary that ran its script, in the same pipeline, and counts that primary's replicas.
+    /// Redisson's replica-sync check (`WAIT` after each lock write) is the analogue.
+    ///
+    /// What it does not give: persistence. A replica promoted with the lease keeps it; fences
+    /// rise across the fail-over whatever happens (see the [module documentation](super)). A
+    /// fail-over that promotes a replica which had not acknowledged the last write — a
+    /// configuration with more replicas than `n`, whose promotion picks another — can still
+    /// forget it: ask for every replica that can be promoted.
+    ///
+    /// `Locker::connect` takes it from the URL too: `redis://host:6379/?min_replicas=1`.
+    pub fn min_replicas(mut self, replicas: usize) -> Self {
+        self.min_replicas = Some(replicas);
+        self
+    }
+
+    /// The backend, without connecting: the first call connects.
+    pub fn build(self) -> Result<RedisBackend, LockError> {
+        let masked: Arc<str> = mask_password(&self.url).into();
+        let invalid = |reason: String| LockError::invalid_url(&self.url, reason);
+        if self.liveness < Duration::from_millis(30) {
+            return Err(LockError::InvalidOptions {
+                reason: format!("waiter liveness {:?} is shorter than 30ms", self.liveness),
+            });
+        }
+        let layout = KeyLayout::new(self.prefix)?;
+        let target = parse_target(&self.url, self.connect_timeout, self.response_timeout)
+            .map_err(invalid)?;
+        let min_replicas = match (self.min_replicas, query_param(&self.url, "min_replicas")) {
+            (Some(replicas), _) => replicas,
+            (None, Some(replicas)) => replicas.parse().map_err(|_| {
+                invalid(format!(
+                    "min_replicas=`{replicas}`: expected the number of replicas"
+                ))
+            })?,
+            (None, None) => 0,
+        };
+        let (subscribe_on, cluster) = match &target {
+            Target::Single(client) => (vec![client.clone()], false),
+            #[cfg(feature = "redis-cluster")]
+            Target::Cluster(_, seeds) => (seeds.clone(), true),
+        };
+        let timeouts = Timeouts {
+            connect: self.connect_timeout,
+            response: self.response_timeout,
+        };
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                conn: Connection::new(target, timeouts, masked),
+                subscriber: Subscriber::new(
+                    subscribe_on,
+                    self.connect_timeout.max(self.response_timeout),
+                ),
+                instance: String::from_utf8_lossy(&Owner::random().hex()[..16]).into_owned(),
+                layout,
+                liveness: self.liveness,
+                cluster,
+                min_replicas,
+                response_timeout: self.response_timeout,
+            }),
+        })
+    }
+
+    /// The backend, connected: fails at once when the server cannot be reached or refuses the
+    /// credentials.
+    pub async fn connect(self) -> Result<RedisBackend, LockError> {
+        let backend = self.build()?;
+        backend.ping().await?;
+        Ok(backend)
+    }
+}
+
+/// The value of the query parameter `name` of `url` (`…?name=value&…`), if it has one.
+fn query_param<'a>(url: &'a str, name: &str) -> Option<&'a str> {
+    let query = url.split_once('?')?.1;
+    let query = query.split('#').next().unwrap_or(query);
+    query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+}
+
+/// Reads a URL into what to connect to.
+fn parse_target(
+    url: &str,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+) -> Result<Target, String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err("expected redis://host:port".into());
+    };
+    let cluster = match Scheme::of(url) {
+        Some(Scheme::Redis) => false,
+        Some(Scheme::RedisCluster) => true,
+        _ => {
+            return Err(
+                "the scheme must be redis://, rediss://, redis+cluster:// or rediss+cluster://"
+                    .into(),
+            )
+        }
+    };
+    // `rediss://` and `rediss+cluster://`.
+    let tls = scheme.starts_with("rediss");
+    if tls && !cfg!(feature = "redis-tls") {
+        return Err("rediss:// needs TLS: enable dlock's `redis-tls` feature in Cargo.toml".into());
+    }
+    // Several hosts (`a:1,b:2`) name the seed nodes of a cluster.
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (Some(userinfo), hosts),
+        None => (None, authority),
+    };
+    let hosts: Vec<&str> = hosts.split(',').collect();
+    if hosts.iter().any(|h| h.is_empty()) {
+        return Err("a host is missing".into());
+    }
+    let single_scheme = if tls { "rediss" } else { "redis" };
+    let node_url = |host: &str| match userinfo {
+        Some(userinfo) => format!("{single_scheme}://{userinfo}@{host}{tail}"),
+        None => format!("{single_scheme}://{host}{tail}"),
+    };
+    let open = |url: &str| redis::Client::open(url).map_err(|e| e.to_string());
+    if !cluster && hosts.len() == 1 {
+        return open(&node_url(hosts[0])).map(Target::Single);
+    }
+    #[cfg(feature = "redis-cluster")]
+    {
+        let seeds = hosts
+            .iter()
+            .map(|host| open(&node_url(host)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let client = redis::cluster::ClusterClient::builder(
+            seeds.iter().map(|c| c.get_connection_info().clone()),
+        )
+        .connection_timeout(connect_timeout)
+        .response_timeout(response_timeout)
+        .build()
+        .map_err(|e| e.to_string())?;
+        Ok(Target::Cluster(client, seeds))
+    }
+    #[cfg(not(feature = "redis-cluster"))]
+    {
+        let _ = (connect_timeout, response_timeout);
+        Err("Redis Cluster (several hosts, or redis+cluster://) needs dlock's `redis-cluster` feature".into())
+    }
+}
+
+impl RedisBackend {
+    /// Options for a backend on `url`: `redis://[[user]:password@]host[:port][/db]`,
+    /// `rediss://…` (with the `redis-tls` feature), or with the `redis-cluster` feature
+    /// `redis+cluster://host:port,host:port` (see the [module documentation](super)).
+    pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
+        RedisBackendBuilder {
+            url: url.into(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            connect_timeout: DEFAULT_TIMEOUT,
+            response_timeout: DEFAULT_TIMEOUT,
+            liveness: DEFAULT_LIVENESS,
+            min_replicas: None,
+        }
+    }
+
+    /// A backend on `url` with the default options, connected.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// let backend = dlock::backend::RedisBackend::connect("redis://127.0.0.1:6379").await?;
+    /// let locker = dlock::Locker::with_backend(backend);
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<RedisBackend, LockError> {
+        Self::builder(url).connect().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_without_io() {
+        assert!(RedisBackend::builder("redis://:pw@localhost:6380/2")
+            .build()
+            .is_ok());
+        assert!(matches!(
+            RedisBackend::builder("http://localhost").build(),
+            Err(LockError::InvalidUrl { .. })
+        ));
+        let error = RedisBackend::builder("redis://:secret@a:1,b:2")
+            .build()
+            .map(drop);
+        if cfg!(feature = "redis-cluster") {
+            assert!(error.is_ok());
+        } else {
+            let error = error.unwrap_err().to_string();
+            assert!(
+                error.contains("redis-cluster") && !error.contains("secret"),
+                "{error}"
+            );
+        }
+        #[cfg(not(feature = "redis-tls"))]
+        assert!(RedisBackend::builder("rediss://localhost")
+            .build()
+            .unwrap_err()
+            .to_string()
+            .contains("redis-tls"));
+    }
+
+    #[test]
+    fn min_replicas_comes_from_the_builder_or_else_the_url() {
+        let min_replicas =
+            |builder: RedisBackendBuilder| builder.build().unwrap().inner.min_replicas;
+        assert_eq!(min_replicas(RedisBackend::builder("redis://h")), 0);
+        assert_eq!(
+            min_replicas(RedisBackend::builder("redis://:pw@h:1/0?min_replicas=2")),
+            2
+        );
+        assert_eq!(
+            min_replicas(RedisBackend::builder(
+                "redis://h/?protocol=resp2&min_replicas=1#x"
+            )),
+            1
+        );
+        assert_eq!(
+            min_replicas(RedisBackend::builder("redis://h/?min_replicas=2").min_replicas(0)),
+            0
+        );
+        let error = RedisBackend::builder("redis://:secret@h/?min_replicas=all")
+            .build()
+            .map(drop)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("min_replicas") && !error.contains("secret"),
+            "{error}"
+        );
+    }
+}
