@@ -210,3 +210,36 @@ async fn cancelled_acquires_leave_no_lease_behind() {
         &held[..held.len().min(5)]
     );
 }
+/// Redis keeps a lease for whole milliseconds. A ttl with a fraction of one, cut down to the
+/// milliseconds below it, would expire on the server before its holder stops trusting it
+/// (1.99 ms becomes 1 ms, trusted for 1.79 ms), and a rival could take the key meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_with_a_fraction_of_a_millisecond_is_never_trusted_past_the_server_s_expiry() {
+    let redis = Redis::start();
+    let holder = locker_on(&redis.server).await;
+    let rival = locker_on(&redis.server).await;
+    let options = LockOptions::new()
+        .ttl(Duration::from_micros(1_990))
+        .renew(false);
+    // Both connections made before anything is timed.
+    drop(holder.lock(unique_key("warm"), options).await.unwrap());
+    drop(rival.lock(unique_key("warm"), options).await.unwrap());
+    for _ in 0..20 {
+        let key = unique_key("fraction");
+        let lease = holder.lock(&*key, options).await.unwrap();
+        let second = loop {
+            match rival.lock(&*key, options).await {
+                Ok(second) => break second,
+                Err(LockError::Busy { .. }) => continue,
+                Err(error) => panic!("{error}"),
+            }
+        };
+        assert!(
+            !lease.is_held(),
+            "two holders: the rival got the key (fence {}) while the first lease (fence {}) \
+             was still trusted",
+            second.fence(),
+            lease.fence()
+        );
+    }
+}
