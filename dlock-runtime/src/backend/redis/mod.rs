@@ -328,7 +328,7 @@ impl RedisBackend {
         mode: Mode,
     ) -> Result<Attempt, LockError> {
         let mut call = keys.call(&ACQUIRE);
-        call.arg(millis(ttl));
+        call.arg(lease_millis(ttl));
         // A first try passes no more than the ttl: the uncontended path reads nothing else.
         match mode {
             Mode::FirstTry => {}
@@ -386,6 +386,14 @@ impl RedisBackend {
         }
         Ok(released.held)
     }
+}
+
+/// A lease's ttl in whole milliseconds, Redis's unit, rounded up: the client trusts a lease for
+/// its ttl less a margin, so a ttl cut down to the millisecond below (1.99 ms kept as 1 ms)
+/// would expire on the server while its holder still trusted it. Rounding up only keeps others
+/// waiting a fraction of a millisecond longer.
+fn lease_millis(ttl: Duration) -> u64 {
+    millis(ttl.saturating_add(Duration::from_nanos(999_999)))
 }
 
 /// `duration` in whole milliseconds, at least 1 (a `PX` of 0 is an error).

@@ -6,7 +6,7 @@ use redis::{RedisResult, ScriptInvocation, Value};
 use super::conn::Conn;
 use super::replicas::{parse_acknowledged, ReplicaWait};
 use super::scripts::{invoke_pipelined, unexpected, RENEW};
-use super::{millis, RedisBackend};
+use super::{lease_millis, millis, RedisBackend};
 use crate::backend::Renewal;
 use crate::LockError;
 
@@ -139,7 +139,7 @@ fn renew_call(lock: String, lease: &Renewal<'_>) -> ScriptInvocation<'static> {
     let owner = lease.owner.hex();
     let mut call = RENEW.key(lock);
     call.arg(std::str::from_utf8(&owner).expect("hex digits are ASCII"))
-        .arg(millis(lease.ttl));
+        .arg(lease_millis(lease.ttl));
     call
 }
 
