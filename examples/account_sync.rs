@@ -147,9 +147,7 @@ where
             // Busy: a concurrent duplicate holds the account. Lost: the store answered so late
             // (a loaded store) that the lease ran out before the work began; the body did not
             // run. Either way the client's retry decides, as it would for a time-out.
-            Err(AppError::Lock(LockError::Busy { .. } | LockError::Lost { .. })) => {
-                discarded += 1
-            }
+            Err(AppError::Lock(LockError::Busy { .. } | LockError::Lost { .. })) => discarded += 1,
             Err(other) => panic!("submit failed: {other:?}"),
         }
     }

@@ -234,7 +234,8 @@ struct Outcome {
 async fn fail_over_under_a_holder(min_replicas: usize) -> Outcome {
     let mut redis = ReplicatedRedis::start().await;
     let locker = |url: String| async move {
-        let backend = RedisBackend::builder(url)
+        let backend = RedisBackend::builder(&url)
+            .unwrap()
             .min_replicas(min_replicas)
             .connect()
             .await
@@ -359,7 +360,8 @@ async fn command_counts(server: &RedisServer) -> BTreeMap<String, u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_replicas_adds_one_wait_to_an_acquire_and_to_a_renewal_and_nothing_else() {
     let redis = ReplicatedRedis::start().await;
-    let backend = RedisBackend::builder(redis.url())
+    let backend = RedisBackend::builder(&redis.url())
+        .unwrap()
         .min_replicas(1)
         .connect()
         .await
@@ -416,7 +418,8 @@ async fn min_replicas_adds_one_wait_to_an_acquire_and_to_a_renewal_and_nothing_e
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_no_replica_acknowledged_is_undone_or_asked_again_within_the_wait() {
     let redis = ReplicatedRedis::start().await;
-    let backend = RedisBackend::builder(redis.url())
+    let backend = RedisBackend::builder(&redis.url())
+        .unwrap()
         .min_replicas(1)
         .connect()
         .await

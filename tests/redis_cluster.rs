@@ -20,7 +20,10 @@ struct Cluster {
 impl Cluster {
     fn start() -> Cluster {
         let cluster = RedisCluster::start();
-        let names = RedisBackend::builder(cluster.url()).build().unwrap();
+        let names = RedisBackend::builder(&cluster.url())
+            .unwrap()
+            .build()
+            .unwrap();
         Cluster { cluster, names }
     }
 
@@ -173,7 +176,8 @@ async fn keys_with_an_empty_hash_tag_keep_to_one_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_replicas_on_primaries_without_replicas_refuses_every_grant_and_leaves_none() {
     let cluster = Cluster::start();
-    let backend = RedisBackend::builder(cluster.cluster.url())
+    let backend = RedisBackend::builder(&cluster.cluster.url())
+        .unwrap()
         .min_replicas(1)
         .connect()
         .await
@@ -206,7 +210,8 @@ async fn min_replicas_on_primaries_without_replicas_refuses_every_grant_and_leav
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_replicas_counts_the_replica_of_the_primary_that_granted() {
     let cluster = RedisCluster::start_with_replicas();
-    let backend = RedisBackend::builder(cluster.url())
+    let backend = RedisBackend::builder(&cluster.url())
+        .unwrap()
         .min_replicas(1)
         .connect()
         .await
@@ -229,7 +234,8 @@ async fn min_replicas_counts_the_replica_of_the_primary_that_granted() {
         lease.release().await.unwrap();
     }
 
-    let greedy = RedisBackend::builder(cluster.url())
+    let greedy = RedisBackend::builder(&cluster.url())
+        .unwrap()
         .min_replicas(2)
         .connect()
         .await

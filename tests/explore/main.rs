@@ -58,7 +58,12 @@ fn redis() {
     let clients: Vec<RedisBackend> = (0..4)
         .map(|_| {
             runtime
-                .block_on(RedisBackend::builder(&url).key_prefix(&prefix).connect())
+                .block_on(
+                    RedisBackend::builder(&url)
+                        .unwrap()
+                        .key_prefix(&prefix)
+                        .connect(),
+                )
                 .expect("the explorer needs a Redis server (DLOCK_REDIS_URL)")
         })
         .collect();

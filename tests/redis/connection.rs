@@ -173,6 +173,7 @@ async fn an_unresponsive_server_is_an_error_not_a_hang() {
     let timeout = Duration::from_millis(500);
     let started = Instant::now();
     let connected = RedisBackend::builder(&url)
+        .unwrap()
         .connect_timeout(timeout)
         .response_timeout(timeout)
         .connect()
@@ -189,6 +190,7 @@ async fn an_unresponsive_server_is_an_error_not_a_hang() {
 
     // Many callers at once share the failed attempt instead of queueing one timeout each.
     let backend = RedisBackend::builder(&url)
+        .unwrap()
         .connect_timeout(timeout)
         .response_timeout(timeout)
         .build()
@@ -224,7 +226,8 @@ async fn an_unresponsive_server_is_an_error_not_a_hang() {
 async fn an_acquire_that_timed_out_leaves_no_late_copy_to_grant_the_key_to_nobody() {
     let server = RedisServer::start();
     let (proxy, url) = FaultProxy::in_front_of(&server.url());
-    let backend = RedisBackend::builder(url)
+    let backend = RedisBackend::builder(&url)
+        .unwrap()
         .response_timeout(Duration::from_millis(300))
         .build()
         .unwrap();

@@ -193,7 +193,8 @@ async fn a_hand_off_to_a_waiter_that_died_lapses_after_its_claim_window() {
     let window = Duration::from_secs(1);
     let holder_locker = locker_on(&redis.server).await;
     let doomed_locker = Locker::with_backend(
-        RedisBackend::builder(redis.server.url())
+        RedisBackend::builder(&redis.server.url())
+            .unwrap()
             .waiter_liveness(window)
             .connect()
             .await

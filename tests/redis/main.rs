@@ -33,7 +33,10 @@ impl Redis {
     fn start() -> Redis {
         let server = RedisServer::start();
         // Only for the key names: no I/O.
-        let names = RedisBackend::builder(server.url()).build().unwrap();
+        let names = RedisBackend::builder(&server.url())
+            .unwrap()
+            .build()
+            .unwrap();
         Redis { server, names }
     }
 

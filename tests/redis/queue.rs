@@ -15,7 +15,8 @@ use crate::{locker_on, spawn_lock, wait_for_queue_length, Redis};
 async fn dropped_waiter_leaves_the_queue() {
     let redis = Redis::start();
     // A long liveness window: a waiter that failed to leave would block the next one for 30 s.
-    let backend = RedisBackend::builder(redis.server.url())
+    let backend = RedisBackend::builder(&redis.server.url())
+        .unwrap()
         .waiter_liveness(Duration::from_secs(30))
         .connect()
         .await
@@ -119,7 +120,8 @@ async fn waiters_are_woken_by_pub_sub_not_polling_also_after_a_restart() {
     // A 30 s liveness window lets the fallback polls back off to 10 s: polls come about 0.25,
     // 0.75, 1.75, 3.75 and 7.75 s into a wait, so a release 4.5 s in is seen within a second only
     // through the published hand-off.
-    let backend = RedisBackend::builder(server.url())
+    let backend = RedisBackend::builder(&server.url())
+        .unwrap()
         .waiter_liveness(Duration::from_secs(30))
         .connect()
         .await

@@ -30,7 +30,7 @@ pub use zookeeper::{
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "redis")]
-pub use self::redis::{RedisBackend, RedisBackendBuilder, MAX_KEY_BYTES as REDIS_MAX_KEY_BYTES};
+pub use self::redis::{RedisBackend, RedisBuilder, MAX_KEY_BYTES as REDIS_MAX_KEY_BYTES};
 
 /// One acquisition asked of a backend.
 #[derive(Debug, Clone, Copy)]

@@ -21,7 +21,7 @@ const DEFAULT_LIVENESS: Duration = Duration::from_secs(3);
 /// use dlock::backend::RedisBackend;
 ///
 /// // No I/O until the first call.
-/// let backend = RedisBackend::builder("redis://:secret@127.0.0.1:6379/0")
+/// let backend = RedisBackend::builder("redis://:secret@127.0.0.1:6379/0")?
 ///     .key_prefix("app:locks:")
 ///     .connect_timeout(Duration::from_secs(1))
 ///     .build()?;
@@ -30,19 +30,19 @@ const DEFAULT_LIVENESS: Duration = Duration::from_secs(3);
 /// ```
 #[derive(Clone)]
 #[must_use = "a builder does nothing until `build` or `connect`"]
-pub struct RedisBackendBuilder {
+pub struct RedisBuilder {
     url: String,
     prefix: String,
     connect_timeout: Duration,
     response_timeout: Duration,
     liveness: Duration,
-    /// As set by [`min_replicas`](RedisBackendBuilder::min_replicas); else the URL's, else 0.
+    /// As set by [`min_replicas`](RedisBuilder::min_replicas); else the URL's, else 0.
     min_replicas: Option<usize>,
 }
 
-impl std::fmt::Debug for RedisBackendBuilder {
+impl std::fmt::Debug for RedisBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisBackendBuilder")
+        f.debug_struct("RedisBuilder")
             .field("url", &mask_password(&self.url))
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
@@ -63,7 +63,7 @@ pub(super) enum Target {
     Cluster(redis::cluster::ClusterClient, Vec<redis::Client>),
 }
 
-impl RedisBackendBuilder {
+impl RedisBuilder {
     /// Prepends `prefix` to every Redis key and channel of this backend (default `dlock:`).
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
@@ -153,14 +153,9 @@ impl RedisBackendBuilder {
         let layout = KeyLayout::new(self.prefix)?;
         let target = parse_target(&self.url, self.connect_timeout, self.response_timeout)
             .map_err(invalid)?;
-        let min_replicas = match (self.min_replicas, query_param(&self.url, "min_replicas")) {
-            (Some(replicas), _) => replicas,
-            (None, Some(replicas)) => replicas.parse().map_err(|_| {
-                invalid(format!(
-                    "min_replicas=`{replicas}`: expected the number of replicas"
-                ))
-            })?,
-            (None, None) => 0,
+        let min_replicas = match self.min_replicas {
+            Some(replicas) => replicas,
+            None => url_min_replicas(&self.url)?.unwrap_or(0),
         };
         let (subscribe_on, cluster) = match &target {
             Target::Single(client) => (vec![client.clone()], false),
@@ -272,19 +267,43 @@ fn parse_target(
     }
 }
 
+/// The `min_replicas` of `url`'s query, if it has one.
+fn url_min_replicas(url: &str) -> Result<Option<usize>, LockError> {
+    let Some(replicas) = query_param(url, "min_replicas") else {
+        return Ok(None);
+    };
+    replicas.parse().map(Some).map_err(|_| {
+        LockError::invalid_url(
+            url,
+            format!("min_replicas=`{replicas}`: expected the number of replicas"),
+        )
+    })
+}
+
 impl RedisBackend {
     /// Options for a backend on `url`: `redis://[[user]:password@]host[:port][/db]`,
     /// `rediss://…` (with the `redis-tls` feature), or with the `redis-cluster` feature
-    /// `redis+cluster://host:port,host:port` (see the [module documentation](super)).
-    pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
-        RedisBackendBuilder {
-            url: url.into(),
+    /// `redis+cluster://host:port,host:port` (see the [module documentation](super)); the query
+    /// may hold `min_replicas=n`.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidUrl`] where `url` is not such a URL, or names a kind of Redis this
+    /// build lacks the feature for. Nothing is connected yet.
+    pub fn builder(url: &str) -> Result<RedisBuilder, LockError> {
+        let invalid = |reason: String| LockError::invalid_url(url, reason);
+        // Checked now, so a bad URL fails where it is given; parsed again with the timeouts
+        // the builder ends up with.
+        parse_target(url, DEFAULT_TIMEOUT, DEFAULT_TIMEOUT).map_err(invalid)?;
+        url_min_replicas(url)?;
+        Ok(RedisBuilder {
+            url: url.to_owned(),
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: DEFAULT_TIMEOUT,
             response_timeout: DEFAULT_TIMEOUT,
             liveness: DEFAULT_LIVENESS,
             min_replicas: None,
-        }
+        })
     }
 
     /// A backend on `url` with the default options, connected.
@@ -296,7 +315,7 @@ impl RedisBackend {
     /// # Ok(()) }
     /// ```
     pub async fn connect(url: &str) -> Result<RedisBackend, LockError> {
-        Self::builder(url).connect().await
+        Self::builder(url)?.connect().await
     }
 }
 
@@ -307,15 +326,14 @@ mod tests {
     #[test]
     fn urls_are_checked_without_io() {
         assert!(RedisBackend::builder("redis://:pw@localhost:6380/2")
+            .unwrap()
             .build()
             .is_ok());
         assert!(matches!(
-            RedisBackend::builder("http://localhost").build(),
+            RedisBackend::builder("http://localhost"),
             Err(LockError::InvalidUrl { .. })
         ));
-        let error = RedisBackend::builder("redis://:secret@a:1,b:2")
-            .build()
-            .map(drop);
+        let error = RedisBackend::builder("redis://:secret@a:1,b:2").map(drop);
         if cfg!(feature = "redis-cluster") {
             assert!(error.is_ok());
         } else {
@@ -327,7 +345,6 @@ mod tests {
         }
         #[cfg(not(feature = "redis-tls"))]
         assert!(RedisBackend::builder("rediss://localhost")
-            .build()
             .unwrap_err()
             .to_string()
             .contains("redis-tls"));
@@ -335,8 +352,9 @@ mod tests {
 
     #[test]
     fn min_replicas_comes_from_the_builder_or_else_the_url() {
-        let min_replicas =
-            |builder: RedisBackendBuilder| builder.build().unwrap().inner.min_replicas;
+        let min_replicas = |builder: Result<RedisBuilder, LockError>| {
+            builder.unwrap().build().unwrap().inner.min_replicas
+        };
         assert_eq!(min_replicas(RedisBackend::builder("redis://h")), 0);
         assert_eq!(
             min_replicas(RedisBackend::builder("redis://:pw@h:1/0?min_replicas=2")),
@@ -349,11 +367,12 @@ mod tests {
             1
         );
         assert_eq!(
-            min_replicas(RedisBackend::builder("redis://h/?min_replicas=2").min_replicas(0)),
+            min_replicas(
+                RedisBackend::builder("redis://h/?min_replicas=2").map(|b| b.min_replicas(0))
+            ),
             0
         );
         let error = RedisBackend::builder("redis://:secret@h/?min_replicas=all")
-            .build()
             .map(drop)
             .unwrap_err()
             .to_string();

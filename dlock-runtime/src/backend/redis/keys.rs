@@ -24,7 +24,7 @@ impl RedisBackend {
     /// lease's ttl as its PTTL.
     ///
     /// ```
-    /// let backend = dlock::backend::RedisBackend::builder("redis://127.0.0.1").build()?;
+    /// let backend = dlock::backend::RedisBackend::builder("redis://127.0.0.1")?.build()?;
     /// assert_eq!(backend.lock_key("acct:42"), "dlock:{acct:42}");
     /// # Ok::<(), dlock::LockError>(())
     /// ```
@@ -36,7 +36,7 @@ impl RedisBackend {
     /// expires an hour after the last grant (fences go on rising from the server's clock).
     ///
     /// ```
-    /// let backend = dlock::backend::RedisBackend::builder("redis://127.0.0.1").build()?;
+    /// let backend = dlock::backend::RedisBackend::builder("redis://127.0.0.1")?.build()?;
     /// assert_eq!(backend.fence_key("acct:42"), "dlock:{acct:42}:fences");
     /// # Ok::<(), dlock::LockError>(())
     /// ```
@@ -47,7 +47,7 @@ impl RedisBackend {
     /// The Redis key that queues the waiters of `key`, in arrival order.
     ///
     /// ```
-    /// let backend = dlock::backend::RedisBackend::builder("redis://127.0.0.1").build()?;
+    /// let backend = dlock::backend::RedisBackend::builder("redis://127.0.0.1")?.build()?;
     /// assert_eq!(backend.queue_key("acct:42"), "dlock:{acct:42}:q");
     /// # Ok::<(), dlock::LockError>(())
     /// ```
@@ -200,7 +200,10 @@ mod tests {
 
     #[test]
     fn keys_of_one_lock_share_the_hash_tag() {
-        let backend = RedisBackend::builder("redis://127.0.0.1").build().unwrap();
+        let backend = RedisBackend::builder("redis://127.0.0.1")
+            .unwrap()
+            .build()
+            .unwrap();
         let keys = backend.inner.layout.lock_keys("acct:42", Owner::random());
         for name in [&keys.lock, &keys.counter, &keys.queue, &keys.channel()] {
             assert!(name.starts_with("dlock:{acct:42}"), "{name}");
@@ -212,6 +215,7 @@ mod tests {
     fn every_key_keeps_its_names_in_one_slot() {
         for prefix in ["dlock:", "a}", "x{", "{app}:"] {
             let backend = RedisBackend::builder("redis://127.0.0.1")
+                .unwrap()
                 .key_prefix(prefix)
                 .build()
                 .unwrap();
@@ -228,6 +232,7 @@ mod tests {
             }
         }
         assert!(RedisBackend::builder("redis://127.0.0.1")
+            .unwrap()
             .key_prefix("locks{}:")
             .build()
             .is_err());

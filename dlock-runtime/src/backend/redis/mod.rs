@@ -59,7 +59,7 @@
 //!   ttl at most: a slot that fails — its primary down — leaves its own leases unconfirmed that
 //!   round, and the other slots' leases are confirmed all the same.)
 //!
-//! With [`min_replicas`](RedisBackendBuilder::min_replicas) set, each acquire call and each
+//! With [`min_replicas`](RedisBuilder::min_replicas) set, each acquire call and each
 //! renewal pipeline carries a `WAIT` after its script(s), in the same round trip (see
 //! *Fail-over* below); without it (the default), nothing is added.
 //!
@@ -132,7 +132,7 @@
 //! are dropped, oldest first, beyond the last eight. When a call finds its connection broken (the
 //! server restarted, say), the connection is replaced and the call retried once on the fresh
 //! one: every call is idempotent for its owner, and the first call after a restart succeeds.
-//! Connection and response timeouts are [builder](RedisBackendBuilder) options (3 s each by
+//! Connection and response timeouts are [builder](RedisBuilder) options (3 s each by
 //! default); callers that queued behind a connection attempt that failed share its failure, so an
 //! unreachable server costs each call at most one attempt. A wrong password fails at once with
 //! the server's `WRONGPASS`/`NOAUTH` answer and a hint to put the credentials in the URL.
@@ -172,7 +172,7 @@
 //! holds as long as the store keeps its writes; fences still rise across the fail-over and are
 //! what protect the data — pass them to the protected store.
 //!
-//! [`min_replicas(n)`](RedisBackendBuilder::min_replicas) (or `?min_replicas=n` in the URL)
+//! [`min_replicas(n)`](RedisBuilder::min_replicas) (or `?min_replicas=n` in the URL)
 //! closes that gap: a grant counts only once `WAIT n` says `n` replicas acknowledged it, and a
 //! renewal only where they acknowledged it; a holder cut off from its replicas loses its lease by
 //! its own deadline, before the replicas' copy runs out. The `WAIT` rides in the same pipeline
@@ -201,7 +201,7 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionLike;
 use redis::Value;
 
-pub use self::builder::RedisBackendBuilder;
+pub use self::builder::RedisBuilder;
 pub use self::keys::MAX_KEY_BYTES;
 
 use self::conn::Connection;
@@ -221,7 +221,7 @@ use crate::{LockError, Owner};
 /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
 /// use dlock::{backend::RedisBackend, LockOptions, Locker};
 ///
-/// let backend = RedisBackend::builder("redis://127.0.0.1:6379").key_prefix("billing:").connect().await?;
+/// let backend = RedisBackend::builder("redis://127.0.0.1:6379")?.key_prefix("billing:").connect().await?;
 /// assert_eq!(backend.lock_key("acct:42"), "billing:{acct:42}");
 /// let locker = Locker::with_backend(backend);
 /// let lease = locker.lock("acct:42", LockOptions::new()).await?;

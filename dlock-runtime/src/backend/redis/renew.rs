@@ -6,7 +6,7 @@ use redis::{RedisResult, ScriptInvocation, Value};
 use super::conn::Conn;
 use super::replicas::{parse_acknowledged, ReplicaWait};
 use super::scripts::{invoke_pipelined, unexpected, RENEW};
-use super::{lease_millis, millis, RedisBackend};
+use super::{lease_millis, RedisBackend};
 use crate::backend::Renewal;
 use crate::LockError;
 
@@ -92,7 +92,7 @@ impl RedisBackend {
         let bound = std::time::Duration::from_millis(
             leases
                 .iter()
-                .map(|lease| millis(lease.ttl))
+                .map(|lease| super::millis(lease.ttl))
                 .min()
                 .unwrap_or(1)
                 / 3,

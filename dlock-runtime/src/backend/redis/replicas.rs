@@ -98,6 +98,7 @@ mod tests {
     #[test]
     fn wait_blocks_for_a_twelfth_of_the_ttl_within_half_the_response_timeout() {
         let backend = RedisBackend::builder("redis://h")
+            .unwrap()
             .min_replicas(1)
             .response_timeout(Duration::from_secs(3))
             .build()
