@@ -256,3 +256,37 @@ async fn an_acquire_that_timed_out_leaves_no_late_copy_to_grant_the_key_to_nobod
         "the key is held by nobody: a late copy of an acquisition granted it (PTTL {pttl} ms)"
     );
 }
+
+/// A deployment configures the store with one variable: the key prefix and the time-outs ride in
+/// the URL's query, and the keys land under that prefix on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_url_carries_the_key_prefix_and_the_time_outs() {
+    let server = RedisServer::start();
+    let url = format!(
+        "{}?key_prefix=billing:&connect_timeout=1s&response_timeout=2s",
+        server.url()
+    );
+    let locker = Locker::connect(&url).await.unwrap();
+    let key = unique_key("prefixed");
+    let lease = locker.lock(&*key, LockOptions::new()).await.unwrap();
+    let mut redis = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let under_prefix: bool = redis.exists(format!("billing:{{{key}}}")).await.unwrap();
+    let under_default: bool = redis.exists(format!("dlock:{{{key}}}")).await.unwrap();
+    assert!(
+        under_prefix && !under_default,
+        "the lock is not under the URL's prefix"
+    );
+    lease.release().await.unwrap();
+
+    let bad = format!("{}?response_timeout=fast", server.url());
+    match Locker::connect(&bad).await {
+        Err(LockError::InvalidUrl { reason, .. }) => {
+            assert!(reason.contains("response_timeout=`fast`"), "{reason}")
+        }
+        other => panic!("a bad duration in the URL was not refused: {other:?}"),
+    }
+}

@@ -8,6 +8,7 @@ use sqlx::AssertSqlSafe;
 
 use super::retry::{backend_error, on_background};
 use super::{MysqlBackend, Shared, Statements};
+use crate::url::{duration_param, number_param, query_param};
 use crate::LockError;
 
 /// Options of a [`MysqlBackend`], from [`MysqlBackend::builder`] or
@@ -59,7 +60,17 @@ impl MysqlBuilder {
         let options: MySqlConnectOptions = url
             .parse()
             .map_err(|error| LockError::invalid_url(url, error))?;
-        Ok(Self::from_source(Source::Url(Box::new(options))))
+        let mut builder = Self::from_source(Source::Url(Box::new(options)));
+        if let Some(table) = query_param(url, "table") {
+            builder.table = table.to_owned();
+        }
+        if let Some(timeout) = duration_param(url, "connect_timeout")? {
+            builder.connect_timeout = timeout;
+        }
+        if let Some(max) = number_param::<u32>(url, "max_connections")? {
+            builder = builder.max_connections(max);
+        }
+        Ok(builder)
     }
 
     pub(super) fn with_pool(pool: MySqlPool) -> MysqlBuilder {

@@ -130,6 +130,18 @@ impl MysqlBackend {
 
     /// Options for a connection to `url` (`mysql://user:password@host:port/database`).
     ///
+    /// The URL's query may hold `table=order_locks`, `connect_timeout=2s` and
+    /// `max_connections=8` besides the driver's own (`ssl-mode=required`); a method of the
+    /// builder called later overrides them.
+    ///
+    /// ```
+    /// use dlock::backend::MysqlBackend;
+    ///
+    /// let builder = MysqlBackend::builder("mysql://app@db.internal/orders?table=order_locks")?;
+    /// assert!(format!("{builder:?}").contains("order_locks"));
+    /// # Ok::<(), dlock::LockError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`LockError::InvalidUrl`] where `url` cannot be parsed.

@@ -7,7 +7,7 @@ use super::conn::{Connection, Timeouts};
 use super::keys::KeyLayout;
 use super::subscriber::Subscriber;
 use super::{Inner, RedisBackend};
-use crate::url::{mask_password, Scheme};
+use crate::url::{duration_param, mask_password, number_param, query_param, Scheme};
 use crate::{LockError, Owner};
 
 const DEFAULT_PREFIX: &str = "dlock:";
@@ -192,15 +192,6 @@ impl RedisBuilder {
     }
 }
 
-/// The value of the query parameter `name` of `url` (`…?name=value&…`), if it has one.
-fn query_param<'a>(url: &'a str, name: &str) -> Option<&'a str> {
-    let query = url.split_once('?')?.1;
-    let query = query.split('#').next().unwrap_or(query);
-    query
-        .split('&')
-        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
-}
-
 /// Reads a URL into what to connect to.
 fn parse_target(
     url: &str,
@@ -269,22 +260,28 @@ fn parse_target(
 
 /// The `min_replicas` of `url`'s query, if it has one.
 fn url_min_replicas(url: &str) -> Result<Option<usize>, LockError> {
-    let Some(replicas) = query_param(url, "min_replicas") else {
-        return Ok(None);
-    };
-    replicas.parse().map(Some).map_err(|_| {
-        LockError::invalid_url(
-            url,
-            format!("min_replicas=`{replicas}`: expected the number of replicas"),
-        )
-    })
+    number_param(url, "min_replicas")
 }
 
 impl RedisBackend {
     /// Options for a backend on `url`: `redis://[[user]:password@]host[:port][/db]`,
     /// `rediss://…` (with the `redis-tls` feature), or with the `redis-cluster` feature
-    /// `redis+cluster://host:port,host:port` (see the [module documentation](super)); the query
-    /// may hold `min_replicas=n`.
+    /// `redis+cluster://host:port,host:port` (see the [module documentation](super)).
+    ///
+    /// The URL's query may hold the options below, so that a deployment configures the lock
+    /// store with one variable; a method of the builder called later overrides them:
+    /// `key_prefix=app:locks:`, `connect_timeout=1s`, `response_timeout=2s`,
+    /// `waiter_liveness=3s`, `min_replicas=1` (durations as the attribute writes them). Other
+    /// parameters are the Redis client's (`protocol=resp3`).
+    ///
+    /// ```
+    /// use dlock::backend::RedisBackend;
+    ///
+    /// let url = "redis://127.0.0.1:6379/0?key_prefix=billing:&response_timeout=500ms";
+    /// let backend = RedisBackend::builder(url)?.build()?;
+    /// assert_eq!(backend.lock_key("job:7"), "billing:{job:7}");
+    /// # Ok::<(), dlock::LockError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -298,10 +295,12 @@ impl RedisBackend {
         url_min_replicas(url)?;
         Ok(RedisBuilder {
             url: url.to_owned(),
-            prefix: DEFAULT_PREFIX.to_owned(),
-            connect_timeout: DEFAULT_TIMEOUT,
-            response_timeout: DEFAULT_TIMEOUT,
-            liveness: DEFAULT_LIVENESS,
+            prefix: query_param(url, "key_prefix")
+                .unwrap_or(DEFAULT_PREFIX)
+                .to_owned(),
+            connect_timeout: duration_param(url, "connect_timeout")?.unwrap_or(DEFAULT_TIMEOUT),
+            response_timeout: duration_param(url, "response_timeout")?.unwrap_or(DEFAULT_TIMEOUT),
+            liveness: duration_param(url, "waiter_liveness")?.unwrap_or(DEFAULT_LIVENESS),
             min_replicas: None,
         })
     }
