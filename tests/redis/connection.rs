@@ -290,3 +290,30 @@ async fn the_url_carries_the_key_prefix_and_the_time_outs() {
         other => panic!("a bad duration in the URL was not refused: {other:?}"),
     }
 }
+
+/// A readiness probe: `health` answers Ok while the server runs, and an error (not a hang) once
+/// it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_answers_while_the_server_runs_and_fails_once_it_is_gone() {
+    let mut server = RedisServer::start();
+    let backend = RedisBackend::builder(&server.url())
+        .unwrap()
+        .response_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend);
+    locker.health().await.unwrap();
+    server.stop();
+    let started = Instant::now();
+    assert!(
+        locker.health().await.is_err(),
+        "health passed with the server gone"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "health hung: {:?}",
+        started.elapsed()
+    );
+}

@@ -139,6 +139,17 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// Asks the store for one answer, for readiness probes
+    /// ([`Locker::health`](crate::Locker::health)). The default releases a key for an owner that
+    /// holds nothing, which is one owner-checked round trip that changes nothing; a store whose
+    /// release can answer without I/O overrides it.
+    fn health(&self) -> impl Future<Output = Result<(), LockError>> + Send {
+        async {
+            let probe = Owner::random();
+            self.release("dlock:health-probe", probe).await.map(drop)
+        }
+    }
+
     /// Closes the store's connections, once the runtime has released every lease it held:
     /// [`Locker::shutdown`](crate::Locker::shutdown) calls it last. It may be called more than
     /// once. The default does nothing, for stores whose connections close when dropped.
@@ -171,6 +182,7 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
     fn release_now(&self, key: &str, owner: Owner) -> bool;
     fn ttl_limit(&self) -> Option<Duration>;
     fn close(&self) -> BoxFuture<'_, ()>;
+    fn health(&self) -> BoxFuture<'_, Result<(), LockError>>;
 }
 
 impl<B: Backend> DynBackend for B {
@@ -202,5 +214,9 @@ impl<B: Backend> DynBackend for B {
 
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(Backend::close(self))
+    }
+
+    fn health(&self) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(Backend::health(self))
     }
 }

@@ -196,6 +196,31 @@ impl Locker {
         })
     }
 
+    /// Checks that the store answers: one round trip that changes nothing, for a service's
+    /// readiness probe.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] when the store did not answer (within the store's response
+    /// time-out), [`LockError::ShutDown`] after [`shutdown`](Self::shutdown).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future abandons the probe; it holds nothing.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+    /// let locker = dlock::Locker::memory();
+    /// locker.health().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn health(&self) -> Result<(), LockError> {
+        if self.inner.holdings.is_closed() {
+            return Err(LockError::ShutDown);
+        }
+        self.inner.backend.health().await
+    }
+
     /// Shuts the locker down for a clean exit: refuses new acquisitions, releases every lease
     /// still held (a body running under one is told its lease is lost, and stopped if its
     /// `on_lost` is `"cancel"`), waits for the releases queued by dropped leases to reach the
