@@ -6,7 +6,7 @@ use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream, Parser};
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
-use syn::{Expr, ExprLit, Ident, Lit, LitStr, Token};
+use syn::{Expr, ExprLit, ExprPath, Ident, Lit, LitStr, Token};
 
 use crate::duration;
 
@@ -20,15 +20,32 @@ pub(crate) enum OnLost {
     Continue,
 }
 
+/// A `ttl` or `wait`: a literal checked here, or a path to a `Duration` constant that the
+/// compiler checks.
+pub(crate) enum DurationArg {
+    Millis(u64),
+    /// `name = PATH`; `name` is kept to point the compiler's "expected due to this" at it.
+    Const {
+        name: Ident,
+        path: ExprPath,
+    },
+}
+
+/// `locker = EXPR`; `name` is kept to point the compiler's "expected due to this" at it.
+pub(crate) struct LockerArg {
+    pub name: Ident,
+    pub expr: Expr,
+}
+
 /// The checked arguments, with the documented defaults filled in (`ttl` 30 s, `wait` 0 s, renewal
 /// on, `on_lost = "cancel"`).
 pub(crate) struct Args {
     pub key: LitStr,
-    pub ttl_ms: u64,
-    pub wait_ms: u64,
+    pub ttl: DurationArg,
+    pub wait: DurationArg,
     pub renew: bool,
     pub on_lost: OnLost,
-    pub locker: Option<Expr>,
+    pub locker: Option<LockerArg>,
     pub krate: syn::Path,
 }
 
@@ -75,8 +92,8 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
     let mut seen: Vec<String> = Vec::new();
 
     let mut key = None;
-    let mut ttl_ms = 30_000;
-    let mut wait_ms = 0;
+    let mut ttl = DurationArg::Millis(30_000);
+    let mut wait = DurationArg::Millis(0);
     let mut renew = true;
     let mut on_lost = OnLost::Cancel;
     let mut locker = None;
@@ -101,8 +118,8 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
                     Ok(())
                 }
             }),
-            "ttl" => duration_literal(&value, "ttl", false).map(|ms| ttl_ms = ms),
-            "wait" => duration_literal(&value, "wait", true).map(|ms| wait_ms = ms),
+            "ttl" => duration(&name, value, false).map(|d| ttl = d),
+            "wait" => duration(&name, value, true).map(|d| wait = d),
             "renew" => match &value {
                 Expr::Lit(ExprLit { lit: Lit::Bool(b), .. }) => {
                     renew = b.value;
@@ -123,7 +140,12 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
                 };
                 Ok(())
             }),
-            "locker" => locker_built_here(&value).map(|()| locker = Some(value)),
+            "locker" => locker_built_here(&value).map(|()| {
+                locker = Some(LockerArg {
+                    name: name.clone(),
+                    expr: value,
+                })
+            }),
             "crate" => string_literal(&value, "crate = \"::dlock\"").and_then(|lit| {
                 krate = lit.parse().map_err(|_| {
                     syn::Error::new(lit.span(), "`crate` takes a path to the dlock crate, e.g. crate = \"::my_app::dlock\"")
@@ -154,8 +176,8 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
     errors.finish()?;
     Ok(Args {
         key: key.expect("a missing key is reported above"),
-        ttl_ms,
-        wait_ms,
+        ttl,
+        wait,
         renew,
         on_lost,
         locker,
@@ -221,8 +243,50 @@ fn string_literal(value: &Expr, example: &str) -> syn::Result<LitStr> {
     }
 }
 
-fn duration_literal(value: &Expr, name: &str, zero_allowed: bool) -> syn::Result<u64> {
-    let lit = string_literal(value, &format!("{name} = \"3s\""))?;
+/// The paths given as `ttl` or `wait`, found even when the arguments have mistakes, so that the
+/// function written back under an error still uses the constants they name.
+pub(crate) fn duration_paths(args: TokenStream) -> Vec<ExprPath> {
+    let Ok(raw) = Punctuated::<RawArg, Token![,]>::parse_terminated.parse2(args) else {
+        return Vec::new();
+    };
+    raw.into_iter()
+        .filter(|arg| arg.name == "ttl" || arg.name == "wait")
+        .filter_map(|arg| match ungroup(arg.value) {
+            Expr::Path(path) => Some(path),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A tokens group without delimiters (a `macro_rules!` fragment) is looked through.
+fn ungroup(value: Expr) -> Expr {
+    match value {
+        Expr::Group(group) => ungroup(*group.expr),
+        other => other,
+    }
+}
+
+fn duration(name: &Ident, value: Expr, zero_allowed: bool) -> syn::Result<DurationArg> {
+    match ungroup(value) {
+        Expr::Path(path) => Ok(DurationArg::Const {
+            name: name.clone(),
+            path,
+        }),
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        }) => duration_literal(&lit, name, zero_allowed).map(DurationArg::Millis),
+        other => Err(syn::Error::new_spanned(
+            other,
+            format!(
+                "expected a duration literal, e.g. {name} = \"3s\", or the path of a \
+                 `std::time::Duration` constant, e.g. {name} = LOCK_{upper}",
+                upper = name.to_string().to_uppercase()
+            ),
+        )),
+    }
+}
+
+fn duration_literal(lit: &LitStr, name: &Ident, zero_allowed: bool) -> syn::Result<u64> {
     let ms =
         duration::parse_millis(&lit.value()).map_err(|msg| syn::Error::new(lit.span(), msg))?;
     if ms == 0 && !zero_allowed {
@@ -238,7 +302,14 @@ fn duration_literal(value: &Expr, name: &str, zero_allowed: bool) -> syn::Result
 mod tests {
     use quote::quote;
 
-    use super::{parse, OnLost};
+    use super::{parse, DurationArg, OnLost};
+
+    fn millis(duration: &DurationArg) -> Option<u64> {
+        match duration {
+            DurationArg::Millis(ms) => Some(*ms),
+            DurationArg::Const { .. } => None,
+        }
+    }
 
     fn err(tokens: proc_macro2::TokenStream) -> String {
         match parse(tokens) {
@@ -256,8 +327,13 @@ mod tests {
         let args = parse(quote!(key = "a:<b>")).unwrap();
         assert_eq!(args.key.value(), "a:<b>");
         assert_eq!(
-            (args.ttl_ms, args.wait_ms, args.renew, args.on_lost),
-            (30_000, 0, true, OnLost::Cancel)
+            (
+                millis(&args.ttl),
+                millis(&args.wait),
+                args.renew,
+                args.on_lost
+            ),
+            (Some(30_000), Some(0), true, OnLost::Cancel)
         );
         assert!(args.locker.is_none());
     }
@@ -275,8 +351,13 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(
-            (args.ttl_ms, args.wait_ms, args.renew, args.on_lost),
-            (90_000, 250, false, OnLost::Continue)
+            (
+                millis(&args.ttl),
+                millis(&args.wait),
+                args.renew,
+                args.on_lost
+            ),
+            (Some(90_000), Some(250), false, OnLost::Continue)
         );
         assert!(args.locker.is_some());
         let krate = args.krate;
@@ -298,6 +379,25 @@ mod tests {
             "{message}"
         );
         assert!(message.contains("`ttl` is given twice"), "{message}");
+    }
+
+    #[test]
+    fn takes_a_duration_constant_by_path() {
+        let args = parse(quote!(key = "k", ttl = LOCK_TTL, wait = config::WAIT)).unwrap();
+        let paths: Vec<String> = [&args.ttl, &args.wait]
+            .iter()
+            .map(|d| match d {
+                DurationArg::Const { path, .. } => quote!(#path).to_string(),
+                DurationArg::Millis(_) => panic!("a path was read as a literal"),
+            })
+            .collect();
+        assert_eq!(paths, ["LOCK_TTL", "config :: WAIT"]);
+        let message = err(quote!(key = "k", ttl = 3, wait = Duration::from_secs(1)));
+        assert!(
+            message.contains("expected a duration literal, e.g. ttl = \"3s\", or the path of a `std::time::Duration` constant, e.g. ttl = LOCK_TTL"),
+            "{message}"
+        );
+        assert!(message.contains("e.g. wait = LOCK_WAIT"), "{message}");
     }
 
     #[test]

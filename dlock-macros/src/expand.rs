@@ -1,16 +1,18 @@
 //! Code generation: the function is written back with its signature untouched and its body handed
-//! to one runtime call, `__private::locked(spec, locker, key, async move { body })`.
+//! to one runtime call, `__private::locked(spec, locker, key, on_failure, async move { body })`.
+//! A method that `#[async_trait]` has already rewritten keeps its shape: the future it boxes is
+//! the body handed over (`boxed_future`).
 
 use proc_macro2::{Span, TokenStream};
-use quote::{quote, quote_spanned, ToTokens};
+use quote::{quote, quote_spanned};
 use syn::parse::{Parse, ParseStream, Parser};
 use syn::spanned::Spanned;
-use syn::{
-    braced, Attribute, Block, FnArg, Ident, Pat, ReturnType, Signature, Stmt, Type, Visibility,
-};
+use syn::{braced, Attribute, Block, Ident, Signature, Stmt, Visibility};
 
-use crate::attr::{self, Args, Errors, OnLost};
-use crate::template::{self, Segment};
+use crate::attr::{self, Args, DurationArg, Errors, LockerArg, OnLost};
+use crate::boxed_future::{self, BoxedFuture};
+use crate::key;
+use crate::returns::{self, Declared};
 
 /// An `async fn` as it appears as a free function, a method or a trait default: attributes,
 /// visibility, signature, the body's inner attributes (`#![allow(…)]`) and its statements.
@@ -40,8 +42,12 @@ impl Parse for LockedFn {
     }
 }
 
-impl ToTokens for LockedFn {
-    fn to_tokens(&self, tokens: &mut TokenStream) {
+impl LockedFn {
+    /// The function as written, for when the attribute reports a mistake: one mistake must not
+    /// cascade into errors at every call site, and the IDE keeps working. The parameters and the
+    /// duration constants the arguments name are used, as the expansion would have used them,
+    /// so that no "unused" warning follows the error.
+    fn written_back(&self, duration_paths: &[syn::ExprPath]) -> TokenStream {
         let LockedFn {
             attrs,
             vis,
@@ -49,59 +55,99 @@ impl ToTokens for LockedFn {
             inner_attrs,
             stmts,
         } = self;
-        tokens.extend(quote!(#(#attrs)* #vis #sig { #(#inner_attrs)* #(#stmts)* }));
+        let names: Vec<Ident> = key::params(sig)
+            .into_iter()
+            .map(|param| param.name().clone())
+            .collect();
+        // An `#[async_trait]` method binds its parameters again inside the boxed block.
+        let body = match boxed_future::recognise(&sig.output, stmts) {
+            Some(BoxedFuture {
+                before,
+                box_pin,
+                future,
+                ..
+            }) => {
+                let names: Vec<String> = names.iter().map(Ident::to_string).collect();
+                let future = boxed_future::with_uses(future, &names);
+                quote!(#(#before)* #box_pin(#future))
+            }
+            None => quote!(#(#stmts)*),
+        };
+        quote! {
+            #(#attrs)* #vis #sig {
+                #(#inner_attrs)*
+                #(let _ = &#names;)*
+                #(let _ = &#duration_paths;)*
+                #body
+            }
+        }
     }
 }
 
 /// A name for a local of the expansion, hygienic: a parameter or item of the user's with the
 /// same name is neither shadowed by it nor able to reach it.
-fn local(name: &str) -> Ident {
+pub(crate) fn local(name: &str) -> Ident {
     Ident::new(name, Span::mixed_site())
-}
-
-/// A parameter a placeholder may name.
-enum Param {
-    /// `name: Type` or the receiver; `type_span` is where a `Display` error is shown, and
-    /// `name_span` where the name resolves (a parameter named by a `macro_rules!` caller
-    /// resolves in that caller's context, not in the type's).
-    Named {
-        name: String,
-        name_span: Span,
-        type_span: Span,
-    },
-    /// A name bound inside a destructuring pattern, which placeholders may not use.
-    InPattern { name: String, pattern_span: Span },
 }
 
 pub(crate) fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     let function = match LockedFn::parse.parse2(item.clone()) {
         Ok(function) => function,
         Err(error) => {
-            let error = error.to_compile_error();
+            let error = not_a_function(&item).unwrap_or(error).to_compile_error();
             return quote!(#item #error);
         }
     };
-    match expand(args, &function) {
+    match expand(args.clone(), &function) {
         Ok(tokens) => tokens,
-        // Re-emit the function as written, so one mistake does not cascade into errors at every
-        // call site and the IDE keeps working.
         Err(error) => {
+            let function = function.written_back(&attr::duration_paths(args));
             let error = error.to_compile_error();
             quote!(#function #error)
         }
     }
 }
 
+/// The error for an attribute written on an impl block or a trait (above an `#[async_trait]`,
+/// say) rather than on one of its methods.
+fn not_a_function(item: &TokenStream) -> Option<syn::Error> {
+    let (span, what) = match syn::parse2::<syn::Item>(item.clone()).ok()? {
+        syn::Item::Impl(block) => (block.impl_token.span, "an impl block"),
+        syn::Item::Trait(block) => (block.trait_token.span, "a trait"),
+        _ => return None,
+    };
+    Some(syn::Error::new(
+        span,
+        format!(
+            "`#[distributed_lock]` goes on an `async fn`, not on {what}: write it on each method \
+             that takes the lock, inside the block (under `#[async_trait]` too)"
+        ),
+    ))
+}
+
+/// The two shapes of function the attribute takes.
+enum Shape<'a> {
+    /// `async fn`: the body is the future.
+    Async,
+    /// A method `#[async_trait]` has rewritten: the boxed future is.
+    Boxed(BoxedFuture<'a>),
+}
+
 fn expand(args: TokenStream, function: &LockedFn) -> syn::Result<TokenStream> {
     let mut errors = Errors::default();
     let args = attr::parse(args);
-    if function.sig.asyncness.is_none() {
+    let shape = if function.sig.asyncness.is_some() {
+        Some(Shape::Async)
+    } else if let Some(boxed) = boxed_future::recognise(&function.sig.output, &function.stmts) {
+        Some(Shape::Boxed(boxed))
+    } else {
         errors.push(syn::Error::new(
             function.sig.fn_token.span(),
-            "`#[distributed_lock]` works on `async fn` only: make this function `async`. \
-             (Under `#[async_trait]`, use native `async fn` in the trait instead.)",
+            "`#[distributed_lock]` works on `async fn` only (methods under `#[async_trait]` \
+             included): make this function `async`",
         ));
-    }
+        None
+    };
     let args = match args {
         Ok(args) => args,
         Err(error) => {
@@ -110,7 +156,8 @@ fn expand(args: TokenStream, function: &LockedFn) -> syn::Result<TokenStream> {
             unreachable!("an error was pushed")
         }
     };
-    let key = match render_key(&args, &function.sig) {
+    let builder = local("__dlock_builder");
+    let key = match key::render(&args.key, &args.krate, &function.sig, &builder) {
         Ok(key) => Some(key),
         Err(error) => {
             errors.push(error);
@@ -118,7 +165,10 @@ fn expand(args: TokenStream, function: &LockedFn) -> syn::Result<TokenStream> {
         }
     };
     errors.finish()?;
-    let key = key.expect("errors are returned above");
+    let (key, shape) = (
+        key.expect("errors are returned above"),
+        shape.expect("errors are returned above"),
+    );
 
     let LockedFn {
         attrs,
@@ -128,231 +178,108 @@ fn expand(args: TokenStream, function: &LockedFn) -> syn::Result<TokenStream> {
         stmts,
     } = function;
     let krate = &args.krate;
-    let ttl_ms = args.ttl_ms;
-    let wait_ms = args.wait_ms;
+    let spec = lock_spec(&args, sig);
+    let locker = locker(args.locker.as_ref(), krate);
+    let (key_local, locker_local) = (local("__dlock_key"), local("__dlock_locker"));
+    let key_expr = &key.expr;
+    let prologue = quote! {
+        let #key_local: ::std::string::String = #key_expr;
+        let #locker_local = #locker;
+    };
+    let locked = |declared: Declared, future: TokenStream| {
+        let on_failure = returns::on_failure(declared, krate);
+        quote! {
+            #krate::__private::locked(#spec, #locker_local, #key_local, #on_failure, #future).await
+        }
+    };
+
+    Ok(match shape {
+        Shape::Async => {
+            let declared = Declared::of(&sig.output, sig.ident.span());
+            let hint = returns::hint(declared);
+            let call = locked(declared, quote!(async move { #hint #(#stmts)* }));
+            quote! {
+                #(#attrs)*
+                #vis #sig {
+                    #(#inner_attrs)*
+                    #prologue
+                    #call
+                }
+            }
+        }
+        // The boxed future stays an `async move` block, so that `#[tracing::instrument]`
+        // expanded after this attribute still recognises it and instruments the lock too.
+        Shape::Boxed(BoxedFuture {
+            output,
+            before,
+            box_pin,
+            future,
+        }) => {
+            let future = boxed_future::with_uses(future, &key.roots);
+            let call = locked(Declared::Type(output), future);
+            quote! {
+                #(#attrs)*
+                #vis #sig {
+                    #(#inner_attrs)*
+                    #(#before)*
+                    #box_pin(async move {
+                        #prologue
+                        #call
+                    })
+                }
+            }
+        }
+    })
+}
+
+/// `LockSpec::new(name, ttl, wait, renew, on_lost)`.
+fn lock_spec(args: &Args, sig: &Signature) -> TokenStream {
+    let krate = &args.krate;
+    let name = sig.ident.to_string();
+    let ttl = duration(&args.ttl);
+    let wait = duration(&args.wait);
     let renew = args.renew;
     let on_lost = match args.on_lost {
         OnLost::Cancel => quote!(#krate::__private::OnLost::Cancel),
         OnLost::Continue => quote!(#krate::__private::OnLost::Continue),
     };
-    let locker = match &args.locker {
-        Some(expr) => quote_spanned! {expr.span()=>
-            ::core::option::Option::Some(#krate::__private::locker(#expr))
-        },
-        None => quote!(::core::option::Option::None),
-    };
-    let name = sig.ident.to_string();
-    let return_hint = return_type_hint(&sig.output);
-    // A return type that cannot carry a lock failure is reported on the return type.
-    let return_span = match &sig.output {
-        ReturnType::Type(_, ty) => ty.span(),
-        ReturnType::Default => sig.ident.span(),
-    };
-    // Naming the conversion here, spanned on the return type, puts a "cannot return a lock
-    // failure" error on the return type rather than on the attribute.
-    let on_failure = match &sig.output {
-        ReturnType::Type(_, ty) if !contains_impl_trait(ty) => quote_spanned! {return_span=>
-            <#ty as #krate::FromLockError>::from_lock_error
-        },
-        ReturnType::Type(..) => quote!(#krate::FromLockError::from_lock_error),
-        ReturnType::Default => {
-            quote_spanned!(return_span=> <() as #krate::FromLockError>::from_lock_error)
-        }
-    };
-    let (key_local, locker_local) = (local("__dlock_key"), local("__dlock_locker"));
-    let call = quote! {
-        #krate::__private::locked(
-            #krate::__private::LockSpec::new(#name, #ttl_ms, #wait_ms, #renew, #on_lost),
-            #locker_local,
-            #key_local,
-            #on_failure,
-            async move {
-                #return_hint
-                #(#stmts)*
-            },
-        )
-        .await
-    };
-
-    Ok(quote! {
-        #(#attrs)*
-        #vis #sig {
-            #(#inner_attrs)*
-            let #key_local: ::std::string::String = #key;
-            let #locker_local = #locker;
-            #call
-        }
-    })
+    quote!(#krate::__private::LockSpec::new(#name, #ttl, #wait, #renew, #on_lost))
 }
 
-/// A dead `return` of the declared type, so that `?` and `return` inside the moved body know what
-/// they return (as `tracing::instrument` does).
-fn return_type_hint(output: &ReturnType) -> TokenStream {
-    let ty = match output {
-        ReturnType::Default => quote!(()),
-        ReturnType::Type(_, ty) if contains_impl_trait(ty) => return TokenStream::new(),
-        ReturnType::Type(_, ty) => quote!(#ty),
+/// A `Duration` expression. A constant is read in a `const` block, through a `let` typed
+/// `Duration` and spanned on its path: a wrong type or a value that is no constant is reported
+/// on the path, with "expected due to this" on the argument's name.
+fn duration(duration: &DurationArg) -> TokenStream {
+    match duration {
+        DurationArg::Millis(ms) => quote!(::core::time::Duration::from_millis(#ms)),
+        DurationArg::Const { name, path } => {
+            let value = local("__dlock_duration");
+            let ty = quote_spanned!(name.span()=> ::core::time::Duration);
+            quote_spanned! {path.span()=>
+                const {
+                    let #value: #ty = #path;
+                    #value
+                }
+            }
+        }
+    }
+}
+
+/// `Option<Locker>`: `None` for the default locker, or the `locker = EXPR`, coerced to `&Locker`
+/// in a typed `let` (deref coercion applies; a wrong type is reported on `EXPR`, with "expected
+/// due to this" on `locker`) and cloned, which ends its borrow before the body moves anything.
+fn locker(locker: Option<&LockerArg>, krate: &syn::Path) -> TokenStream {
+    let Some(LockerArg { name, expr }) = locker else {
+        return quote!(::core::option::Option::None);
     };
-    let value = local("__dlock_return");
+    let value = local("__dlock_locker_ref");
+    let ty = quote_spanned!(name.span()=> &#krate::Locker);
     quote! {
-        #[allow(
-            unknown_lints, unreachable_code, clippy::diverging_sub_expression,
-            clippy::let_unit_value, clippy::unreachable, clippy::empty_loop, clippy::needless_return
-        )]
-        if false {
-            let #value: #ty = loop {};
-            return #value;
-        }
-    }
-}
-
-fn contains_impl_trait(ty: &Type) -> bool {
-    ty.to_token_stream()
-        .into_iter()
-        .any(|t| matches!(&t, proc_macro2::TokenTree::Ident(i) if i == "impl"))
-}
-
-fn collect_params(sig: &Signature) -> Vec<Param> {
-    let mut params = Vec::new();
-    for input in &sig.inputs {
-        match input {
-            FnArg::Receiver(receiver) => params.push(Param::Named {
-                name: "self".into(),
-                name_span: receiver.self_token.span,
-                type_span: if receiver.colon_token.is_some() {
-                    receiver.ty.span()
-                } else {
-                    receiver.span()
-                },
-            }),
-            FnArg::Typed(typed) => match &*typed.pat {
-                Pat::Ident(ident) if ident.subpat.is_none() => params.push(Param::Named {
-                    name: ident.ident.to_string(),
-                    name_span: ident.ident.span(),
-                    type_span: typed.ty.span(),
-                }),
-                pattern => pattern_bindings(pattern, &mut |ident| {
-                    params.push(Param::InPattern {
-                        name: ident.to_string(),
-                        pattern_span: typed.pat.span(),
-                    })
-                }),
-            },
-        }
-    }
-    params
-}
-
-/// Calls `found` for every name a destructuring pattern binds.
-fn pattern_bindings(pattern: &Pat, found: &mut dyn FnMut(&Ident)) {
-    match pattern {
-        Pat::Ident(p) => {
-            found(&p.ident);
-            if let Some((_, sub)) = &p.subpat {
-                pattern_bindings(sub, found);
-            }
-        }
-        Pat::Tuple(p) => p.elems.iter().for_each(|e| pattern_bindings(e, found)),
-        Pat::TupleStruct(p) => p.elems.iter().for_each(|e| pattern_bindings(e, found)),
-        Pat::Struct(p) => p
-            .fields
-            .iter()
-            .for_each(|f| pattern_bindings(&f.pat, found)),
-        Pat::Slice(p) => p.elems.iter().for_each(|e| pattern_bindings(e, found)),
-        Pat::Reference(p) => pattern_bindings(&p.pat, found),
-        Pat::Paren(p) => pattern_bindings(&p.pat, found),
-        Pat::Type(p) => pattern_bindings(&p.pat, found),
-        _ => {}
-    }
-}
-
-/// The expression that renders the key: literals pushed as written, each placeholder's value
-/// pushed through `Display` with percent-encoding. The `Display` requirement is spanned on the
-/// parameter's type, so a wrong type is reported where it is declared.
-fn render_key(args: &Args, sig: &Signature) -> syn::Result<TokenStream> {
-    let lit = &args.key;
-    let krate = &args.krate;
-    let segments = template::parse(&lit.value()).map_err(|msg| syn::Error::new(lit.span(), msg))?;
-    let params = collect_params(sig);
-    let mut pushes = Vec::new();
-    let mut capacity = 0usize;
-    let builder = local("__dlock_builder");
-    for segment in &segments {
-        match segment {
-            Segment::Literal(text) => {
-                capacity += text.len();
-                pushes.push(quote!(#builder.push_literal(#text);));
-            }
-            Segment::Placeholder { root, path } => {
-                capacity += 16;
-                let type_span = find_param(&params, root, lit.span(), sig)?;
-                let root_tokens = if root == "self" {
-                    quote_spanned!(type_span=> self)
-                } else {
-                    Ident::new(root, type_span).into_token_stream()
-                };
-                let fields = path.iter().map(|field| match field.parse::<u32>() {
-                    Ok(index) => syn::Index {
-                        index,
-                        span: type_span,
-                    }
-                    .into_token_stream(),
-                    Err(_) => Ident::new(field, type_span).into_token_stream(),
-                });
-                pushes.push(quote_spanned! {type_span=>
-                    #krate::__private::KeyBuilder::push_display(&mut #builder, &#root_tokens #(.#fields)*);
-                });
-            }
-        }
-    }
-    Ok(quote! {{
-        let mut #builder = #krate::__private::KeyBuilder::with_capacity(#capacity);
-        #(#pushes)*
-        #builder.finish()
-    }})
-}
-
-fn find_param(params: &[Param], root: &str, key_span: Span, sig: &Signature) -> syn::Result<Span> {
-    for param in params {
-        match param {
-            Param::Named {
-                name,
-                name_span,
-                type_span,
-            } if name == root => return Ok(type_span.resolved_at(*name_span)),
-            Param::InPattern { name, pattern_span } if name == root => {
-                let mut error = syn::Error::new(
-                    *pattern_span,
-                    format!(
-                        "`{root}` is bound by a pattern; a placeholder needs a parameter with a plain name: \
-                         write `param: Type` and use `<param.field>` in the key"
-                    ),
-                );
-                error.combine(syn::Error::new(
-                    key_span,
-                    format!("placeholder `<{root}>` used here"),
-                ));
-                return Err(error);
-            }
-            _ => {}
-        }
-    }
-    let names: Vec<String> = params
-        .iter()
-        .filter_map(|p| match p {
-            Param::Named { name, .. } => Some(format!("`{name}`")),
-            Param::InPattern { .. } => None,
+        ::core::option::Option::Some({
+            let #value: #ty = #expr;
+            #krate::__private::locker(#value)
         })
-        .collect();
-    let available = if names.is_empty() {
-        format!("`{}` has no named parameters", sig.ident)
-    } else {
-        format!("parameters of `{}`: {}", sig.ident, names.join(", "))
-    };
-    Err(syn::Error::new(
-        key_span,
-        format!("placeholder `<{root}>` names no parameter; {available}"),
-    ))
+    }
 }
 
 #[cfg(test)]
@@ -375,7 +302,11 @@ mod tests {
         );
         assert!(out.contains(":: dlock :: __private :: locked"), "{out}");
         assert!(
-            out.contains("LockSpec :: new (\"submit\" , 3000u64 , 0u64 , true"),
+            out.contains("LockSpec :: new (\"submit\" , :: core :: time :: Duration :: from_millis (3000u64) , :: core :: time :: Duration :: from_millis (0u64) , true"),
+            "{out}"
+        );
+        assert!(
+            out.contains("__dlock_key , :: dlock :: __private :: LockSpec :: returns_err :: < _ , E > , async move"),
             "{out}"
         );
         assert!(out.contains("push_literal (\"acct:\")"), "{out}");
@@ -403,9 +334,12 @@ mod tests {
             ),
             "{out}"
         );
-        // The function is emitted again, so call sites keep compiling.
+        // The function is emitted again, so call sites keep compiling, and it uses its
+        // parameters as the key would have, so no "unused variable" warning follows the error.
         assert!(
-            out.contains("async fn f (id : u64 , name : & str) { }"),
+            out.contains(
+                "async fn f (id : u64 , name : & str) { let _ = & id ; let _ = & name ; }"
+            ),
             "{out}"
         );
     }
@@ -437,13 +371,67 @@ mod tests {
             ),
         );
         assert!(
-            out.contains(":: app :: dlock :: __private :: locker (& LOCKS)"),
+            out.contains("let __dlock_locker_ref : & :: app :: dlock :: Locker = & LOCKS ; :: app :: dlock :: __private :: locker (__dlock_locker_ref)"),
             "{out}"
         );
         assert!(
             !out.contains(":: dlock :: __private :: locked")
                 || out.contains(":: app :: dlock :: __private :: locked")
         );
+    }
+
+    #[test]
+    fn reads_a_duration_constant_in_a_const_block() {
+        let out = expand(
+            quote!(key = "k", ttl = LOCK_TTL, wait = Self::WAIT),
+            quote!(
+                async fn f() {}
+            ),
+        );
+        assert!(
+            out.contains("const { let __dlock_duration : :: core :: time :: Duration = LOCK_TTL ; __dlock_duration }"),
+            "{out}"
+        );
+        assert!(
+            out.contains("const { let __dlock_duration : :: core :: time :: Duration = Self :: WAIT ; __dlock_duration }"),
+            "{out}"
+        );
+        // Under an error, the constants are still used.
+        let out = expand(
+            quote!(key = "k:<nope>", ttl = LOCK_TTL),
+            quote!(
+                async fn f() {}
+            ),
+        );
+        assert!(out.contains("let _ = & LOCK_TTL ;"), "{out}");
+    }
+
+    #[test]
+    fn picks_how_the_call_returns_from_the_declared_type() {
+        for (output, on_failure) in [
+            (quote!(), ":: dlock :: __private :: LockSpec :: skips"),
+            (quote!(-> ()), ":: dlock :: __private :: LockSpec :: skips"),
+            (
+                quote!(-> std::result::Result<impl Display, AppError>),
+                ":: dlock :: __private :: LockSpec :: returns_err :: < _ , AppError >",
+            ),
+            (
+                quote!(-> impl IntoResponse),
+                ":: dlock :: __private :: LockSpec :: returns_opaque ,",
+            ),
+            (
+                quote!(-> Option<u32>),
+                "| _ , error | < Option < u32 > as :: dlock :: FromLockError > :: from_lock_error (error)",
+            ),
+        ] {
+            let out = expand(
+                quote!(key = "k"),
+                quote!(
+                    async fn f() #output { todo!() }
+                ),
+            );
+            assert!(out.contains(on_failure), "{output}: {out}");
+        }
     }
 
     // Regression (the `key_template` fuzz target's "never panics"): a placeholder path that

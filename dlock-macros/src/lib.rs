@@ -10,8 +10,11 @@
 #![forbid(unsafe_code)]
 
 mod attr;
+mod boxed_future;
 mod duration;
 mod expand;
+mod key;
+mod returns;
 mod template;
 
 use proc_macro::TokenStream;
@@ -38,12 +41,28 @@ use proc_macro::TokenStream;
 /// | argument | default | meaning |
 /// | --- | --- | --- |
 /// | `key = "…"` | required | literal text and placeholders `<param>` or `<param.field.field>` (`self` included) |
-/// | `ttl = "…"` | `"30s"` | lease length: an integer and a unit (`ms`, `s`, `m`, `h`), combinable (`"1m30s"`) |
-/// | `wait = "…"` | `"0s"` | how long to wait for a busy key; `"0s"` tries once |
+/// | `ttl = "…"` or `ttl = PATH` | `"30s"` | lease length: an integer and a unit (`ms`, `s`, `m`, `h`), combinable (`"1m30s"`), or the path of a `std::time::Duration` constant |
+/// | `wait = "…"` or `wait = PATH` | `"0s"` | how long to wait for a busy key; `"0s"` tries once |
 /// | `renew = bool` | `true` | a watchdog renews the lease every ttl/3 while the body runs |
 /// | `on_lost = "…"` | `"cancel"` | `"cancel"`: the body is dropped at its next await and the call returns `LockError::Lost`; `"continue"`: the body runs on and `current_lease().is_held()` says the lease is gone |
-/// | `locker = EXPR` | the default locker | a `&Locker` evaluated at each call: `&LOCKS` for a `static LOCKS: LazyLock<Locker>`, `&self.locker`, a parameter |
+/// | `locker = EXPR` | the default locker | a `&Locker` evaluated at each call (deref coercion applies): `&LOCKS` for a `static LOCKS: LazyLock<Locker>`, `&self.locker`, a parameter |
 /// | `crate = "path"` | `::dlock` | where dlock is, for crates that re-export it |
+///
+/// A literal duration is checked when the attribute expands; a constant is read at compile time
+/// (`const LOCK_TTL: Duration = Duration::from_secs(3);`, `Self::TTL`, `config::LOCK_WAIT`),
+/// and a path that is no `Duration` constant is a type error on the path:
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock::{distributed_lock, LockError};
+///
+/// const LOCK_TTL: Duration = Duration::from_secs(3);
+///
+/// #[distributed_lock(key = "acct:<open_id>", ttl = LOCK_TTL, wait = "200ms")]
+/// async fn submit(open_id: &str) -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
 ///
 /// # Keys
 ///
@@ -56,7 +75,58 @@ use proc_macro::TokenStream;
 /// Busy after `wait`, a store error, or a lease lost under `on_lost = "cancel"`: the function
 /// returns early without running (the rest of) its body, through `dlock::FromLockError`:
 /// `Err(LockError.into())` for `Result<T, E>` where `E: From<LockError>`, `None` for
-/// `Option<T>`, and nothing for `()` (a `tracing` warning says why).
+/// `Option<T>`, and nothing for `()` (a `tracing` warning names the function and says why).
+/// Behind `-> impl Trait`, the type the body returns must be one of these: write
+/// `Result<impl Trait, E>` (an axum handler: `Result<impl IntoResponse, AppError>`).
+///
+/// # Methods of `#[async_trait]` traits
+///
+/// Write the attribute on the method, inside the `#[async_trait]` impl (or on a default method
+/// of the `#[async_trait]` trait). `#[async_trait]` expands first and turns the method into one
+/// that returns a boxed future; the attribute locks that future, so the method keeps working
+/// through `dyn Trait`:
+///
+/// ```
+/// use async_trait::async_trait;
+/// use dlock::{distributed_lock, LockError};
+///
+/// #[async_trait]
+/// trait Accounts: Send + Sync {
+///     async fn submit(&self, open_id: &str) -> Result<(), LockError>;
+/// }
+///
+/// struct Service;
+///
+/// #[async_trait]
+/// impl Accounts for Service {
+///     #[distributed_lock(key = "acct:<open_id>", ttl = "3s")]
+///     async fn submit(&self, open_id: &str) -> Result<(), LockError> {
+///         Ok(())
+///     }
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// # dlock::set_default_locker(dlock::Locker::memory());
+/// let accounts: Box<dyn Accounts> = Box::new(Service);
+/// accounts.submit("oX7f").await?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # With `#[tracing::instrument]`
+///
+/// Write `#[distributed_lock]` above `#[tracing::instrument]`: the attribute above expands first
+/// and the one below wraps its result, so the function's span then holds the lock's events too
+/// (waiting, acquired, released, and the warning of a skipped call). In the other order the span
+/// is only entered once the lock is held. The same holds on an `#[async_trait]` method.
+///
+/// ```
+/// # use dlock::{distributed_lock, LockError};
+/// #[distributed_lock(key = "acct:<open_id>")]
+/// #[tracing::instrument]
+/// async fn submit(open_id: &str) -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
 ///
 /// # Composition
 ///
@@ -70,11 +140,14 @@ use proc_macro::TokenStream;
 ///
 /// Each on the offending token, with the fix in the message: a placeholder naming no parameter
 /// (the parameters are listed), `<>`, an unclosed `<`, a stray `>`, a placeholder on a
-/// destructured parameter, a value that is not `Display`, a non-literal or empty key, a
-/// malformed, zero or overflowing duration, an unknown or repeated argument, a function that is
-/// not `async`, a return type that cannot carry a lock failure, and a `locker` expression that
-/// builds a new `Locker` at every call (`&Locker::memory()`: no two calls would exclude each
-/// other).
+/// destructured parameter, a field of a placeholder's path that its parameter does not have (on
+/// the key), a value that is not `Display`, a non-literal or empty key, a malformed, zero or
+/// overflowing duration literal, a duration path that is no `Duration` constant, an unknown or
+/// repeated argument, a function that is not `async`, a return type that cannot carry a lock
+/// failure (the message says which can, and how to make this one), a `locker` expression that
+/// is no `&Locker`, and one that builds a new `Locker` at every call (`&Locker::memory()`: no two
+/// calls would exclude each other). The function is still written back under an error, so that
+/// call sites keep compiling and no warning about its parameters follows.
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::distributed_lock(args.into(), item.into()).into()

@@ -120,7 +120,8 @@ impl LockError {
 #[diagnostic::on_unimplemented(
     message = "`#[distributed_lock]` cannot return a lock failure as `{Self}`",
     label = "this return type cannot carry a `dlock::LockError`",
-    note = "return `Result<T, E>` where `E: From<dlock::LockError>`, `Option<T>`, or `()`"
+    note = "the return types that work: `Result<T, E>` where `E: From<dlock::LockError>`, `Option<T>`, and `()`",
+    note = "to keep returning `{Self}`, wrap it: `Option<{Self}>` (`None` when the lock is not had) or `Result<{Self}, E>` (`Err` holding the `dlock::LockError`)"
 )]
 pub trait FromLockError {
     /// The value the function returns instead of running its body.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::lease::LeaseState;
 use crate::locker::{default_locker, Lease, Locker};
-use crate::{reentry, LockError, LockOptions};
+use crate::{reentry, FromLockError, LockError, LockOptions};
 
 /// What happens when the lease is lost while the body runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,32 +31,82 @@ impl LockSpec {
     /// The spec of function `name`.
     pub const fn new(
         name: &'static str,
-        ttl_ms: u64,
-        wait_ms: u64,
+        ttl: Duration,
+        wait: Duration,
         renew: bool,
         on_lost: OnLost,
     ) -> Self {
         LockSpec {
             name,
-            options: LockOptions::new()
-                .ttl(Duration::from_millis(ttl_ms))
-                .wait(Duration::from_millis(wait_ms))
-                .renew(renew),
+            options: LockOptions::new().ttl(ttl).wait(wait).renew(renew),
             on_lost,
         }
     }
 }
 
-/// Takes the locker expression of `locker = EXPR` where a `&Locker` is expected, so deref
-/// coercion applies, and ends its borrow at once so the body may move what it borrowed from.
+/// Takes the `&Locker` of `locker = EXPR`, ends its borrow at once so the body may move what it
+/// borrowed from. (The generated code coerces `EXPR` to `&Locker` in a typed `let` of the
+/// caller's, so that a wrong type is reported on `EXPR` and not here.)
 pub fn locker(locker: &Locker) -> Locker {
     locker.clone()
 }
 
+/// How a call that cannot have (or keep) its lock returns instead of running its body.
+///
+/// The generated code picks one from the function's declared return type (one of the
+/// `LockSpec` functions below, or [`FromLockError::from_lock_error`] for any other type) and
+/// names it spanned on that type: a return type that cannot carry a lock failure is then
+/// reported on it, with a message that says which types can.
+pub type OnFailure<R> = fn(&LockSpec, LockError) -> R;
+
+impl LockSpec {
+    /// A declared `Result<T, E>`: `Err(error.into())`. Asking `E: ErrorFromLockError` of the
+    /// error type on its own makes the compiler report a missing conversion with that trait's
+    /// message, on `E`, rather than as a list of `E`'s unrelated `From` impls.
+    pub fn returns_err<T, E: ErrorFromLockError>(&self, error: LockError) -> Result<T, E> {
+        Err(error.into())
+    }
+
+    /// A declared `impl Trait`: the hidden type must implement [`FromLockError`], and saying so
+    /// in a message of its own keeps the compiler from naming a type the user never wrote.
+    pub fn returns_opaque<R: OpaqueFromLockError>(&self, error: LockError) -> R {
+        R::from_lock_error(error)
+    }
+
+    /// A declared `()`: the call is skipped, and a warning names the function and says why.
+    pub fn skips(&self, error: LockError) {
+        tracing::warn!(function = self.name, %error, "distributed_lock: call skipped");
+    }
+}
+
+/// `From<LockError>`, asked of the error type of a declared `Result<T, E>`.
+#[diagnostic::on_unimplemented(
+    message = "`#[distributed_lock]` returns a lock failure as `Err(dlock::LockError.into())`, but `{Self}` has no `From<dlock::LockError>`",
+    label = "`{Self}` cannot hold a lock failure",
+    note = "the return types that work: `Result<T, E>` where `E: From<dlock::LockError>`, `Option<T>`, and `()`",
+    note = "to make this one work, give `{Self}` the conversion if it is a type of yours: `impl From<dlock::LockError> for {Self}` (e.g. into a variant `Lock(dlock::LockError)`); or return an error type that has it: `dlock::LockError`, `Box<dyn std::error::Error + Send + Sync>`, `anyhow::Error`"
+)]
+pub trait ErrorFromLockError: From<LockError> {}
+
+// Reported as `E: ErrorFromLockError`, with the message above, not as `E: From<LockError>` with
+// a list of `E`'s other `From` impls.
+#[diagnostic::do_not_recommend]
+impl<E: From<LockError>> ErrorFromLockError for E {}
+
+/// [`FromLockError`], asked of the type hidden behind a declared `impl Trait`.
+#[diagnostic::on_unimplemented(
+    message = "`#[distributed_lock]` cannot return a lock failure through this `impl Trait`",
+    label = "the type behind this `impl Trait` cannot carry a `dlock::LockError`",
+    note = "the return types that work: `Result<T, E>` where `E: From<dlock::LockError>`, `Option<T>`, and `()`",
+    note = "to make this one work, put the `impl Trait` inside one of them and return `Ok(…)` or `Some(…)` from the body: `Result<impl Trait, E>` with `E: From<dlock::LockError>` (an axum handler: `Result<impl IntoResponse, AppError>`), or `Option<impl Trait>`"
+)]
+pub trait OpaqueFromLockError: FromLockError {}
+
+#[diagnostic::do_not_recommend]
+impl<R: FromLockError> OpaqueFromLockError for R {}
+
 /// Runs `body` under a lease on `key`. On any failure to get or keep the lease, returns
-/// `on_failure(error)` instead of (the rest of) the body. `on_failure` is
-/// [`FromLockError::from_lock_error`](crate::FromLockError), named by the generated code where the
-/// compiler can point a type error at the function's return type.
+/// `on_failure(spec, error)` instead of (the rest of) the body (see `OnFailure`).
 ///
 /// The body is boxed before anything else. A future stored inline makes the type of every
 /// enclosing future nest it; with each annotated call wrapping its body in a few layers of its
@@ -66,7 +116,7 @@ pub fn locked<R, F>(
     spec: LockSpec,
     locker: Option<Locker>,
     key: String,
-    on_failure: fn(LockError) -> R,
+    on_failure: OnFailure<R>,
     body: F,
 ) -> impl Future<Output = R>
 where
@@ -79,7 +129,7 @@ async fn run_locked<R, F>(
     spec: LockSpec,
     locker: Option<Locker>,
     key: String,
-    on_failure: fn(LockError) -> R,
+    on_failure: OnFailure<R>,
     body: Pin<Box<F>>,
 ) -> R
 where
@@ -89,7 +139,7 @@ where
         Some(locker) => locker,
         None => match default_locker().await {
             Ok(locker) => locker,
-            Err(error) => return on_failure(error),
+            Err(error) => return on_failure(&spec, error),
         },
     };
 
@@ -98,27 +148,30 @@ where
             // Siblings joined inside the body take turns under the lease; waiting for one
             // ends early if the lease is lost meanwhile.
             let Some(turn) = reentry::Turn::take(&parent, top).await else {
-                return on_failure(LockError::Lost { key });
+                return on_failure(&spec, LockError::Lost { key });
             };
             tracing::trace!(%key, function = spec.name, "distributed_lock: re-entered");
             let output = run_body(spec.on_lost, turn.lease(), turn.scope(body)).await;
-            return output.unwrap_or_else(|| on_failure(LockError::Lost { key }));
+            return output.unwrap_or_else(|| on_failure(&spec, LockError::Lost { key }));
         }
         reentry::Entry::Acquire { outer } => outer,
     };
 
     let lease = match locker.acquire(key, spec.options).await {
         Ok(state) => Lease { state, locker },
-        Err(error) => return on_failure(error),
+        Err(error) => return on_failure(&spec, error),
     };
     // From here `lease` releases on every exit: its `Drop` queues the release when the body
     // panics or this future is dropped, and the release below awaits it on a normal return.
     let body = reentry::scope(lease.state.clone(), outer, body);
     let Some(output) = run_body(spec.on_lost, &lease.state, body).await else {
         // Returns at once; dropping the lease queues its release.
-        return on_failure(LockError::Lost {
-            key: lease.state.key.clone(),
-        });
+        return on_failure(
+            &spec,
+            LockError::Lost {
+                key: lease.state.key.clone(),
+            },
+        );
     };
     if let Err(error) = lease.locker.release(&lease.state).await {
         // The body's work is done and must be reported as it ended; the lease will expire.
