@@ -18,10 +18,13 @@
 //!     Ok(())
 //! }
 //!
-//! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! dlock::set_default_locker(dlock::Locker::memory()); // or DLOCK_URL=redis://…
-//! submit("oX7f", "device-1").await.unwrap();
-//! # }
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), AppError> {
+//! // For a shared store: set DLOCK_URL=redis://… and call `dlock::init_from_env().await?`.
+//! let locker = dlock::Locker::memory();
+//! dlock::set_default_locker(locker.clone());
+//! submit("oX7f", "device-1").await?;
+//! locker.shutdown().await?; // last thing before exit: nothing stays held
+//! # Ok(()) }
 //! ```
 //!
 //! The attribute acquires a lease on the store before the body runs, renews it with a watchdog
@@ -66,8 +69,9 @@
 //! | outlives its lease (`on_lost = "cancel"`) | the body is dropped at its next await; the call returns `LockError::Lost` |
 //! | outlives its lease (`on_lost = "continue"`) | the body runs on; [`current_lease()`] reports `is_held() == false` |
 //!
-//! A lease is never left to expire unless the process itself dies; then the store's ttl frees
-//! the key.
+//! A lease is never left to expire unless the process dies, or exits without
+//! [`Locker::shutdown`] (a release queued by a dropped lease runs on a background thread that
+//! dies with the process); then the store's ttl frees the key.
 //!
 //! ## Semantics
 //!
@@ -215,10 +219,36 @@
 //!
 //! ## Lockers
 //!
-//! A `Locker` comes from [`Locker::connect`] with a URL, from a backend's builder, or from
-//! [`Locker::with_backend`] with any [`backend::Backend`]. Without a `locker = …` argument the
-//! attribute uses the locker given to [`set_default_locker`], else one built once from the
-//! `DLOCK_URL` environment variable, else it fails with [`LockError::NoLocker`].
+//! A [`Locker`] is a handle to one store. Get one from a URL with [`Locker::connect`] (or
+//! [`Locker::from_env`], which reads the URL from `DLOCK_URL`), or build a backend with its
+//! options — `RedisBackend::builder(url)?`, `MysqlBackend::builder(url)?`,
+//! `ZookeeperBackend::builder(url)?`, each giving a builder that ends in `connect().await` —
+//! and hand it to [`Locker::with_backend`], which takes any [`backend::Backend`].
+//!
+//! Without a `locker = …` argument the attribute uses the default locker: the one given to
+//! [`set_default_locker`] or [`init_from_env`], else one built on first use from `DLOCK_URL`,
+//! else it fails with [`LockError::NoLocker`]. A service calls [`init_from_env`] at start-up, so
+//! a missing URL or an unreachable store fails its boot rather than its first request, and
+//! [`Locker::shutdown`] last:
+//!
+//! ```
+//! use dlock::distributed_lock;
+//!
+//! #[distributed_lock(key = "invoice:<id>", ttl = "10s")]
+//! async fn send_invoice(id: u64) -> Result<(), dlock::LockError> {
+//!     Ok(())
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), dlock::LockError> {
+//! #   std::env::set_var("DLOCK_URL", "memory://");
+//!     let locker = dlock::init_from_env().await?; // DLOCK_URL=redis://127.0.0.1:6379, say
+//!     send_invoice(7).await?;
+//!     // … after the service's own graceful shutdown has returned:
+//!     locker.shutdown().await?;
+//!     Ok(())
+//! }
+//! ```
 //!
 //! ## Observability
 //!

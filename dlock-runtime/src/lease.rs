@@ -156,29 +156,126 @@ impl LeaseState {
 }
 
 /// What an annotated body can see of the lease it runs under, from
-/// [`current_lease()`](crate::current_lease).
+/// [`current_lease()`](crate::current_lease): its key, its fence, and whether it is still held.
+/// Cheap to clone; a clone kept after the lease was released reports it as no longer held.
+///
+/// ```
+/// use std::sync::LazyLock;
+/// use dlock::{current_lease, distributed_lock, LockError, Locker};
+///
+/// static LOCKS: LazyLock<Locker> = LazyLock::new(Locker::memory);
+///
+/// #[distributed_lock(key = "payout:<batch>", locker = &LOCKS)]
+/// async fn pay_out(batch: u32) -> Result<(), LockError> {
+///     let lease = current_lease().expect("inside a locked body");
+///     tracing::info!(key = lease.key(), fence = lease.fence(), "paying out");
+///     Ok(())
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// # pay_out(3).await.unwrap();
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct LeaseInfo {
     pub(crate) state: Arc<LeaseState>,
 }
 
 impl LeaseInfo {
-    /// The key of the lease.
+    /// The key of the lease, as rendered from the attribute's template.
+    ///
+    /// ```
+    /// # use std::sync::LazyLock;
+    /// # use dlock::{current_lease, distributed_lock, LockError, Locker};
+    /// # static LOCKS: LazyLock<Locker> = LazyLock::new(Locker::memory);
+    /// #[distributed_lock(key = "acct:<open_id>", locker = &LOCKS)]
+    /// async fn submit(open_id: &str) -> Result<String, LockError> {
+    ///     Ok(current_lease().expect("inside a locked body").key().to_owned())
+    /// }
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// assert_eq!(submit("a:b").await.unwrap(), "acct:a%3Ab");
+    /// # }
+    /// ```
     pub fn key(&self) -> &str {
         &self.state.key
     }
 
-    /// The fencing token of the acquisition (see [`Lease::fence`](crate::Lease::fence)).
+    /// The fencing token of the acquisition (see [`Lease::fence`](crate::Lease::fence)): pass
+    /// it with each write the lock protects.
+    ///
+    /// ```
+    /// # use std::sync::LazyLock;
+    /// # use dlock::{current_lease, distributed_lock, LockError, Locker};
+    /// # static LOCKS: LazyLock<Locker> = LazyLock::new(Locker::memory);
+    /// # struct Db;
+    /// # impl Db { async fn set_stock(&self, _sku: &str, _units: u32, _fence: u64) -> Result<(), LockError> { Ok(()) } }
+    /// #[distributed_lock(key = "stock:<sku>", locker = &LOCKS)]
+    /// async fn set_stock(db: &Db, sku: &str, units: u32) -> Result<(), LockError> {
+    ///     let fence = current_lease().expect("inside a locked body").fence();
+    ///     db.set_stock(sku, units, fence).await // refused by the database if a newer fence wrote
+    /// }
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # set_stock(&Db, "sku-1", 3).await.unwrap();
+    /// # }
+    /// ```
     pub fn fence(&self) -> u64 {
         self.state.fence
     }
 
-    /// Whether the lease is still held (see [`Lease::is_held`](crate::Lease::is_held)).
+    /// Whether the lease is still held (see [`Lease::is_held`](crate::Lease::is_held)). A body
+    /// under `on_lost = "continue"` checks it before a step that must not run on a lost lease.
+    ///
+    /// ```
+    /// # use std::sync::LazyLock;
+    /// # use dlock::{current_lease, distributed_lock, LockError, Locker};
+    /// # static LOCKS: LazyLock<Locker> = LazyLock::new(Locker::memory);
+    /// #[distributed_lock(key = "export:<day>", on_lost = "continue", locker = &LOCKS)]
+    /// async fn export(day: &str) -> Result<(), LockError> {
+    ///     // … write the export to a temporary file …
+    ///     if !current_lease().expect("inside a locked body").is_held() {
+    ///         return Err(LockError::Lost { key: format!("export:{day}") });
+    ///     }
+    ///     // … move it into place …
+    ///     Ok(())
+    /// }
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # export("2026-11-30").await.unwrap();
+    /// # }
+    /// ```
     pub fn is_held(&self) -> bool {
         self.state.is_held()
     }
 
-    /// Resolves when the lease is lost (see [`Lease::lost`](crate::Lease::lost)).
+    /// Resolves when the lease is lost (see [`Lease::lost`](crate::Lease::lost)). A body under
+    /// `on_lost = "continue"` races it against its work, to stop at a point of its own choosing.
+    ///
+    /// # Errors
+    ///
+    /// None: the future's output is `()`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it does nothing to the lease; a new call resolves at once for a lease lost
+    /// already.
+    ///
+    /// ```
+    /// # use std::sync::LazyLock;
+    /// # use dlock::{current_lease, distributed_lock, LockError, Locker};
+    /// # static LOCKS: LazyLock<Locker> = LazyLock::new(Locker::memory);
+    /// # async fn copy_next_chunk() -> bool { false }
+    /// #[distributed_lock(key = "backfill", on_lost = "continue", locker = &LOCKS)]
+    /// async fn backfill() -> Result<(), LockError> {
+    ///     let lease = current_lease().expect("inside a locked body");
+    ///     loop {
+    ///         tokio::select! {
+    ///             more = copy_next_chunk() => if !more { return Ok(()) },
+    ///             () = lease.lost() => return Err(LockError::Lost { key: lease.key().to_owned() }),
+    ///         }
+    ///     }
+    /// }
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # backfill().await.unwrap();
+    /// # }
+    /// ```
     pub fn lost(&self) -> impl Future<Output = ()> + Send + '_ {
         self.state.wait_lost()
     }

@@ -1,17 +1,30 @@
-//! The runtime of [dlock](https://docs.rs/dlock): leases, re-entrancy, the watchdog and the
-//! backends. Depend on `dlock`, which re-exports everything public here together with the
-//! `#[distributed_lock]` attribute.
+//! The runtime of [dlock](https://docs.rs/dlock-rs): leases, re-entrancy, the watchdog and the
+//! backends. Depend on the `dlock-rs` package instead (its library is `dlock`), which
+//! re-exports everything public here together with the `#[distributed_lock]` attribute; this
+//! crate is versioned in lockstep with it.
 //!
-//! One module per concept:
-//! - [`Locker`] (`locker`) — a handle to one store; hands out leases; the default locker.
-//! - [`Lease`] / [`LeaseInfo`] (`lease`) — one acquisition, its fence, its client-side validity.
-//! - `reentry` — the task-local stack of held leases that lets nested calls re-enter.
-//! - `watchdog` — one renewal driver per `Locker`, batching every lease into one call per tick.
-//! - [`backend`] — the small trait a store implements, and the stores: `memory`, `redis` (and
-//!   `redis-cluster`, `redis-tls`), `mysql`, `zookeeper`, each behind its cargo feature.
-//! - `background` — dlock's own small runtime, for the work no caller waits on.
-//! - `url` — the schemes of locker URLs, and masking their secrets.
-//! - [`LockError`] / [`FromLockError`] (`error`) — failures, and how a locked fn returns them.
+//! What is here:
+//! - [`Locker`] — a handle to one store, which hands out leases; [`set_default_locker`] and
+//!   [`init_from_env`] set the one `#[distributed_lock]` uses where it names none.
+//! - [`Lease`] — one held acquisition, released when dropped; [`LeaseInfo`], what a locked body
+//!   sees of its lease through [`current_lease`].
+//! - [`LockOptions`] — ttl, wait and renewal of one acquisition; [`Owner`], the token a lease is
+//!   stored under.
+//! - [`backend`] — the small trait a store implements, and the stores: memory, Redis (and Redis
+//!   Cluster, TLS), MySQL / MariaDB and ZooKeeper, each behind its cargo feature.
+//! - [`LockError`] and [`FromLockError`] — failures, and how a locked function returns them.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+//! use dlock::{LockOptions, Locker};
+//!
+//! let locker = Locker::connect("memory://").await?;
+//! let lease = locker.lock("nightly-report", LockOptions::new()).await?;
+//! // … only this holder gets here until the lease is released or lost …
+//! lease.release().await?;
+//! locker.shutdown().await?;
+//! # Ok(()) }
+//! ```
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -27,7 +27,16 @@ pub struct LockOptions {
 }
 
 impl LockOptions {
-    /// The defaults: ttl 30 s, no wait, renewal on.
+    /// The defaults: ttl 30 s, no wait, renewal on. `const`, so options can be a constant.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock::LockOptions;
+    ///
+    /// const IMPORT: LockOptions = LockOptions::new().ttl(Duration::from_secs(60));
+    /// assert_eq!(LockOptions::new(), LockOptions::default());
+    /// assert_eq!(IMPORT.wait, Duration::ZERO);
+    /// ```
     pub const fn new() -> Self {
         LockOptions {
             ttl: Duration::from_secs(30),
@@ -40,18 +49,40 @@ impl LockOptions {
     /// longest it can (on ZooKeeper, two thirds of the session timeout less a tick: see
     /// `ZookeeperBackend`). A shorter lease is renewed more often; only a holder cut off from
     /// the store gives it up sooner.
+    ///
+    /// A ttl under 1 ms makes [`Locker::lock`](crate::Locker::lock) fail with
+    /// [`LockError::InvalidOptions`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// // A crashed holder blocks the key for at most 5 s.
+    /// let options = dlock::LockOptions::new().ttl(Duration::from_secs(5));
+    /// ```
     pub const fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
     }
 
-    /// Sets how long to wait for a busy key.
+    /// Sets how long to wait for a busy key: zero (the default) tries once, and
+    /// `Duration::MAX` waits until the key is free.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// // Every caller must run, one at a time: queue for the key.
+    /// let options = dlock::LockOptions::new().wait(Duration::from_secs(2));
+    /// ```
     pub const fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
     }
 
-    /// Turns the watchdog's renewal on or off.
+    /// Turns the watchdog's renewal on or off. Off, the lease ends a ttl after it was granted
+    /// however long its holder works: for work that must never outlast a fixed window.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let options = dlock::LockOptions::new().ttl(Duration::from_secs(60)).renew(false);
+    /// ```
     pub const fn renew(mut self, renew: bool) -> Self {
         self.renew = renew;
         self
@@ -59,6 +90,15 @@ impl LockOptions {
 
     /// The longest wait honoured: a century, which is forever for a lock, and far enough from
     /// the end of `Instant`'s range that adding it to the present never overflows.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock::LockOptions;
+    ///
+    /// // Both wait until the key is free.
+    /// let forever = LockOptions::new().wait(Duration::MAX);
+    /// let century = LockOptions::new().wait(LockOptions::MAX_WAIT);
+    /// ```
     pub const MAX_WAIT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
     /// The options as every store gets them: checked, with `wait` capped at

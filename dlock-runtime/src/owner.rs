@@ -25,6 +25,18 @@ impl Owner {
     /// Drawn afresh rather than derived from per-process state, because a process that forks
     /// would hand the same state to its child: parent and child would then draw the same
     /// tokens, and a store could not tell their leases apart.
+    ///
+    /// Locking draws one by itself; call it to drive a [`Backend`](crate::backend::Backend)
+    /// directly, in a test of a backend of your own, say.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock::{backend::AcquireRequest, Owner};
+    ///
+    /// let owner = Owner::random();
+    /// let request = AcquireRequest::new("acct:42", owner, Duration::from_secs(5), Duration::ZERO);
+    /// assert_eq!(request.owner, owner);
+    /// ```
     pub fn random() -> Owner {
         let mut bytes = [0u8; 16];
         if getrandom::fill(&mut bytes).is_err() {
@@ -47,6 +59,11 @@ impl Owner {
     }
 
     /// The token as a number.
+    ///
+    /// ```
+    /// let owner = dlock::Owner::random();
+    /// assert_eq!(format!("{:032x}", owner.as_u128()), owner.to_string());
+    /// ```
     pub fn as_u128(self) -> u128 {
         self.0
     }

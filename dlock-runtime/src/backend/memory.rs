@@ -95,7 +95,15 @@ impl KeyState {
 const CLAIM_WINDOW: Duration = Duration::from_secs(1);
 
 impl MemoryBackend {
-    /// An empty store.
+    /// An empty store. [`Locker::memory`](crate::Locker::memory) makes one for you; make it
+    /// yourself to keep a handle on the store, to look at it in a test.
+    ///
+    /// ```
+    /// use dlock::{backend::MemoryBackend, Locker};
+    ///
+    /// let store = MemoryBackend::new();
+    /// let locker = Locker::with_backend(store.clone()); // clones share the store
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }
@@ -140,7 +148,20 @@ impl MemoryBackend {
         self.shared.acquire_calls.load(Ordering::Relaxed)
     }
 
-    /// Whether `key` is held by someone now.
+    /// Whether `key` is held by someone now, by any locker on this store.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::{backend::MemoryBackend, LockOptions, Locker};
+    ///
+    /// let store = MemoryBackend::new();
+    /// let locker = Locker::with_backend(store.clone());
+    /// let lease = locker.lock("job:1", LockOptions::new()).await?;
+    /// assert!(store.is_held("job:1"));
+    /// drop(lease); // released at once: the store is in this process
+    /// assert!(!store.is_held("job:1"));
+    /// # Ok(()) }
+    /// ```
     pub fn is_held(&self, key: &str) -> bool {
         let keys = self.shared.lock();
         keys.get(key)

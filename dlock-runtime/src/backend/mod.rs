@@ -3,6 +3,31 @@
 //! A backend knows nothing of macros, re-entrancy or watchdogs: it acquires a key for an owner
 //! with a ttl (waiting for it when asked), releases and renews where the stored owner matches,
 //! and says which fence each acquisition got. Everything else is the runtime's.
+//!
+//! | store | type | cargo feature | URL for [`Locker::connect`](crate::Locker::connect) |
+//! | --- | --- | --- | --- |
+//! | in-process | `MemoryBackend` | `memory` (default) | `memory://` |
+//! | Redis, Redis Cluster | `RedisBackend` | `redis` (default), `redis-cluster`, `redis-tls` | `redis://`, `rediss://`, `redis+cluster://` |
+//! | MySQL / MariaDB | `MysqlBackend` | `mysql` | `mysql://` |
+//! | ZooKeeper | `ZookeeperBackend` | `zookeeper` | `zk://` |
+//!
+//! Each store but memory has a builder for the options a URL does not carry, from
+//! `XBackend::builder(url)?`; the backend it builds goes to
+//! [`Locker::with_backend`](crate::Locker::with_backend):
+//!
+//! ```no_run
+//! # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+//! use std::time::Duration;
+//! use dlock::{backend::RedisBackend, Locker};
+//!
+//! let backend = RedisBackend::builder("redis://:secret@10.0.0.7:6379")?
+//!     .key_prefix("orders:")
+//!     .connect_timeout(Duration::from_secs(1))
+//!     .connect()
+//!     .await?;
+//! let locker = Locker::with_backend(backend);
+//! # Ok(()) }
+//! ```
 
 use std::future::Future;
 use std::pin::Pin;
@@ -32,7 +57,24 @@ pub mod redis;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisBuilder, MAX_KEY_BYTES as REDIS_MAX_KEY_BYTES};
 
-/// One acquisition asked of a backend.
+/// One acquisition asked of a backend. The runtime makes these; build one yourself to drive a
+/// backend directly, in a test of a [`Backend`] of your own, say.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+/// use std::time::Duration;
+/// use dlock::backend::{AcquireRequest, Backend, MemoryBackend};
+/// use dlock::Owner;
+///
+/// let store = MemoryBackend::new();
+/// let (first, second) = (Owner::random(), Owner::random());
+/// let ttl = Duration::from_secs(5);
+/// let granted = store.acquire(&AcquireRequest::new("acct:42", first, ttl, Duration::ZERO)).await?;
+/// assert!(granted.is_some());
+/// let busy = store.acquire(&AcquireRequest::new("acct:42", second, ttl, Duration::ZERO)).await?;
+/// assert!(busy.is_none(), "a busy key is Ok(None), not an error");
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct AcquireRequest<'a> {
@@ -46,7 +88,22 @@ pub struct AcquireRequest<'a> {
     pub wait: Duration,
 }
 
-/// A granted acquisition.
+/// A granted acquisition, as a backend answers [`Backend::acquire`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+/// use std::time::{Duration, Instant};
+/// use dlock::backend::{AcquireRequest, Backend, MemoryBackend};
+/// use dlock::Owner;
+///
+/// let store = MemoryBackend::new();
+/// let asked_at = Instant::now();
+/// let request = AcquireRequest::new("acct:42", Owner::random(), Duration::from_secs(5), Duration::ZERO);
+/// let acquired = store.acquire(&request).await?.expect("the key was free");
+/// assert!(acquired.fence > 0);
+/// assert!(acquired.valid_from >= asked_at);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Acquired {
     /// A fencing token greater than every earlier one of this key.
@@ -56,7 +113,24 @@ pub struct Acquired {
     pub valid_from: Instant,
 }
 
-/// One lease to renew.
+/// One lease to renew, as the watchdog asks [`Backend::renew`] for each lease it keeps.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+/// use std::time::Duration;
+/// use dlock::backend::{AcquireRequest, Backend, MemoryBackend, Renewal};
+/// use dlock::Owner;
+///
+/// let store = MemoryBackend::new();
+/// let (holder, stranger) = (Owner::random(), Owner::random());
+/// let ttl = Duration::from_secs(5);
+/// store.acquire(&AcquireRequest::new("acct:42", holder, ttl, Duration::ZERO)).await?;
+/// let held = store
+///     .renew(&[Renewal::new("acct:42", holder, ttl), Renewal::new("acct:42", stranger, ttl)])
+///     .await?;
+/// assert_eq!(held, [true, false]); // only the owner's renewal takes effect
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct Renewal<'a> {
@@ -70,13 +144,27 @@ pub struct Renewal<'a> {
 
 impl<'a> Renewal<'a> {
     /// A renewal of `key` for `owner` by `ttl`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let renewal = dlock::backend::Renewal::new("acct:42", dlock::Owner::random(), Duration::from_secs(5));
+    /// assert_eq!(renewal.key, "acct:42");
+    /// ```
     pub fn new(key: &'a str, owner: Owner, ttl: Duration) -> Self {
         Renewal { key, owner, ttl }
     }
 }
 
 impl<'a> AcquireRequest<'a> {
-    /// A request for `key` by `owner`.
+    /// A request for `key` by `owner`, for a lease of `ttl`, waiting up to `wait` for a busy key.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock::{backend::AcquireRequest, Owner};
+    ///
+    /// let request = AcquireRequest::new("acct:42", Owner::random(), Duration::from_secs(5), Duration::ZERO);
+    /// assert!(request.wait.is_zero()); // try once
+    /// ```
     pub fn new(key: &'a str, owner: Owner, ttl: Duration, wait: Duration) -> Self {
         AcquireRequest {
             key,
@@ -91,12 +179,92 @@ impl<'a> AcquireRequest<'a> {
 ///
 /// Implementations must make `release` and `renew` take effect only where the stored owner equals
 /// the given one, atomically on the store, and judge expiry by the store's clock.
+///
+/// Written as `fn … -> impl Future + Send`, so an implementation may write `async fn` (its
+/// future must then be `Send`). Implement it to add a store, or to wrap one — to count, log or
+/// time its calls. A wrapper forwards every method, the provided ones too: left to their
+/// defaults, `renew_each` would lose a cluster's per-node answers, `ttl_limit` would lift the
+/// store's cap on the ttl, `close` would leave connections open at shutdown, and `release_now`
+/// would queue releases an in-process store makes at once.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use dlock::backend::{AcquireRequest, Acquired, Backend, MemoryBackend, Renewal};
+/// use dlock::{LockError, LockOptions, Locker, Owner};
+///
+/// /// Counts the acquisitions that found their key busy, for a metrics endpoint.
+/// struct CountBusy<B> {
+///     store: B,
+///     busy: Arc<AtomicU64>,
+/// }
+///
+/// impl<B: Backend> Backend for CountBusy<B> {
+///     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
+///         let acquired = self.store.acquire(request).await?;
+///         if acquired.is_none() {
+///             self.busy.fetch_add(1, Ordering::Relaxed);
+///         }
+///         Ok(acquired)
+///     }
+///
+///     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+///         self.store.release(key, owner).await
+///     }
+///
+///     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+///         self.store.renew(leases).await
+///     }
+///
+///     async fn renew_each(&self, leases: &[Renewal<'_>]) -> Result<Vec<Option<bool>>, LockError> {
+///         self.store.renew_each(leases).await
+///     }
+///
+///     fn ttl_limit(&self) -> Option<Duration> {
+///         self.store.ttl_limit()
+///     }
+///
+///     async fn close(&self) {
+///         self.store.close().await
+///     }
+///
+///     fn release_now(&self, key: &str, owner: Owner) -> bool {
+///         self.store.release_now(key, owner)
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// let busy = Arc::new(AtomicU64::new(0));
+/// let locker = Locker::with_backend(CountBusy { store: MemoryBackend::new(), busy: busy.clone() });
+/// let _held = locker.lock("acct:42", LockOptions::new()).await?;
+/// assert!(locker.lock("acct:42", LockOptions::new()).await.is_err());
+/// assert_eq!(busy.load(Ordering::Relaxed), 1);
+/// # Ok(()) }
+/// ```
 pub trait Backend: Send + Sync + 'static {
     /// Acquires `request.key` for `request.owner`, waiting up to `request.wait` for it to be
     /// released. Waiting is the backend's: it is woken by the release where the store can say so
     /// (a notification, a watch), and polls with back-off only where it cannot. `Ok(None)` means
-    /// the key was still busy when the wait ran out. If the returned future is dropped, the
-    /// backend must leave no waiting state behind that blocks others.
+    /// the key was still busy when the wait ran out.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidKey`] for a key the store cannot hold (too long for it, say);
+    /// [`LockError::InvalidOptions`] for a ttl beyond [`ttl_limit`](Self::ttl_limit);
+    /// [`LockError::Backend`] where the store failed, or cannot say whether it
+    /// granted the key (a lost reply): the runtime then releases the key for the owner, which
+    /// the owner check makes harmless if it was not granted. A busy key is `Ok(None)`, not an
+    /// error.
+    ///
+    /// # Cancel safety
+    ///
+    /// The runtime drops this future when its caller gives up (a time-out, a `select!`). The
+    /// backend must then leave no waiting state behind that blocks others (a place in a queue).
+    /// A key granted to the dropped call is released by the runtime, with
+    /// [`release`](Self::release) for the same owner, and that release may reach the store
+    /// before the grant: a store that can apply the two out of order must make the late grant
+    /// take no effect, or undo it itself.
     fn acquire(
         &self,
         request: &AcquireRequest<'_>,
@@ -104,6 +272,18 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Releases `key` where `owner` holds it; `Ok(false)` where it does not (any more). Wakes the
     /// key's waiters.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] where the store failed: the runtime reports it to the caller of
+    /// [`Lease::release`](crate::Lease::release), and the key stays held until its ttl runs
+    /// out. A key `owner` does not hold is `Ok(false)`, not an error.
+    ///
+    /// # Cancel safety
+    ///
+    /// A release whose caller stops waiting is sent again from the runtime's background, so a
+    /// key may be released twice for one owner: the second answers `Ok(false)` and changes
+    /// nothing.
     fn release(
         &self,
         key: &str,
@@ -111,7 +291,19 @@ pub trait Backend: Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, LockError>> + Send;
 
     /// Renews every lease of `leases` in as few round trips as the store allows (ideally one),
-    /// answering for each whether its owner still held it.
+    /// answering for each whether its owner still held it: `true` extends the lease to its ttl
+    /// from now, `false` means it was lost.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] where the store could answer for no lease: the runtime then
+    /// judges each lease by its own deadline on the client's clock, and tries again soon.
+    ///
+    /// # Cancel safety
+    ///
+    /// The watchdog drops a renewal not answered while some lease of it is still valid, and
+    /// sends another. A dropped renewal may still reach the store, which is harmless where
+    /// renewal is owner-checked: it extends nobody else's lease.
     fn renew(
         &self,
         leases: &[Renewal<'_>],
@@ -120,10 +312,17 @@ pub trait Backend: Send + Sync + 'static {
     /// Renews like [`renew`](Self::renew), answering for each lease on its own: `Some(held)`
     /// where the store answered for that lease, `None` where it could not confirm it this round
     /// (the part of the store that holds it failed: the lease is judged by its deadline, as
-    /// after a failed call, and renewed again soon). `Err` where it could answer for none. A
-    /// store made of parts (a cluster's nodes) implements it so that one part down does not
-    /// cost the leases on the others; the default, for stores that answer all or nothing, calls
-    /// `renew`.
+    /// after a failed call, and renewed again soon). A store made of parts (a cluster's nodes)
+    /// implements it so that one part down does not cost the leases on the others; the default,
+    /// for stores that answer all or nothing, calls `renew`. The watchdog calls this one.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] where it could answer for no lease, as [`renew`](Self::renew).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`renew`](Self::renew).
     fn renew_each(
         &self,
         leases: &[Renewal<'_>],
@@ -153,6 +352,15 @@ pub trait Backend: Send + Sync + 'static {
     /// Closes the store's connections, once the runtime has released every lease it held:
     /// [`Locker::shutdown`](crate::Locker::shutdown) calls it last. It may be called more than
     /// once. The default does nothing, for stores whose connections close when dropped.
+    ///
+    /// # Errors
+    ///
+    /// None: the output is `()`. A store that fails to close has nothing left to lose.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped with the future of a `shutdown` whose caller stopped waiting: the connections
+    /// then close when the backend itself is dropped, if not before.
     fn close(&self) -> impl Future<Output = ()> + Send {
         async {}
     }

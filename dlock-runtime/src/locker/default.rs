@@ -45,6 +45,11 @@ pub fn set_default_locker(locker: Locker) {
 /// [`LockError::NoLocker`] where `DLOCK_URL` is unset or empty, [`LockError::InvalidUrl`] where
 /// it cannot be used, [`LockError::Backend`] where the store cannot be reached.
 ///
+/// # Cancel safety
+///
+/// The default locker is set only once the connection succeeded: if this future is dropped
+/// before, nothing changes (see [`Locker::connect`] for the abandoned connection).
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
 /// # std::env::set_var("DLOCK_URL", "memory://");
@@ -104,7 +109,7 @@ fn connect_from_env(url: String) -> watch::Receiver<Option<Result<Locker, Arc<Lo
     let (publish, outcome) = watch::channel(None);
     background::spawn(async move {
         // Should the attempt end without an outcome (a panic in a store's client), the next call
-        // tries again rather than finding an attempt that never finishes.
+        // tries again rather than meeting an attempt that never finishes.
         let unset_unless_done = ResetOnDrop;
         let connected = Locker::connect(&url).await;
         *FROM_ENV.lock().unwrap_or_else(|p| p.into_inner()) = match &connected {

@@ -56,15 +56,57 @@ impl Locker {
     /// call a transfer of that size, and never names a resource anyone meant to lock. Most
     /// stores allow less, each checked by its backend: Redis 16 KiB, ZooKeeper a node path of
     /// 1,000,000 bytes, MySQL 255 bytes.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use dlock::{LockError, LockOptions, Locker};
+    ///
+    /// let locker = Locker::memory();
+    /// let runaway = "x".repeat(Locker::MAX_KEY_BYTES + 1);
+    /// let refused = locker.lock(runaway, LockOptions::new()).await;
+    /// assert!(matches!(refused, Err(LockError::InvalidKey { .. })));
+    /// # }
+    /// ```
     pub const MAX_KEY_BYTES: usize = 1 << 20;
 
-    /// A locker on a fresh in-process store (see [`MemoryBackend`](crate::backend::MemoryBackend)).
+    /// A locker on a fresh in-process store (see [`MemoryBackend`](crate::backend::MemoryBackend)):
+    /// for a program that runs as one process, and for tests. Each call makes a new store, so
+    /// two lockers from two calls never exclude each other; share one by cloning it, or keep it
+    /// in a `static`.
+    ///
+    /// ```
+    /// use std::sync::LazyLock;
+    /// use dlock::{distributed_lock, Locker};
+    ///
+    /// static LOCKS: LazyLock<Locker> = LazyLock::new(Locker::memory);
+    ///
+    /// #[distributed_lock(key = "cache-refresh", locker = &LOCKS)]
+    /// async fn refresh_cache() -> Option<()> {
+    ///     Some(())
+    /// }
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # assert_eq!(refresh_cache().await, Some(()));
+    /// # }
+    /// ```
     #[cfg(feature = "memory")]
     pub fn memory() -> Locker {
         Locker::with_backend(crate::backend::MemoryBackend::new())
     }
 
-    /// A locker on any [`Backend`].
+    /// A locker on any [`Backend`]: a store built with its options, or one of your own.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock::{backend::RedisBackend, Locker};
+    ///
+    /// // Building connects nothing: the first lock does.
+    /// let backend = RedisBackend::builder("redis://127.0.0.1:6379")?
+    ///     .key_prefix("billing:")
+    ///     .response_timeout(Duration::from_secs(1))
+    ///     .build()?;
+    /// let locker = Locker::with_backend(backend);
+    /// # Ok::<(), dlock::LockError>(())
+    /// ```
     pub fn with_backend<B: Backend>(backend: B) -> Locker {
         let name = std::any::type_name::<B>()
             .rsplit("::")
@@ -102,7 +144,14 @@ impl Locker {
     /// # Errors
     ///
     /// [`LockError::InvalidUrl`] where the URL cannot be used (an unknown scheme, a feature this
-    /// build lacks), [`LockError::Backend`] where the store cannot be reached.
+    /// build lacks), [`LockError::Backend`] where the store cannot be reached or refuses the
+    /// credentials.
+    ///
+    /// # Cancel safety
+    ///
+    /// If this future is dropped, the connection attempt is abandoned: no locker exists, nothing
+    /// is held, and connections already opened are dropped. (A MySQL pool whose opening is under
+    /// way finishes opening on dlock's background runtime, and is dropped then.)
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
@@ -148,10 +197,16 @@ impl Locker {
     /// [`LockError::NoLocker`] where `DLOCK_URL` is unset or empty; else as
     /// [`connect`](Self::connect).
     ///
+    /// # Cancel safety
+    ///
+    /// As [`connect`](Self::connect): a dropped future leaves no locker behind.
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
     /// # std::env::set_var("DLOCK_URL", "memory://");
+    /// // DLOCK_URL=redis://127.0.0.1:6379, say
     /// let locker = dlock::Locker::from_env().await?;
+    /// let lease = locker.lock("migrations", dlock::LockOptions::new()).await?;
     /// # Ok(()) }
     /// ```
     pub async fn from_env() -> Result<Locker, LockError> {
@@ -183,7 +238,26 @@ impl Locker {
     /// # Cancel safety
     ///
     /// If this future is dropped while the acquisition is in flight, the key is released if the
-    /// store granted it.
+    /// store granted it, and a caller waiting for the key leaves its place in the queue: nothing
+    /// stays held or queued for an abandoned call.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+    /// use std::time::Duration;
+    /// use dlock::{LockError, LockOptions, Locker};
+    ///
+    /// let locker = Locker::memory();
+    /// let options = LockOptions::new().ttl(Duration::from_secs(10)).wait(Duration::from_millis(100));
+    /// match locker.lock("import:2026-11-30", options).await {
+    ///     Ok(lease) => {
+    ///         // … run the import, passing lease.fence() with its writes …
+    ///         lease.release().await?;
+    ///     }
+    ///     Err(LockError::Busy { .. }) => println!("another worker runs the import"),
+    ///     Err(other) => return Err(other),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn lock(
         &self,
         key: impl Into<String>,

@@ -12,7 +12,22 @@ use crate::url::{duration_param, number_param, query_param};
 use crate::LockError;
 
 /// Options of a [`MysqlBackend`], from [`MysqlBackend::builder`] or
-/// [`MysqlBackend::with_pool`].
+/// [`MysqlBackend::with_pool`]. Nothing is connected until [`connect`](Self::connect).
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+/// use std::time::Duration;
+/// use dlock::{backend::MysqlBackend, Locker};
+///
+/// let backend = MysqlBackend::builder("mysql://app:secret@db.internal:3306/orders")?
+///     .table("order_locks")
+///     .max_connections(4)
+///     .connect_timeout(Duration::from_secs(2))
+///     .connect()
+///     .await?;
+/// let locker = Locker::with_backend(backend);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 #[must_use = "a builder does nothing until `connect`"]
 pub struct MysqlBuilder {
@@ -91,27 +106,69 @@ impl MysqlBuilder {
 
 impl MysqlBuilder {
     /// The lock table's name (default `dlock_locks`): letters, digits and `_`, optionally
-    /// `database.table`.
+    /// `database.table`. Checked by [`connect`](Self::connect).
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// let backend = dlock::backend::MysqlBackend::builder("mysql://app:secret@db.internal/orders")?
+    ///     .table("locks.order_locks") // in the `locks` database
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn table(mut self, table: impl Into<String>) -> Self {
         self.table = table.into();
         self
     }
 
     /// How long connecting, or waiting for a free connection of the pool, may take (default
-    /// 5 s). Not used with [`MysqlBackend::with_pool`], whose pool has its own.
+    /// 5 s). Not used with [`MysqlBackend::with_pool`], whose pool has its own. A lock call that
+    /// waits longer for a connection fails with [`LockError::Backend`].
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// let backend = dlock::backend::MysqlBackend::builder("mysql://app:secret@db.internal/orders")?
+    ///     .connect_timeout(Duration::from_secs(1))
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
     /// The most connections the locker's own pool opens (default 10). Not used with
-    /// [`MysqlBackend::with_pool`].
+    /// [`MysqlBackend::with_pool`]. Each lock statement holds a connection only while it runs,
+    /// and a waiter holds none between tries, so a few serve many locks.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// let backend = dlock::backend::MysqlBackend::builder("mysql://app:secret@db.internal/orders")?
+    ///     .max_connections(4)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn max_connections(mut self, max: u32) -> Self {
         self.max_connections = max.max(1);
         self
     }
 
-    /// Whether to create the table if it is missing (default `true`).
+    /// Whether to create the table if it is missing (default `true`). Turn it off where the
+    /// service's database user may not create tables, and have a DBA run
+    /// [`MysqlBackend::ddl`] ahead of time.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// let backend = dlock::backend::MysqlBackend::builder("mysql://app:secret@db.internal/orders")?
+    ///     .create_table(false)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn create_table(mut self, create: bool) -> Self {
         self.create_table = create;
         self
@@ -120,6 +177,15 @@ impl MysqlBuilder {
     /// The session time zone of the pool's connections. Expiry is judged in UTC by the
     /// database whatever this is; it exists for deployments that must set one. Not used with
     /// [`MysqlBackend::with_pool`].
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// let backend = dlock::backend::MysqlBackend::builder("mysql://app:secret@db.internal/orders")?
+    ///     .time_zone("+00:00")
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn time_zone(mut self, time_zone: impl Into<String>) -> Self {
         self.time_zone = Some(time_zone.into());
         self
@@ -127,6 +193,31 @@ impl MysqlBuilder {
 
     /// Opens the pool (one connection at once, so a wrong password or an unreachable server is
     /// reported here) and creates the table if asked.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] where the [table](Self::table) name cannot be used;
+    /// [`LockError::Backend`] where the server cannot be reached within the
+    /// [connect timeout](Self::connect_timeout), refuses the credentials, or refuses to create
+    /// the table.
+    ///
+    /// # Cancel safety
+    ///
+    /// If this future is dropped, no backend exists. The pool opens on dlock's background
+    /// runtime, and an opening or a `CREATE TABLE` under way when the future is dropped finishes
+    /// there; a pool of the backend's own is then dropped.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::{backend::MysqlBackend, Locker};
+    ///
+    /// let backend = MysqlBackend::builder("mysql://app:secret@db.internal:3306/orders")?
+    ///     .table("order_locks")
+    ///     .connect()
+    ///     .await?;
+    /// let locker = Locker::with_backend(backend);
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(self) -> Result<MysqlBackend, LockError> {
         let table = quote_table(&self.table)?;
         let ddl = MysqlBackend::ddl(&self.table)?;

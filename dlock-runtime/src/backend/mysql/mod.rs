@@ -1,53 +1,5 @@
-//! The MySQL / MariaDB store: a lock table whose primary key is the compare-and-set.
-//!
-//! # The table
-//!
-//! One row per held key, created if missing (name configurable, default `dlock_locks`); a DBA can
-//! create it ahead with [`MysqlBackend::ddl`]:
-//!
-//! ```sql
-//! CREATE TABLE IF NOT EXISTS `dlock_locks` (
-//!   `lock_key`   VARBINARY(255)  NOT NULL,  -- the rendered key, compared byte for byte
-//!   `owner`      CHAR(32) CHARACTER SET ascii NOT NULL,  -- the holder's owner token
-//!   `fence`      BIGINT UNSIGNED NOT NULL,  -- fencing token of the current acquisition
-//!   `expires_at` DATETIME(6)     NOT NULL,  -- lease expiry, UTC, by the database's clock
-//!   `created_at` DATETIME(6)     NOT NULL,  -- when the current holder acquired, UTC
-//!   PRIMARY KEY (`lock_key`)
-//! ) ENGINE=InnoDB
-//! ```
-//!
-//! `VARBINARY` because a case-insensitive collation would make `Acct:1` and `acct:1` one lock;
-//! `DATETIME(6)` written with `UTC_TIMESTAMP(6)` so neither the session time zone nor 2038 matter.
-//!
-//! # The statements
-//!
-//! Each is one short autocommit statement on the locker's own pool — never inside the caller's
-//! business transaction, where a lock row would stay invisible to others until that transaction
-//! commits and vanish if it rolls back — and all time is the database's (`UTC_TIMESTAMP(6)`),
-//! never the client's.
-//!
-//! - **Acquire**: `INSERT`. On a duplicate key (error 1062) the row is either held or expired:
-//!   one `UPDATE … WHERE lock_key = ? AND (expires_at <= UTC_TIMESTAMP(6) OR owner = ?)` takes it
-//!   over only if it expired by the database's clock (or is already ours, which makes a retried
-//!   acquire idempotent). No `INSERT IGNORE`, which would hide real errors.
-//!   An acquisition whose caller stops waiting deletes its row itself, after the statement that
-//!   wrote it, never before (a statement can wait on another transaction's row lock for long).
-//! - **Release**: `DELETE … WHERE lock_key = ? AND owner = ?`; retried once if its reply is lost —
-//!   the goal is that the row is no longer ours, which a second delete achieves either way.
-//! - **Renewal**: one `UPDATE … WHERE lock_key IN (…) AND (lock_key, owner) IN (…)` for every
-//!   lease of the tick (in chunks of 1,000); only when fewer rows changed than leases were sent
-//!   does a `SELECT` find out which were lost.
-//! - **Waiting**: MySQL cannot say when a row goes, so a waiter polls with jittered exponential
-//!   back-off, 5 ms doubling to 250 ms, within `wait`; between tries it holds no connection.
-//!
-//! # Fences
-//!
-//! A fence is `GREATEST(previous fence + 1, database microseconds since the epoch)`, through
-//! `LAST_INSERT_ID(expr)` so the statement's reply carries it. It strictly increases across
-//! releases, expiries and take-overs, and — because a fresh row starts from the database's
-//! microsecond clock, which every earlier fence of the key stayed within a few counts of — also
-//! across a released row being deleted. (The one thing that could break it is the database's
-//! clock stepping back after a row was deleted.)
+//! The MySQL / MariaDB store: a lock table whose primary key is the compare-and-set. The table,
+//! the statements and the fences are described for users on [`MysqlBackend`].
 //!
 //! # Why sqlx
 //!
@@ -77,6 +29,17 @@ use retry::{backend_error, is_duplicate_key, on_background, retry_transient};
 
 /// The widest key the `lock_key` column holds. Longer keys are rejected, never truncated:
 /// truncation could merge two keys into one lock.
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+/// use dlock::{backend::MYSQL_MAX_KEY_BYTES, LockError, LockOptions, Locker};
+///
+/// let locker = Locker::connect("mysql://app:secret@db.internal:3306/orders").await?;
+/// let too_long = "k".repeat(MYSQL_MAX_KEY_BYTES + 1);
+/// let refused = locker.lock(too_long, LockOptions::new()).await;
+/// assert!(matches!(refused, Err(LockError::InvalidKey { .. })));
+/// # Ok(()) }
+/// ```
 pub const MAX_KEY_BYTES: usize = 255;
 
 /// Leases renewed by one statement; a tick with more sends more statements.
@@ -101,6 +64,56 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// // or simply: Locker::connect("mysql://app:secret@db.internal:3306/orders").await?
 /// # Ok(()) }
 /// ```
+///
+/// # The table
+///
+/// One row per held key, created if missing (name configurable, default `dlock_locks`); a DBA can
+/// create it ahead with [`MysqlBackend::ddl`]:
+///
+/// ```sql
+/// CREATE TABLE IF NOT EXISTS `dlock_locks` (
+///   `lock_key`   VARBINARY(255)  NOT NULL,  -- the rendered key, compared byte for byte
+///   `owner`      CHAR(32) CHARACTER SET ascii NOT NULL,  -- the holder's owner token
+///   `fence`      BIGINT UNSIGNED NOT NULL,  -- fencing token of the current acquisition
+///   `expires_at` DATETIME(6)     NOT NULL,  -- lease expiry, UTC, by the database's clock
+///   `created_at` DATETIME(6)     NOT NULL,  -- when the current holder acquired, UTC
+///   PRIMARY KEY (`lock_key`)
+/// ) ENGINE=InnoDB
+/// ```
+///
+/// `VARBINARY` because a case-insensitive collation would make `Acct:1` and `acct:1` one lock;
+/// `DATETIME(6)` written with `UTC_TIMESTAMP(6)` so neither the session time zone nor 2038 matter.
+///
+/// # The statements
+///
+/// Each is one short autocommit statement on a connection of the pool (the backend's own, or
+/// the service's with [`with_pool`](Self::with_pool)) — never inside the caller's business
+/// transaction, where a lock row would stay invisible to others until that transaction
+/// commits and vanish if it rolls back — and all time is the database's (`UTC_TIMESTAMP(6)`),
+/// never the client's.
+///
+/// - **Acquire**: `INSERT`. On a duplicate key (error 1062) the row is either held or expired:
+///   one `UPDATE … WHERE lock_key = ? AND (expires_at <= UTC_TIMESTAMP(6) OR owner = ?)` takes it
+///   over only if it expired by the database's clock (or is already ours, which makes a retried
+///   acquire idempotent). No `INSERT IGNORE`, which would hide real errors.
+///   An acquisition whose caller stops waiting deletes its row itself, after the statement that
+///   wrote it, never before (a statement can wait on another transaction's row lock for long).
+/// - **Release**: `DELETE … WHERE lock_key = ? AND owner = ?`; retried once if its reply is lost —
+///   the goal is that the row is no longer ours, which a second delete achieves either way.
+/// - **Renewal**: one `UPDATE … WHERE lock_key IN (…) AND (lock_key, owner) IN (…)` for every
+///   lease of the tick (in chunks of 1,000); only when fewer rows changed than leases were sent
+///   does a `SELECT` find out which were lost.
+/// - **Waiting**: MySQL cannot say when a row goes, so a waiter polls with jittered exponential
+///   back-off, 5 ms doubling to 250 ms, within `wait`; between tries it holds no connection.
+///
+/// # Fences
+///
+/// A fence is `GREATEST(previous fence + 1, database microseconds since the epoch)`, through
+/// `LAST_INSERT_ID(expr)` so the statement's reply carries it. It strictly increases across
+/// releases, expiries and take-overs, and — because a fresh row starts from the database's
+/// microsecond clock, which every earlier fence of the key stayed within a few counts of — also
+/// across a released row being deleted. (The one thing that could break it is the database's
+/// clock stepping back after a row was deleted.)
 #[derive(Clone)]
 pub struct MysqlBackend {
     shared: Arc<Shared>,
@@ -123,7 +136,26 @@ struct Statements {
 }
 
 impl MysqlBackend {
-    /// Connects with the default options (table `dlock_locks`, created if missing).
+    /// Connects with the default options (table `dlock_locks`, created if missing): the same as
+    /// [`Locker::connect`](crate::Locker::connect) with a MySQL URL, as a backend to wrap or to
+    /// hand to [`Locker::with_backend`](crate::Locker::with_backend).
+    ///
+    /// # Errors
+    ///
+    /// As [`builder`](Self::builder) and [`MysqlBuilder::connect`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`MysqlBuilder::connect`]: a dropped future leaves no backend behind.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::{backend::MysqlBackend, Locker};
+    ///
+    /// let backend = MysqlBackend::connect("mysql://app:secret@db.internal:3306/orders").await?;
+    /// let locker = Locker::with_backend(backend);
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(url: &str) -> Result<MysqlBackend, LockError> {
         Self::builder(url)?.connect().await
     }
@@ -144,7 +176,19 @@ impl MysqlBackend {
     ///
     /// # Errors
     ///
-    /// [`LockError::InvalidUrl`] where `url` cannot be parsed.
+    /// [`LockError::InvalidUrl`] where `url` cannot be parsed. Nothing is connected yet.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock::backend::MysqlBackend;
+    ///
+    /// let builder = MysqlBackend::builder("mysql://app:secret@db.internal:3306/orders")?
+    ///     .table("order_locks")
+    ///     .connect_timeout(Duration::from_secs(2));
+    /// // … then `builder.connect().await?` …
+    /// assert!(MysqlBackend::builder("mysql://app:secret@db.internal:port/orders").is_err());
+    /// # Ok::<(), dlock::LockError>(())
+    /// ```
     pub fn builder(url: &str) -> Result<MysqlBuilder, LockError> {
         MysqlBuilder::new(url)
     }
@@ -167,7 +211,13 @@ impl MysqlBackend {
         MysqlBuilder::with_pool(pool)
     }
 
-    /// The `CREATE TABLE` statement for `table`, for a DBA to run ahead of time.
+    /// The `CREATE TABLE` statement for `table`, for a DBA to run ahead of time (then connect
+    /// with [`create_table(false)`](MysqlBuilder::create_table)).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] where `table` is not letters, digits and `_`, optionally
+    /// `database.table`.
     ///
     /// ```
     /// let ddl = dlock::backend::MysqlBackend::ddl("dlock_locks").unwrap();
@@ -187,7 +237,20 @@ impl MysqlBackend {
         ))
     }
 
-    /// The quoted name of the lock table.
+    /// The quoted name of the lock table, to read it by hand.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::backend::MysqlBackend;
+    ///
+    /// let backend = MysqlBackend::builder("mysql://app:secret@db.internal:3306/orders")?
+    ///     .table("orders.order_locks")
+    ///     .connect()
+    ///     .await?;
+    /// assert_eq!(backend.table(), "`orders`.`order_locks`");
+    /// println!("SELECT lock_key, owner, expires_at FROM {}", backend.table());
+    /// # Ok(()) }
+    /// ```
     pub fn table(&self) -> &str {
         &self.shared.sql.table
     }
@@ -374,7 +437,7 @@ fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
-/// A small xorshift generator for back-off jitter, seeded from the owner token.
+/// A small xorshift generator for back-off jitter, started from the owner token.
 struct Jitter(u64);
 
 impl Jitter {

@@ -58,25 +58,62 @@ impl std::fmt::Debug for RedisBuilder {
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Target {
     Single(redis::Client),
-    /// The cluster, and a client per seed node for pub/sub.
+    /// The cluster, and a client per node its URL names, for pub/sub.
     #[cfg(feature = "redis-cluster")]
     Cluster(redis::cluster::ClusterClient, Vec<redis::Client>),
 }
 
 impl RedisBuilder {
-    /// Prepends `prefix` to every Redis key and channel of this backend (default `dlock:`).
+    /// Prepends `prefix` to every Redis key and channel of this backend (default `dlock:`): to
+    /// keep the locks of two applications on one Redis apart, or to find them by pattern. A
+    /// prefix holding an empty hash tag (`{}`) makes [`build`](Self::build) fail.
+    ///
+    /// ```
+    /// use dlock::backend::RedisBackend;
+    ///
+    /// let backend = RedisBackend::builder("redis://127.0.0.1:6379")?.key_prefix("billing:").build()?;
+    /// assert_eq!(backend.lock_key("acct:42"), "billing:{acct:42}");
+    /// # Ok::<(), dlock::LockError>(())
+    /// ```
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
     }
 
     /// How long connecting (TCP, TLS and AUTH) may take (default 3 s).
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// use std::time::Duration;
+    /// use dlock::backend::RedisBackend;
+    ///
+    /// // Fail a service's boot within a second when Redis is down.
+    /// let backend = RedisBackend::builder("redis://10.0.0.7:6379")?
+    ///     .connect_timeout(Duration::from_secs(1))
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
-    /// How long the server may take to answer a call (default 3 s).
+    /// How long the server may take to answer a call (default 3 s). A call not answered in time
+    /// fails with [`LockError::Backend`], or is first sent once more on a fresh connection where
+    /// a second copy is harmless.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// use std::time::Duration;
+    /// use dlock::backend::RedisBackend;
+    ///
+    /// let backend = RedisBackend::builder("redis://10.0.0.7:6379")?
+    ///     .response_timeout(Duration::from_millis(500))
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
@@ -87,7 +124,20 @@ impl RedisBuilder {
     /// skipped once the window runs out. It is also the *claim window*: a release hands the
     /// lock to the first waiter for this window only (or the waiter's ttl where shorter), and
     /// the waiter, woken, claims it for its ttl; a lock handed to a waiter that died is free
-    /// again after at most one window.
+    /// again after at most one window. Windows under 30 ms make [`build`](Self::build) fail.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// use std::time::Duration;
+    /// use dlock::backend::RedisBackend;
+    ///
+    /// // Waiters of a crashed process hold up the queue for at most a second.
+    /// let backend = RedisBackend::builder("redis://10.0.0.7:6379")?
+    ///     .waiter_liveness(Duration::from_secs(1))
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn waiter_liveness(mut self, window: Duration) -> Self {
         self.liveness = window;
         self
@@ -136,12 +186,39 @@ impl RedisBuilder {
     /// forget it: ask for every replica that can be promoted.
     ///
     /// `Locker::connect` takes it from the URL too: `redis://host:6379/?min_replicas=1`.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::{backend::RedisBackend, Locker};
+    ///
+    /// // A primary with one replica that Sentinel may promote.
+    /// let backend = RedisBackend::builder("redis://10.0.0.7:6379")?.min_replicas(1).connect().await?;
+    /// let locker = Locker::with_backend(backend);
+    /// // The same from a URL:
+    /// let locker = Locker::connect("redis://10.0.0.7:6379/?min_replicas=1").await?;
+    /// # Ok(()) }
+    /// ```
     pub fn min_replicas(mut self, replicas: usize) -> Self {
         self.min_replicas = Some(replicas);
         self
     }
 
-    /// The backend, without connecting: the first call connects.
+    /// The backend, without connecting: the first call connects. For a backend made before its
+    /// server can be reached, or where start-up must not wait on Redis.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] where a [key prefix](Self::key_prefix) holds an empty hash
+    /// tag `{}`, or the [waiter liveness](Self::waiter_liveness) is under 30 ms.
+    ///
+    /// ```
+    /// use dlock::{backend::RedisBackend, Locker};
+    ///
+    /// // No I/O here: a Redis that is down fails the first lock, not this.
+    /// let backend = RedisBackend::builder("redis://10.0.0.7:6379")?.build()?;
+    /// let locker = Locker::with_backend(backend);
+    /// # Ok::<(), dlock::LockError>(())
+    /// ```
     pub fn build(self) -> Result<RedisBackend, LockError> {
         let masked: Arc<str> = mask_password(&self.url).into();
         let invalid = |reason: String| LockError::invalid_url(&self.url, reason);
@@ -160,7 +237,7 @@ impl RedisBuilder {
         let (subscribe_on, cluster) = match &target {
             Target::Single(client) => (vec![client.clone()], false),
             #[cfg(feature = "redis-cluster")]
-            Target::Cluster(_, seeds) => (seeds.clone(), true),
+            Target::Cluster(_, nodes) => (nodes.clone(), true),
         };
         let timeouts = Timeouts {
             connect: self.connect_timeout,
@@ -185,6 +262,29 @@ impl RedisBuilder {
 
     /// The backend, connected: fails at once when the server cannot be reached or refuses the
     /// credentials.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build), and [`LockError::Backend`] where the server cannot be reached
+    /// within the [connect timeout](Self::connect_timeout), refuses the credentials, does not
+    /// answer within the [response timeout](Self::response_timeout), or is older than Redis 6.2.
+    ///
+    /// # Cancel safety
+    ///
+    /// If this future is dropped, the attempt is abandoned: no backend exists, and its
+    /// connection is dropped.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::{backend::RedisBackend, Locker};
+    ///
+    /// let backend = RedisBackend::builder("redis://:secret@10.0.0.7:6379/0")?
+    ///     .key_prefix("billing:")
+    ///     .connect()
+    ///     .await?;
+    /// let locker = Locker::with_backend(backend);
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(self) -> Result<RedisBackend, LockError> {
         let backend = self.build()?;
         backend.ping().await?;
@@ -216,7 +316,7 @@ fn parse_target(
     if tls && !cfg!(feature = "redis-tls") {
         return Err("rediss:// needs TLS: enable dlock's `redis-tls` feature in Cargo.toml".into());
     }
-    // Several hosts (`a:1,b:2`) name the seed nodes of a cluster.
+    // Several hosts (`a:1,b:2`) name the nodes a cluster is reached through.
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
     let (userinfo, hosts) = match authority.rsplit_once('@') {
@@ -238,18 +338,18 @@ fn parse_target(
     }
     #[cfg(feature = "redis-cluster")]
     {
-        let seeds = hosts
+        let nodes = hosts
             .iter()
             .map(|host| open(&node_url(host)))
             .collect::<Result<Vec<_>, _>>()?;
         let client = redis::cluster::ClusterClient::builder(
-            seeds.iter().map(|c| c.get_connection_info().clone()),
+            nodes.iter().map(|c| c.get_connection_info().clone()),
         )
         .connection_timeout(connect_timeout)
         .response_timeout(response_timeout)
         .build()
         .map_err(|e| e.to_string())?;
-        Ok(Target::Cluster(client, seeds))
+        Ok(Target::Cluster(client, nodes))
     }
     #[cfg(not(feature = "redis-cluster"))]
     {
@@ -287,6 +387,19 @@ impl RedisBackend {
     ///
     /// [`LockError::InvalidUrl`] where `url` is not such a URL, or names a kind of Redis this
     /// build lacks the feature for. Nothing is connected yet.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock::{backend::RedisBackend, LockError};
+    ///
+    /// let builder = RedisBackend::builder("redis://:secret@10.0.0.7:6379/0")?
+    ///     .response_timeout(Duration::from_secs(1));
+    /// // A bad URL fails here, with its password masked:
+    /// let error = RedisBackend::builder("redis//:secret@10.0.0.7").unwrap_err();
+    /// assert!(matches!(error, LockError::InvalidUrl { .. }));
+    /// assert!(!error.to_string().contains("secret"));
+    /// # Ok::<(), LockError>(())
+    /// ```
     pub fn builder(url: &str) -> Result<RedisBuilder, LockError> {
         let invalid = |reason: String| LockError::invalid_url(url, reason);
         // Checked now, so a bad URL fails where it is given; parsed again with the timeouts
@@ -305,7 +418,18 @@ impl RedisBackend {
         })
     }
 
-    /// A backend on `url` with the default options, connected.
+    /// A backend on `url` with the default options, connected: the same as
+    /// [`Locker::connect`](crate::Locker::connect) with a Redis URL, as a backend to wrap or to
+    /// hand to [`Locker::with_backend`](crate::Locker::with_backend).
+    ///
+    /// # Errors
+    ///
+    /// As [`builder`](Self::builder) and [`RedisBuilder::connect`].
+    ///
+    /// # Cancel safety
+    ///
+    /// If this future is dropped, the attempt is abandoned: no backend exists, and its
+    /// connection is dropped.
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {

@@ -10,6 +10,17 @@ use crate::{LockError, Owner};
 /// times (the lock, its counter and its queue) and the scripts build two more names from it, so
 /// a call carries about five times the key; a longer key fails at once with
 /// [`LockError::InvalidKey`] rather than costing the client and the server that much per call.
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+/// use dlock::{backend::REDIS_MAX_KEY_BYTES, LockError, LockOptions, Locker};
+///
+/// let locker = Locker::connect("redis://127.0.0.1:6379").await?;
+/// let too_long = "k".repeat(REDIS_MAX_KEY_BYTES + 1);
+/// let refused = locker.lock(too_long, LockOptions::new()).await;
+/// assert!(matches!(refused, Err(LockError::InvalidKey { .. })));
+/// # Ok(()) }
+/// ```
 pub const MAX_KEY_BYTES: usize = 16 * 1024;
 
 /// The suffixes that name a lock's other keys after its own. The scripts name the waiter keys

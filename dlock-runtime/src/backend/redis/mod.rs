@@ -1,5 +1,21 @@
 //! The Redis store: single node, and Redis Cluster behind the `redis-cluster` feature.
 //!
+//! ```no_run
+//! # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+//! use dlock::{backend::RedisBackend, Locker};
+//!
+//! // From a URL alone:
+//! let locker = Locker::connect("redis://:secret@10.0.0.7:6379/0").await?;
+//! // Or with options the URL does not carry:
+//! let backend = RedisBackend::builder("redis://:secret@10.0.0.7:6379/0")?
+//!     .key_prefix("billing:")
+//!     .min_replicas(1)
+//!     .connect()
+//!     .await?;
+//! let locker = Locker::with_backend(backend);
+//! # Ok(()) }
+//! ```
+//!
 //! # Keys
 //!
 //! A lock on the rendered key `K`, with the key prefix `P` (default `dlock:`), lives in these
@@ -33,8 +49,7 @@
 //! every fence handed out before.
 //!
 //! Leases are another matter: a restart forgets every lease unless Redis keeps them —
-//! `appendonly yes` with `appendfsync always` restores each lock with its expiry (the
-//! configuration `tests/faults.rs` restarts under load). Without it, a newcomer can get a key
+//! `appendonly yes` with `appendfsync always` restores each lock with its expiry. Without it, a newcomer can get a key
 //! whose holder is still in its body until that holder's next renewal finds the lease gone
 //! (at most ttl/3): fences are what protect the data then.
 //!
@@ -141,23 +156,22 @@
 //!
 //! `redis://[[user]:password@]host[:port][/db][?min_replicas=n]`, as redis-rs reads it:
 //! `redis://:secret@host` authenticates with a password, `redis://user:secret@host` as an ACL
-//! user; `min_replicas` is dlock's (see *Fail-over*). `rediss://` is the
-//! same over TLS, and needs the `redis-tls` feature (`dlock = { features = ["redis-tls"] }`).
+//! user; `min_replicas` is dlock's (see *Fail-over*). `rediss://` is the same over TLS, and
+//! needs the `redis-tls` feature (`dlock-rs = { version = "0.1", features = ["redis-tls"] }`).
 //! TLS comes from rustls with the `ring` provider, which builds with a C compiler but no system
-//! libraries or cmake; it is not on by default because it is heavy for what most users need:
-//! a clean `-j1` debug build of `dlock-runtime` took 51 s without it and 87 s with it. The
-//! server's certificate is checked against the system's roots (`SSL_CERT_FILE` and
-//! `SSL_CERT_DIR` are honoured).
+//! libraries or cmake; it is not on by default because it makes a clean build of dlock much
+//! longer, for what most users do not need. The server's certificate is checked against the
+//! system's roots (`SSL_CERT_FILE` and `SSL_CERT_DIR` are honoured).
 //!
 //! # Redis Cluster
 //!
 //! With the `redis-cluster` feature, `redis+cluster://host:port,host:port` (or `rediss+cluster://`
-//! for TLS, or a `redis://` URL naming several hosts) connects to a cluster through those seed
-//! nodes; AUTH in the URL applies to every node. Every key of one lock shares a hash slot, so
+//! for TLS, or a `redis://` URL naming several hosts) connects to a cluster through the nodes
+//! it names; AUTH in the URL applies to every node. Every key of one lock shares a hash slot, so
 //! each script runs on the one node that owns the lock. The pub/sub connection subscribes on one
-//! seed node at a time (a classic `PUBLISH` reaches every node of a cluster), moving to the next
-//! seed when it drops. (Sharded pub/sub would spare the other nodes that broadcast, at the cost of
-//! one subscriber connection per node; it is not used.)
+//! of the named nodes at a time (a classic `PUBLISH` reaches every node of a cluster), moving to
+//! the next when it drops. (Sharded pub/sub would spare the other nodes that broadcast, at the
+//! cost of one subscriber connection per node; it is not used.)
 //!
 //! # Fail-over
 //!
@@ -167,10 +181,10 @@
 //! old primary handed out. Renewals are no different: a holder whose primary is cut off from its
 //! replicas goes on renewing there, and a replica promoted after the lease's ttl ran out on its
 //! copy lets a second caller in while the first still holds the lease by every confirmation it
-//! received (`tests/failover.rs` shows it: the two bodies overlapped for about half a second, the
-//! time the holder's side of the partition took to heal). By default, then, mutual exclusion
-//! holds as long as the store keeps its writes; fences still rise across the fail-over and are
-//! what protect the data — pass them to the protected store.
+//! received: the two bodies run side by side until the partition heals and the holder's
+//! renewals fail or are refused. By default, then, mutual exclusion holds as long as the store
+//! keeps its writes; fences still rise across the fail-over and are what protect the data — pass
+//! them to the protected store.
 //!
 //! [`min_replicas(n)`](RedisBuilder::min_replicas) (or `?min_replicas=n` in the URL)
 //! closes that gap: a grant counts only once `WAIT n` says `n` replicas acknowledged it, and a

@@ -25,8 +25,8 @@ pub(super) struct Subscriber {
 }
 
 struct Shared {
-    /// Servers to subscribe on, tried in turn (one for a single node; the seeds of a cluster,
-    /// where a PUBLISH reaches every node).
+    /// Servers to subscribe on, tried in turn (one for a single node; the nodes a cluster's URL
+    /// names, where a PUBLISH reaches every node).
     clients: Vec<redis::Client>,
     timeout: Duration,
     state: Mutex<State>,
@@ -308,7 +308,7 @@ fn drop_connection(shared: &Shared, generation: u64) {
     if let Some(reader) = state.reader.take() {
         reader.abort();
     }
-    // Move to the next server for the next attempt (cluster seeds).
+    // Move to the next server for the next attempt (the nodes a cluster's URL names).
     state.next_client = (state.next_client + 1) % shared.clients.len().max(1);
     for channel in state.channels.values() {
         for wake in channel.waiters.values() {

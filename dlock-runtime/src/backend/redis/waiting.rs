@@ -125,26 +125,26 @@ impl Drop for LeaveGuard {
 struct Backoff {
     next: Duration,
     cap: Duration,
-    seed: u64,
+    state: u64,
 }
 
 impl Backoff {
     fn new(first: Duration, cap: Duration, owner: Owner) -> Self {
-        // The owner token is random: a fine seed for jitter.
+        // The owner token is random: a fine start for the jitter's generator.
         Backoff {
             next: first.min(cap),
             cap,
-            seed: owner.as_u128() as u64 | 1,
+            state: owner.as_u128() as u64 | 1,
         }
     }
 
     fn next(&mut self) -> Duration {
         // xorshift64
-        self.seed ^= self.seed << 13;
-        self.seed ^= self.seed >> 7;
-        self.seed ^= self.seed << 17;
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
         // 75 % to 125 % of the nominal delay.
-        let permille = 750 + self.seed % 501;
+        let permille = 750 + self.state % 501;
         let delay = self.next.mul_f64(permille as f64 / 1000.0).min(self.cap);
         self.next = self.next.saturating_mul(2).min(self.cap);
         delay
