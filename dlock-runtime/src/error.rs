@@ -57,7 +57,11 @@ pub enum LockError {
     ShutDown,
     /// The store failed or could not be reached.
     #[error("lock backend error: {0}")]
-    Backend(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
+    Backend(
+        /// The store's own error (its client's, or a message), with any password masked.
+        #[source]
+        Box<dyn std::error::Error + Send + Sync + 'static>,
+    ),
 }
 
 impl LockError {
@@ -92,7 +96,12 @@ impl LockError {
         }
     }
 
-    /// Wraps a store's error.
+    /// Wraps a store's error, for a [`Backend`](crate::backend::Backend) of one's own.
+    ///
+    /// ```
+    /// let error = dlock::LockError::backend("etcd: lease keep-alive refused");
+    /// assert_eq!(error.to_string(), "lock backend error: etcd: lease keep-alive refused");
+    /// ```
     pub fn backend(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         LockError::Backend(error.into())
     }

@@ -14,11 +14,13 @@ use crate::{LockError, LockOptions, Owner};
 mod default;
 mod guard;
 mod holdings;
+mod pending;
 
 pub(crate) use default::default_locker;
 pub use default::{init_from_env, set_default_locker};
 pub use guard::Lease;
 use holdings::Holdings;
+use pending::{PendingAcquire, PendingRelease};
 
 /// A handle to one lock store. Cheap to clone (clones share the store's connections and one
 /// watchdog), `Send + Sync`, and usable from any tokio runtime: its background work runs on a
@@ -487,38 +489,6 @@ fn check_key_length(key: &str) -> Result<(), LockError> {
             Locker::MAX_KEY_BYTES
         ),
     })
-}
-
-/// Releases a key whose acquisition was abandoned mid-flight: the store may have granted it.
-struct PendingAcquire<'a> {
-    locker: &'a Locker,
-    key: &'a str,
-    owner: Owner,
-    armed: bool,
-}
-
-impl Drop for PendingAcquire<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.locker.queue_release(self.key.to_owned(), self.owner);
-        }
-    }
-}
-
-/// Finishes a release whose caller stopped waiting for it.
-struct PendingRelease<'a> {
-    locker: &'a Locker,
-    state: &'a LeaseState,
-    armed: bool,
-}
-
-impl Drop for PendingRelease<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.locker
-                .queue_release(self.state.key.clone(), self.state.owner);
-        }
-    }
 }
 
 impl std::fmt::Debug for Locker {
