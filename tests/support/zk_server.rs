@@ -106,9 +106,15 @@ impl ZkServer {
         );
         // `read` returns when the test process writes a line or ends; then the server goes,
         // and so does the data directory unless the line was `keep`.
+        //
+        // An ensemble member that finds no peer to vote with asks again after a pause that
+        // doubles up to a minute by default: one slow JVM start on a loaded machine once kept
+        // a fresh ensemble from electing anyone for 90 s. Asking every second at most keeps
+        // an election as short as the slowest member's start.
         let script = r#"
             java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto \
                 -Dzookeeper.admin.enableServer=false \
+                -Dzookeeper.fastleader.maxNotificationInterval=1000 \
                 -cp /etc/zookeeper/conf:/usr/share/java/zookeeper.jar \
                 "$2" "$1/zoo.cfg" >>"$1/server.log" 2>&1 &
             server=$!
@@ -144,9 +150,11 @@ impl ZkServer {
             if !alive || started.elapsed() > START_TIMEOUT {
                 let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
                 panic!(
-                    "ZooKeeper on port {} did not start within {:?}:\n{log}",
+                    "ZooKeeper on port {} did not start within {:?} (alive: {alive}; `srvr` \
+                     answers {:?}):\n{log}",
                     self.port,
-                    started.elapsed()
+                    started.elapsed(),
+                    self.srvr()
                 );
             }
             std::thread::sleep(Duration::from_millis(50));
