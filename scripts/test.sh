@@ -46,10 +46,10 @@ need /usr/share/java/zookeeper.jar zookeeper
 need faketime faketime       # the skewed-clock client of tests/faults/
 
 if cargo nextest --version >/dev/null 2>&1; then
-    # The UI tests compile a crate against dlock; with the default features that is a fraction
-    # of the build all features would make it repeat.
-    cargo nextest run --workspace --all-features --no-fail-fast -E 'not binary(ui)'
-    cargo nextest run -p dlock-rs --test ui
+    # The UI tests compile a crate against dlock with the in-memory store only: a fraction of
+    # the build all features would make them repeat.
+    cargo nextest run --workspace --all-features --no-fail-fast -E 'not package(dlock-ui-tests)'
+    cargo nextest run -p dlock-ui-tests
 else
     cargo test --workspace --all-features --no-fail-fast --lib --bins --tests
 fi

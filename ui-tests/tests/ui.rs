@@ -1,6 +1,6 @@
 //! Compile-time behaviour of `#[distributed_lock]`: what it accepts, and the error for each
 //! mistake the docs list. The `.stderr` files are pinned to the toolchain CI uses; re-bless with
-//! `TRYBUILD=overwrite cargo test --test ui` after a deliberate change.
+//! `TRYBUILD=overwrite cargo test -p dlock-ui-tests` after a deliberate change.
 
 #[test]
 fn ui() {
