@@ -2,6 +2,8 @@
 //! attempt instead of queueing one attempt each. In its own binary, as the environment is
 //! process-wide.
 
+mod support;
+
 use std::time::{Duration, Instant};
 
 use dlock::{distributed_lock, LockError};
@@ -11,23 +13,12 @@ async fn job(id: u32) -> Result<u32, LockError> {
     Ok(id)
 }
 
-/// A server that accepts connections and never answers: each connect attempt runs into its
-/// time-out.
-fn black_hole() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for stream in listener.incoming() {
-            held.push(stream);
-        }
-    });
-    port
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_first_callers_share_one_failed_connect() {
-    std::env::set_var("DLOCK_URL", format!("redis://127.0.0.1:{}", black_hole()));
+    std::env::set_var(
+        "DLOCK_URL",
+        format!("redis://127.0.0.1:{}", support::black_hole()),
+    );
 
     let started = Instant::now();
     assert!(matches!(job(0).await, Err(LockError::Backend(_))));

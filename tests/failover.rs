@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dlock::backend::{AcquireRequest, Backend, RedisBackend, Renewal};
+use dlock::backend::{AcquireRequest, Backend, Renewal};
 use dlock::{current_lease, distributed_lock, LockError, LockOptions, Locker, Owner};
 use support::fault_proxy::{Direction, FaultProxy};
 use support::redis_commands::{self, commands, commands_between};
@@ -234,13 +234,7 @@ struct Outcome {
 async fn fail_over_under_a_holder(min_replicas: usize) -> Outcome {
     let mut redis = ReplicatedRedis::start().await;
     let locker = |url: String| async move {
-        let backend = RedisBackend::builder(&url)
-            .unwrap()
-            .min_replicas(min_replicas)
-            .connect()
-            .await
-            .unwrap();
-        Locker::with_backend(backend)
+        Locker::with_backend(support::redis_acknowledged_by(&url, min_replicas).await)
     };
     let (holder_locker, next_locker) =
         (locker(redis.holder_url()).await, locker(redis.url()).await);
@@ -360,12 +354,7 @@ async fn command_counts(server: &RedisServer) -> BTreeMap<String, u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_replicas_adds_one_wait_to_an_acquire_and_to_a_renewal_and_nothing_else() {
     let redis = ReplicatedRedis::start().await;
-    let backend = RedisBackend::builder(&redis.url())
-        .unwrap()
-        .min_replicas(1)
-        .connect()
-        .await
-        .unwrap();
+    let backend = support::redis_acknowledged_by(&redis.url(), 1).await;
     let locker = Locker::with_backend(backend.clone());
     // The first pair teaches the server the scripts.
     lock_and_release(&locker, "warm-up", LockOptions::new()).await;
@@ -418,12 +407,7 @@ async fn min_replicas_adds_one_wait_to_an_acquire_and_to_a_renewal_and_nothing_e
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_no_replica_acknowledged_is_undone_or_asked_again_within_the_wait() {
     let redis = ReplicatedRedis::start().await;
-    let backend = RedisBackend::builder(&redis.url())
-        .unwrap()
-        .min_replicas(1)
-        .connect()
-        .await
-        .unwrap();
+    let backend = support::redis_acknowledged_by(&redis.url(), 1).await;
     let locker = Locker::with_backend(backend.clone());
     redis.link.stall(Direction::Both);
     let key = unique_key("unacknowledged");

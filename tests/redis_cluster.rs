@@ -176,12 +176,7 @@ async fn keys_with_an_empty_hash_tag_keep_to_one_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_replicas_on_primaries_without_replicas_refuses_every_grant_and_leaves_none() {
     let cluster = Cluster::start();
-    let backend = RedisBackend::builder(&cluster.cluster.url())
-        .unwrap()
-        .min_replicas(1)
-        .connect()
-        .await
-        .unwrap();
+    let backend = support::redis_acknowledged_by(&cluster.cluster.url(), 1).await;
     let locker = Locker::with_backend(backend);
     let mut raw = cluster.raw().await;
     for i in 0..6 {
@@ -210,12 +205,7 @@ async fn min_replicas_on_primaries_without_replicas_refuses_every_grant_and_leav
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_replicas_counts_the_replica_of_the_primary_that_granted() {
     let cluster = RedisCluster::start_with_replicas();
-    let backend = RedisBackend::builder(&cluster.url())
-        .unwrap()
-        .min_replicas(1)
-        .connect()
-        .await
-        .unwrap();
+    let backend = support::redis_acknowledged_by(&cluster.url(), 1).await;
     let locker = Locker::with_backend(backend.clone());
     let keys: Vec<String> = (0..12)
         .map(|i| unique_key(&format!("replicated-{i}")))
@@ -234,12 +224,7 @@ async fn min_replicas_counts_the_replica_of_the_primary_that_granted() {
         lease.release().await.unwrap();
     }
 
-    let greedy = RedisBackend::builder(&cluster.url())
-        .unwrap()
-        .min_replicas(2)
-        .connect()
-        .await
-        .unwrap();
+    let greedy = support::redis_acknowledged_by(&cluster.url(), 2).await;
     let error = Locker::with_backend(greedy)
         .lock(&*keys[0], LockOptions::new())
         .await

@@ -160,15 +160,7 @@ async fn tls_through_a_rediss_url() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unresponsive_server_is_an_error_not_a_hang() {
-    // Accepts connections and never says a word.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for stream in listener.incoming() {
-            held.push(stream);
-        }
-    });
+    let port = crate::support::black_hole();
     let url = format!("redis://127.0.0.1:{port}");
     let timeout = Duration::from_millis(500);
     let started = Instant::now();

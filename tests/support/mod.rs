@@ -66,6 +66,31 @@ pub fn drop_mysql_table(table: &str) {
     .join();
 }
 
+/// A port of 127.0.0.1 where a server accepts connections and never says a word: each
+/// connect or request to it runs into its time-out.
+pub fn black_hole() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            held.push(stream);
+        }
+    });
+    port
+}
+
+/// A Redis backend on `url` whose grants and renewals count only once `replicas` replicas have
+/// acknowledged them (`min_replicas`).
+pub async fn redis_acknowledged_by(url: &str, replicas: usize) -> dlock::backend::RedisBackend {
+    dlock::backend::RedisBackend::builder(url)
+        .unwrap()
+        .min_replicas(replicas)
+        .connect()
+        .await
+        .unwrap()
+}
+
 /// A port of 127.0.0.1 nobody listens on now.
 pub fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("cannot bind 127.0.0.1:0");
