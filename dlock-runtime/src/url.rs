@@ -1,12 +1,6 @@
 //! Locker URLs: the schemes dlock knows and the feature each needs, and the masking that keeps
 //! their secrets out of errors, `Debug` output and logs.
 
-#[cfg(any(feature = "redis", feature = "mysql", feature = "zookeeper"))]
-use std::time::Duration;
-
-#[cfg(any(feature = "redis", feature = "mysql", feature = "zookeeper"))]
-use crate::LockError;
-
 /// The schemes, as an error lists them.
 pub(crate) const KNOWN: &str =
     "memory://, redis://, rediss://, redis+cluster://, mysql:// or zk://";
@@ -49,73 +43,115 @@ impl Scheme {
     }
 }
 
-/// The value of the query parameter `name` of `url` (`…?name=value&…`), if it has one, as
-/// written.
 #[cfg(any(feature = "redis", feature = "mysql", feature = "zookeeper"))]
-pub(crate) fn query_param<'a>(url: &'a str, name: &str) -> Option<&'a str> {
-    let query = url.split_once('?')?.1;
-    let query = query.split('#').next().unwrap_or(query);
-    query
-        .split('&')
-        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
-}
+pub(crate) use settings::{duration_param, number_param, query_param};
 
-/// The query parameter `name` of `url` as a duration: whole numbers with units, `500ms`, `3s`,
-/// `2m`, `1h`, combinable (`1m30s`), as the attribute writes them.
+/// The settings a store's URL carries in its query (`…?name=value&…`), for the stores that have
+/// any.
 #[cfg(any(feature = "redis", feature = "mysql", feature = "zookeeper"))]
-pub(crate) fn duration_param(url: &str, name: &str) -> Result<Option<Duration>, LockError> {
-    let Some(text) = query_param(url, name) else {
-        return Ok(None);
-    };
-    parse_duration(text).map(Some).ok_or_else(|| {
-        LockError::invalid_url(
-            url,
-            format!("{name}=`{text}`: expected a duration such as 500ms, 3s or 1m30s"),
-        )
-    })
-}
+mod settings {
+    use std::time::Duration;
 
-/// The query parameter `name` of `url` as a number.
-#[cfg(any(feature = "redis", feature = "mysql", feature = "zookeeper"))]
-pub(crate) fn number_param<T: std::str::FromStr>(
-    url: &str,
-    name: &str,
-) -> Result<Option<T>, LockError> {
-    let Some(text) = query_param(url, name) else {
-        return Ok(None);
-    };
-    text.parse()
-        .map(Some)
-        .map_err(|_| LockError::invalid_url(url, format!("{name}=`{text}`: expected a number")))
-}
+    use crate::LockError;
 
-#[cfg(any(feature = "redis", feature = "mysql", feature = "zookeeper"))]
-fn parse_duration(text: &str) -> Option<Duration> {
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    if rest.is_empty() {
-        return None;
+    /// The value of the query parameter `name` of `url` (`…?name=value&…`), if it has one, as
+    /// written.
+    pub(crate) fn query_param<'a>(url: &'a str, name: &str) -> Option<&'a str> {
+        let query = url.split_once('?')?.1;
+        let query = query.split('#').next().unwrap_or(query);
+        query
+            .split('&')
+            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
     }
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let value: u64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = match &rest[..unit_len] {
-            "ms" => Duration::from_millis(1),
-            "s" => Duration::from_secs(1),
-            "m" => Duration::from_secs(60),
-            "h" => Duration::from_secs(3600),
-            _ => return None,
+
+    /// The query parameter `name` of `url` as a duration: whole numbers with units, `500ms`, `3s`,
+    /// `2m`, `1h`, combinable (`1m30s`), as the attribute writes them.
+    pub(crate) fn duration_param(url: &str, name: &str) -> Result<Option<Duration>, LockError> {
+        let Some(text) = query_param(url, name) else {
+            return Ok(None);
         };
-        total = total.checked_add(unit.checked_mul(u32::try_from(value).ok()?)?)?;
-        rest = &rest[unit_len..];
+        parse_duration(text).map(Some).ok_or_else(|| {
+            LockError::invalid_url(
+                url,
+                format!("{name}=`{text}`: expected a duration such as 500ms, 3s or 1m30s"),
+            )
+        })
     }
-    Some(total)
+
+    /// The query parameter `name` of `url` as a number.
+    pub(crate) fn number_param<T: std::str::FromStr>(
+        url: &str,
+        name: &str,
+    ) -> Result<Option<T>, LockError> {
+        let Some(text) = query_param(url, name) else {
+            return Ok(None);
+        };
+        text.parse()
+            .map(Some)
+            .map_err(|_| LockError::invalid_url(url, format!("{name}=`{text}`: expected a number")))
+    }
+
+    fn parse_duration(text: &str) -> Option<Duration> {
+        let mut total = Duration::ZERO;
+        let mut rest = text;
+        if rest.is_empty() {
+            return None;
+        }
+        while !rest.is_empty() {
+            let digits = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            let value: u64 = rest[..digits].parse().ok()?;
+            rest = &rest[digits..];
+            let unit_len = rest
+                .find(|c: char| c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            let unit = match &rest[..unit_len] {
+                "ms" => Duration::from_millis(1),
+                "s" => Duration::from_secs(1),
+                "m" => Duration::from_secs(60),
+                "h" => Duration::from_secs(3600),
+                _ => return None,
+            };
+            total = total.checked_add(unit.checked_mul(u32::try_from(value).ok()?)?)?;
+            rest = &rest[unit_len..];
+        }
+        Some(total)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use std::time::Duration;
+
+        use super::{duration_param, parse_duration, query_param};
+
+        #[test]
+        fn query_parameters_are_found_by_their_whole_name() {
+            let url = "redis://:pw@h:1/0?min_replicas=2&key_prefix=app:locks:#frag";
+            assert_eq!(query_param(url, "key_prefix"), Some("app:locks:"));
+            assert_eq!(query_param(url, "min_replicas"), Some("2"));
+            assert_eq!(query_param(url, "replicas"), None);
+            assert_eq!(query_param("redis://h", "key_prefix"), None);
+        }
+
+        #[test]
+        fn durations_in_a_query_read_as_the_attribute_writes_them() {
+            assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+            assert_eq!(parse_duration("1m30s"), Some(Duration::from_secs(90)));
+            assert_eq!(parse_duration("2h"), Some(Duration::from_secs(7200)));
+            for bad in ["", "3", "s", "3 s", "1.5s", "3sec", "-1s", "99999999999h"] {
+                assert_eq!(parse_duration(bad), None, "{bad:?}");
+            }
+            let error =
+                duration_param("redis://:secret@h/?connect_timeout=soon", "connect_timeout")
+                    .unwrap_err()
+                    .to_string();
+            assert!(
+                error.contains("connect_timeout=`soon`") && !error.contains("secret"),
+                "{error}"
+            );
+        }
+    }
 }
 
 /// `url` with its secrets replaced by `***`, for errors and logs.
@@ -186,40 +222,6 @@ fn secrets(url: &str) -> Vec<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::{mask_password, redact};
-
-    #[cfg(any(feature = "redis", feature = "mysql", feature = "zookeeper"))]
-    #[test]
-    fn query_parameters_are_found_by_their_whole_name() {
-        use super::query_param;
-
-        let url = "redis://:pw@h:1/0?min_replicas=2&key_prefix=app:locks:#frag";
-        assert_eq!(query_param(url, "key_prefix"), Some("app:locks:"));
-        assert_eq!(query_param(url, "min_replicas"), Some("2"));
-        assert_eq!(query_param(url, "replicas"), None);
-        assert_eq!(query_param("redis://h", "key_prefix"), None);
-    }
-
-    #[cfg(any(feature = "redis", feature = "mysql", feature = "zookeeper"))]
-    #[test]
-    fn durations_in_a_query_read_as_the_attribute_writes_them() {
-        use std::time::Duration;
-
-        use super::{duration_param, parse_duration};
-
-        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1m30s"), Some(Duration::from_secs(90)));
-        assert_eq!(parse_duration("2h"), Some(Duration::from_secs(7200)));
-        for bad in ["", "3", "s", "3 s", "1.5s", "3sec", "-1s", "99999999999h"] {
-            assert_eq!(parse_duration(bad), None, "{bad:?}");
-        }
-        let error = duration_param("redis://:secret@h/?connect_timeout=soon", "connect_timeout")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            error.contains("connect_timeout=`soon`") && !error.contains("secret"),
-            "{error}"
-        );
-    }
 
     #[test]
     fn masks_only_the_password() {

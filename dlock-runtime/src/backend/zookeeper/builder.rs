@@ -1,6 +1,6 @@
-//! The options of a [`ZookeeperBackend`]: the URL (hosts and chroot), the root, the session
-//! timeout and the ensemble's tick; and the connection that opens the session and makes the
-//! root.
+//! The options of a [`ZookeeperBackend`]: the URL (hosts, chroot and settings), the root, the
+//! session timeout, the connect time-out and the ensemble's tick; and the connection that opens
+//! the session and makes the root.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -11,28 +11,51 @@ use super::session::open;
 use super::{
     Shared, ZookeeperBackend, DEFAULT_ROOT, DEFAULT_SESSION_TIMEOUT, DEFAULT_TICK_TIME, PERSISTENT,
 };
-use crate::url::Scheme;
+use crate::url::{duration_param, query_param, Scheme};
 use crate::LockError;
 
+/// How long [`ZookeeperBuilder::connect`] waits for a session, unless told otherwise.
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Options of a [`ZookeeperBackend`], from [`ZookeeperBackend::builder`].
+///
+/// The URL may carry the same settings as query parameters, which a method called later
+/// overrides: `root`, `session_timeout`, `connect_timeout` and `tick_time`.
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+/// use std::time::Duration;
+/// use dlock::backend::ZookeeperBackend;
+///
+/// let backend = ZookeeperBackend::builder("zk://zk1:2181,zk2:2181/apps/orders?root=/locks")?
+///     .session_timeout(Duration::from_secs(20))
+///     .connect_timeout(Duration::from_secs(2))
+///     .connect()
+///     .await?;
+/// assert_eq!(backend.root(), "/apps/orders/locks");
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `connect`"]
 pub struct ZookeeperBuilder {
     hosts: String,
     chroot: String,
     root: String,
     session_timeout: Duration,
+    connect_timeout: Duration,
     tick_time: Duration,
 }
 
 impl ZookeeperBuilder {
-    /// Options for a connection to `url`: `zk://host:port[,host:port…][/chroot]`, the chroot
-    /// checked here and created on connection.
+    /// Options for a connection to `url`: `zk://host:port[,host:port…][/chroot][?settings]`,
+    /// the chroot and the settings checked here, the chroot created on connection.
     pub(super) fn from_url(url: &str) -> Result<ZookeeperBuilder, LockError> {
         let invalid = |reason: &str| LockError::invalid_url(url, reason);
         let rest = match url.split_once("://") {
             Some((_, rest)) if Scheme::of(url) == Some(Scheme::Zookeeper) => rest,
             _ => return Err(invalid("expected zk://host:port[,host:port][/chroot]")),
         };
+        let rest = rest.split(['?', '#']).next().unwrap_or(rest);
         let (hosts, chroot) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         if hosts.is_empty() || hosts.split(',').any(str::is_empty) {
             return Err(invalid(
@@ -43,17 +66,28 @@ impl ZookeeperBuilder {
         if !chroot.is_empty() {
             check_path(chroot).map_err(|reason| invalid(&format!("chroot {reason}")))?;
         }
+        let root = query_param(url, "root").unwrap_or(DEFAULT_ROOT);
+        check_path(root).map_err(|reason| invalid(&format!("root {reason}")))?;
         Ok(ZookeeperBuilder {
             hosts: hosts.to_owned(),
             chroot: chroot.to_owned(),
-            root: DEFAULT_ROOT.to_owned(),
-            session_timeout: DEFAULT_SESSION_TIMEOUT,
-            tick_time: DEFAULT_TICK_TIME,
+            root: root.to_owned(),
+            session_timeout: duration_param(url, "session_timeout")?
+                .unwrap_or(DEFAULT_SESSION_TIMEOUT),
+            connect_timeout: duration_param(url, "connect_timeout")?
+                .unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+            tick_time: duration_param(url, "tick_time")?.unwrap_or(DEFAULT_TICK_TIME),
         })
     }
 
     /// The path under which the per-key parents live (default `/dlock`), below the URL's chroot.
     /// Created if missing.
+    ///
+    /// ```
+    /// # use dlock::backend::ZookeeperBackend;
+    /// let builder = ZookeeperBackend::builder("zk://zk1:2181/apps/orders")?.root("/locks");
+    /// # Ok::<(), dlock::LockError>(())
+    /// ```
     pub fn root(mut self, root: impl Into<String>) -> Self {
         self.root = root.into();
         self
@@ -63,8 +97,33 @@ impl ZookeeperBuilder {
     /// within its `minSessionTimeout` and `maxSessionTimeout` (by default 2 and 20 tick times);
     /// a lease's ttl may be at most two thirds of the granted value less a tick (see
     /// [`ZookeeperBackend::ttl_limit`]).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use dlock::backend::ZookeeperBackend;
+    /// // Leases of up to 2/3 × 45 s − 2 s = 28 s, if the ensemble grants 45 s.
+    /// let builder = ZookeeperBackend::builder("zk://zk1:2181")?
+    ///     .session_timeout(Duration::from_secs(45));
+    /// # Ok::<(), dlock::LockError>(())
+    /// ```
     pub fn session_timeout(mut self, timeout: Duration) -> Self {
         self.session_timeout = timeout;
+        self
+    }
+
+    /// How long [`connect`](Self::connect) waits for the ensemble to open a session (default
+    /// 5 s) before it fails, so a service's boot fails fast when ZooKeeper is out of reach.
+    /// Every host of the URL is tried within it.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use dlock::backend::ZookeeperBackend;
+    /// let builder = ZookeeperBackend::builder("zk://zk1:2181,zk2:2181")?
+    ///     .connect_timeout(Duration::from_secs(1));
+    /// # Ok::<(), dlock::LockError>(())
+    /// ```
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
         self
     }
 
@@ -72,18 +131,58 @@ impl ZookeeperBuilder {
     /// ensemble for it, and it enters the longest safe ttl
     /// ([`ZookeeperBackend::ttl_limit`]). A value larger than the real tick only shortens the
     /// leases; a smaller one makes them unsafe.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use dlock::backend::ZookeeperBackend;
+    /// // An ensemble configured with tickTime=500.
+    /// let builder = ZookeeperBackend::builder("zk://zk1:2181")?
+    ///     .tick_time(Duration::from_millis(500));
+    /// # Ok::<(), dlock::LockError>(())
+    /// ```
     pub fn tick_time(mut self, tick: Duration) -> Self {
         self.tick_time = tick;
         self
     }
 
     /// Opens the session (so an unreachable ensemble is reported here) and creates the root.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] for a root that is not a ZooKeeper path;
+    /// [`LockError::Backend`] when no host opens a session within the
+    /// [connect timeout](Self::connect_timeout), or the root cannot be created.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future takes no lock and holds no key: it may be called again.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::{backend::ZookeeperBackend, Locker};
+    ///
+    /// let backend = ZookeeperBackend::builder("zk://zk1:2181,zk2:2181,zk3:2181")?
+    ///     .connect()
+    ///     .await?;
+    /// let locker = Locker::with_backend(backend);
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(self) -> Result<ZookeeperBackend, LockError> {
         check_path(&self.root).map_err(|reason| LockError::InvalidOptions {
             reason: format!("root {reason}"),
         })?;
         let base = format!("{}{}", self.chroot, self.root);
-        let session = open(&self.hosts, self.session_timeout).await?;
+        let session = tokio::time::timeout(
+            self.connect_timeout,
+            open(&self.hosts, self.session_timeout),
+        )
+        .await
+        .map_err(|_| {
+            LockError::backend(format!(
+                "no ZooKeeper server of {} opened a session within {:?} (the connect timeout)",
+                self.hosts, self.connect_timeout
+            ))
+        })??;
         session
             .client
             .mkdir(&base, &PERSISTENT)
@@ -108,6 +207,8 @@ impl ZookeeperBuilder {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::ZookeeperBackend;
 
     #[test]
@@ -122,8 +223,26 @@ mod tests {
             "zk://a:1/x/",
             "zk://a:1/x//y",
             "redis://a:1",
+            "zk://a:1?connect_timeout=soon",
+            "zk://a:1?root=locks",
         ] {
             assert!(ZookeeperBackend::builder(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_url_carries_the_settings_and_a_method_called_later_wins() {
+        let builder = ZookeeperBackend::builder(
+            "zk://a:1,b:2/apps?root=/locks&session_timeout=20s&connect_timeout=1500ms&tick_time=500ms",
+        )
+        .unwrap();
+        assert_eq!(builder.hosts, "a:1,b:2");
+        assert_eq!(builder.chroot, "/apps");
+        assert_eq!(builder.root, "/locks");
+        assert_eq!(builder.session_timeout, Duration::from_secs(20));
+        assert_eq!(builder.connect_timeout, Duration::from_millis(1500));
+        assert_eq!(builder.tick_time, Duration::from_millis(500));
+        let builder = builder.session_timeout(Duration::from_secs(9));
+        assert_eq!(builder.session_timeout, Duration::from_secs(9));
     }
 }

@@ -221,23 +221,66 @@ struct Held {
 }
 
 impl ZookeeperBackend {
-    /// Connects with the default options (root `/dlock`, session timeout 30 s).
+    /// Connects with the default options (root `/dlock`, session timeout 30 s), or those the
+    /// URL's query sets (see [`ZookeeperBuilder`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`ZookeeperBuilder::connect`], and [`LockError::InvalidUrl`] for a malformed URL.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future takes no lock and holds no key: it may be called again.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::backend::ZookeeperBackend;
+    ///
+    /// let backend = ZookeeperBackend::connect("zk://zk1:2181,zk2:2181,zk3:2181/apps/orders").await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(url: &str) -> Result<ZookeeperBackend, LockError> {
         Self::builder(url)?.connect().await
     }
 
-    /// Options for a connection to `url`: `zk://host:port[,host:port…][/chroot]`. The chroot is
-    /// created if missing.
+    /// Options for a connection to `url`: `zk://host:port[,host:port…][/chroot][?settings]`.
+    /// The chroot is created if missing; the settings are [`ZookeeperBuilder`]'s.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidUrl`] for a URL that is not `zk://`, names no host, has a chroot or
+    /// `root` that is not a ZooKeeper path, or a setting that does not parse.
+    ///
+    /// ```
+    /// # use dlock::backend::ZookeeperBackend;
+    /// let builder = ZookeeperBackend::builder("zk://zk1:2181/apps/orders?session_timeout=20s")?;
+    /// assert!(ZookeeperBackend::builder("redis://zk1:2181").is_err());
+    /// # Ok::<(), dlock::LockError>(())
+    /// ```
     pub fn builder(url: &str) -> Result<ZookeeperBuilder, LockError> {
         ZookeeperBuilder::from_url(url)
     }
 
     /// The absolute path (chroot included) the per-key parents live under.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// # let backend = dlock::backend::ZookeeperBackend::connect("zk://zk1:2181/apps").await?;
+    /// assert_eq!(backend.root(), "/apps/dlock");
+    /// # Ok(()) }
+    /// ```
     pub fn root(&self) -> &str {
         &self.shared.base
     }
 
     /// The session timeout the ensemble granted the current session.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// # let backend = dlock::backend::ZookeeperBackend::connect("zk://zk1:2181/apps").await?;
+    /// println!("session timeout: {:?}", backend.session_timeout());
+    /// # Ok(()) }
+    /// ```
     pub fn session_timeout(&self) -> Duration {
         self.shared.current().timeout
     }
@@ -245,6 +288,14 @@ impl ZookeeperBackend {
     /// The longest ttl a lease may have on the current session: two thirds of its timeout less
     /// one tick ([`ZookeeperBuilder::tick_time`]). A [`Locker`](crate::Locker) shortens a longer
     /// ttl to this.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// # let backend = dlock::backend::ZookeeperBackend::connect("zk://zk1:2181/apps").await?;
+    /// // 30 s asked and granted, a tick of 2 s: leases of up to 18 s.
+    /// assert!(backend.ttl_limit() <= std::time::Duration::from_secs(18));
+    /// # Ok(()) }
+    /// ```
     pub fn ttl_limit(&self) -> Duration {
         safe_ttl(self.shared.current().timeout, self.shared.tick)
     }
@@ -258,6 +309,22 @@ impl ZookeeperBackend {
 
     /// The lock nodes of `key` in queue order, the holder first, as `{owner}-{sequence}`. Empty
     /// when nobody holds or waits for the key.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidKey`] for a key too long for a ZooKeeper path;
+    /// [`LockError::Backend`] when the ensemble cannot be read.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// # let backend = dlock::backend::ZookeeperBackend::connect("zk://zk1:2181/apps").await?;
+    /// let queue = backend.queue("nightly-report").await?;
+    /// match queue.first() {
+    ///     Some(holder) => println!("held by {holder}, {} waiting", queue.len() - 1),
+    ///     None => println!("free"),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn queue(&self, key: &str) -> Result<Vec<String>, LockError> {
         let parent = self.shared.parent(key)?;
         let session = self.session().await?;
@@ -269,6 +336,21 @@ impl ZookeeperBackend {
     /// Deletes the node of `key`'s holder, whoever it is, as an operator's `delete` in `zkCli`
     /// would: the holder sees the loss at its next renewal, and the next waiter gets the key.
     /// Returns whether the key was held.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidKey`] for a key too long for a ZooKeeper path;
+    /// [`LockError::Backend`] when the ensemble cannot be reached.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// # let backend = dlock::backend::ZookeeperBackend::connect("zk://zk1:2181/apps").await?;
+    /// // A holder that hangs without losing its session keeps the key: an operator steps in.
+    /// if backend.force_release("nightly-report").await? {
+    ///     println!("released; the holder learns of it at its next renewal");
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
         let parent = self.shared.parent(key)?;
         let session = self.session().await?;
