@@ -274,7 +274,7 @@ impl MysqlBackend {
         let shared = self.shared.clone();
         let (key, owner) = (key.as_bytes().to_vec(), owner.to_owned());
         let (answer, answered) = tokio::sync::oneshot::channel();
-        background::spawn(async move {
+        background::spawn_cleanup(async move {
             let outcome = acquire_row(&shared, &key, &owner, ttl_us).await;
             if answer.send(outcome).is_err() {
                 // Whatever the outcome, even an error that leaves it unknown whether the row was

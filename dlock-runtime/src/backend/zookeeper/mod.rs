@@ -442,7 +442,7 @@ impl Backend for ZookeeperBackend {
             )),
         };
         // A node left behind would block the key for as long as the session lives.
-        background::spawn(delete_until_confirmed(
+        background::spawn_cleanup(delete_until_confirmed(
             session.client,
             held.path,
             held.parent,

@@ -163,12 +163,12 @@ impl Drop for LockNode {
         match &self.stage {
             Stage::Queued(queued) => {
                 let path = format!("{parent}/{}", queued.name);
-                background::spawn(delete_until_confirmed(client, path, parent));
+                background::spawn_cleanup(delete_until_confirmed(client, path, parent));
             }
             Stage::CreateUnanswered => {
                 // The create's answer was never seen: the node is found by its owner prefix.
                 let own_prefix = self.own_prefix.clone();
-                background::spawn(delete_unanswered_create(client, parent, own_prefix));
+                background::spawn_cleanup(delete_unanswered_create(client, parent, own_prefix));
             }
             Stage::NotCreated | Stage::Granted | Stage::Gone => {}
         }
