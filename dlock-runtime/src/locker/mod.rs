@@ -412,8 +412,13 @@ impl Locker {
                 () = self.inner.holdings.closed() => Err(LockError::ShutDown),
             };
             // A store error leaves it unknown whether the key was granted (a lost reply): the
-            // guard then releases it, which an owner check makes harmless if it was not.
-            pending.armed = acquired.is_err();
+            // guard then releases it, which an owner check makes harmless if it was not. A
+            // request the store refused to send (a key or option it cannot take) left nothing.
+            pending.armed = match &acquired {
+                Ok(_) => false,
+                Err(LockError::InvalidKey { .. } | LockError::InvalidOptions { .. }) => false,
+                Err(_) => true,
+            };
             acquired
         };
         let acquired = match acquired? {
