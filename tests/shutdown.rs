@@ -105,7 +105,9 @@ async fn a_shut_down_locker_takes_no_new_leases_on_any_clone_and_shuts_down_twic
 async fn shut_down_during_an_acquisition(url: &str) {
     let (proxy, slow_url) = FaultProxy::in_front_of(url);
     let locker = Locker::connect(&slow_url).await.unwrap();
-    proxy.set_latency(Direction::Both, Duration::from_millis(300));
+    // Only the answers are slow: the grant lands on the store at once, its reply after shutdown
+    // began.
+    proxy.set_latency(Direction::ToClient, Duration::from_millis(300));
     let key = unique_key("inflight");
     let acquiring = tokio::spawn({
         let (locker, key) = (locker.clone(), key.clone());
@@ -327,4 +329,77 @@ async fn a_locker_on_the_services_own_pool_excludes_and_leaves_the_pool_open_at_
         .await
         .unwrap();
     assert_eq!(one, 1, "shutdown closed the service's pool");
+}
+
+/// Polls `future` for a moment (it starts its work), then hands it back unfinished, to be kept
+/// and never polled again, as a `select!` that took another branch keeps its other futures.
+async fn started_then_parked<F: std::future::Future + Unpin>(mut future: F) -> F {
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut future)
+            .await
+            .is_err(),
+        "finished before it was parked"
+    );
+    future
+}
+
+/// Futures kept but not polled while shutdown runs (a `select!` on a termination signal keeps
+/// the others): an acquisition waiting for a busy key, a release, and a body under a lease.
+/// Shutdown returns within moments, and the released keys are free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn futures_parked_during_shutdown_do_not_hold_it_up() {
+    let redis = RedisServer::start();
+    // Slow answers, so that a release is still on its way when it is parked.
+    let (proxy, slow_url) = FaultProxy::in_front_of(&redis.url());
+    let locker = Locker::connect(&slow_url).await.unwrap();
+    let other = Locker::connect(&redis.url()).await.unwrap();
+    let (busy, released, body_key) = (
+        unique_key("parked-busy"),
+        unique_key("parked-release"),
+        unique_key("parked-body"),
+    );
+    let _held_elsewhere = other.lock(&*busy, LockOptions::new()).await.unwrap();
+    let acquiring = started_then_parked(Box::pin(
+        locker.lock(&*busy, LockOptions::new().wait(Duration::from_secs(60))),
+    ))
+    .await;
+    let started = Notify::new();
+    let body = started_then_parked(Box::pin(long_job(&locker, &body_key, &started))).await;
+    tokio::time::timeout(Duration::from_secs(1), started.notified())
+        .await
+        .expect("the body did not start before it was parked");
+    let lease = locker.lock(&*released, LockOptions::new()).await.unwrap();
+    proxy.set_latency(Direction::ToClient, Duration::from_millis(300));
+    let releasing = started_then_parked(Box::pin(lease.release())).await;
+
+    let shutdown = tokio::time::timeout(Duration::from_secs(15), locker.shutdown()).await;
+    assert!(
+        matches!(shutdown, Ok(Ok(()))),
+        "shutdown with parked futures: {shutdown:?}"
+    );
+    assert!(free_on_the_store(&redis.url(), &released).await);
+    assert!(free_on_the_store(&redis.url(), &body_key).await);
+    drop((acquiring, releasing, body));
+}
+
+#[distributed_lock(key = "<key>", ttl = "30s", locker = locker, on_lost = "continue")]
+async fn shuts_down_its_own_locker(locker: &Locker, key: &str) -> Result<Duration, LockError> {
+    let began = Instant::now();
+    locker.shutdown().await?;
+    Ok(began.elapsed())
+}
+
+/// A body that shuts down its own locker (under `on_lost = "continue"`, so it runs on) is not
+/// waited for: it cannot rest while it waits for shutdown itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_shuts_down_its_own_locker_is_not_waited_for() {
+    let redis = RedisServer::start();
+    let locker = Locker::connect(&redis.url()).await.unwrap();
+    let key = unique_key("own-shutdown");
+    let took = shuts_down_its_own_locker(&locker, &key).await.unwrap();
+    assert!(
+        took < Duration::from_secs(3),
+        "shutdown from inside the body took {took:?}"
+    );
+    assert!(free_on_the_store(&redis.url(), &key).await);
 }
