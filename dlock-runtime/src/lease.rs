@@ -3,7 +3,7 @@
 //! that hands it out.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,10 +28,11 @@ pub(crate) struct LeaseState {
     lost: AtomicBool,
     released: AtomicBool,
     lost_wake: Notify,
-    released_wake: Notify,
-    /// A body of the attribute runs under the lease: the body's own exit releases it, and a
-    /// shutdown waits for that instead of releasing the key under a body still at work.
-    runs_body: AtomicBool,
+    /// How many polls of bodies under the lease are in progress (under `on_lost = "continue"`,
+    /// for the body's whole run): a lost lease is at rest when none is, and then no body under
+    /// it ever works again. Shutdown releases a key only then.
+    at_work: AtomicUsize,
+    rested: Notify,
     /// Which of the bodies re-entering this lease may run now (`reentry`).
     pub(crate) turns: Turns,
 }
@@ -45,6 +46,19 @@ pub(crate) enum LossCause {
     Unconfirmed,
     /// Its locker was shut down while the lease was held.
     ShutDown,
+}
+
+/// A body at work under a lease: a poll in progress, or a body that runs on after a loss.
+pub(crate) struct AtWork<'a>(&'a LeaseState);
+
+impl Drop for AtWork<'_> {
+    fn drop(&mut self) {
+        let lease = self.0;
+        // Only a lost lease has anyone waiting for it to rest.
+        if lease.at_work.fetch_sub(1, Ordering::SeqCst) == 1 && lease.is_lost() {
+            lease.rested.notify_waiters();
+        }
+    }
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
@@ -69,8 +83,8 @@ impl LeaseState {
             lost: AtomicBool::new(false),
             released: AtomicBool::new(false),
             lost_wake: Notify::new(),
-            released_wake: Notify::new(),
-            runs_body: AtomicBool::new(false),
+            at_work: AtomicUsize::new(0),
+            rested: Notify::new(),
             turns: Turns::new(),
         }
     }
@@ -84,7 +98,8 @@ impl LeaseState {
     }
 
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
+        // Sequentially consistent with `at_work`: see `start_work`.
+        self.lost.load(Ordering::SeqCst)
     }
 
     pub(crate) fn is_released(&self) -> bool {
@@ -127,7 +142,7 @@ impl LeaseState {
 
     /// Marks the lease lost and wakes whoever waits on [`wait_lost`](Self::wait_lost).
     pub(crate) fn mark_lost(&self, cause: LossCause) {
-        if self.is_released() || self.lost.swap(true, Ordering::AcqRel) {
+        if self.is_released() || self.lost.swap(true, Ordering::SeqCst) {
             return;
         }
         tracing::warn!(key = %self.key, fence = self.fence, ?cause, "distributed_lock: lease lost");
@@ -135,27 +150,25 @@ impl LeaseState {
     }
 
     pub(crate) fn mark_released(&self) -> bool {
-        let first = !self.released.swap(true, Ordering::AcqRel);
-        if first {
-            self.released_wake.notify_waiters();
-        }
-        first
+        !self.released.swap(true, Ordering::AcqRel)
     }
 
-    /// Records that a body of the attribute runs under this lease from now on.
-    pub(crate) fn attach_body(&self) {
-        self.runs_body.store(true, Ordering::Release);
+    /// Counts a body at work under the lease until the guard drops: call it before checking
+    /// [`may_run`](Self::may_run), and poll the body only if that says yes. Counted first and
+    /// checked after, both sequentially consistent, as [`mark_lost`](Self::mark_lost) sets
+    /// `lost` and then [`wait_at_rest`](Self::wait_at_rest) reads the count: either the body
+    /// sees the loss and does not work, or the waiter sees the body at work and waits for it.
+    pub(crate) fn start_work(&self) -> AtWork<'_> {
+        self.at_work.fetch_add(1, Ordering::SeqCst);
+        AtWork(self)
     }
 
-    /// Whether a body of the attribute runs under this lease.
-    pub(crate) fn runs_body(&self) -> bool {
-        self.runs_body.load(Ordering::Acquire)
-    }
-
-    /// Resolves when the lease is released, or at `deadline`, whichever comes first.
-    pub(crate) async fn wait_released_until(&self, deadline: Instant) {
-        let released = notified::until(&self.released_wake, || self.is_released());
-        let _ = tokio::time::timeout_at(deadline.into(), released).await;
+    /// Resolves once no body works under the lease, or at `deadline`, whichever comes first.
+    /// Once the lease is lost, a body at rest never works again (`may_run` refuses), so its key
+    /// can go to the next holder.
+    pub(crate) async fn wait_at_rest(&self, deadline: Instant) {
+        let at_rest = notified::until(&self.rested, || self.at_work.load(Ordering::SeqCst) == 0);
+        let _ = tokio::time::timeout_at(deadline.into(), at_rest).await;
     }
 
     /// Resolves when the lease is lost: marked lost by the watchdog, or run past its validity with

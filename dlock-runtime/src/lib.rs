@@ -31,6 +31,8 @@
 
 pub mod backend;
 mod background;
+#[cfg(any(feature = "redis", feature = "mysql", feature = "zookeeper"))]
+mod cleanups;
 mod clock;
 mod error;
 mod key;

@@ -164,8 +164,6 @@ where
     // From here `lease` releases on every exit: its `Drop` queues the release when the body
     // panics or this future is dropped, and the release below awaits it on a normal return.
     let body = reentry::scope(lease.state.clone(), outer, body);
-    // A shutdown now leaves the release to this body's exit, below or in the lease's `Drop`.
-    lease.state.attach_body();
     let Some(output) = run_body(spec.on_lost, &lease.state, body).await else {
         // Returns at once; dropping the lease queues its release.
         return on_failure(
@@ -189,13 +187,19 @@ where
 /// caller whose runtime was stalled after the lease ran out. With `Cancel` the same check comes
 /// before every later poll, so a body whose lease ran out while its runtime was busy elsewhere
 /// is dropped instead of resumed, even before any timer reports the loss.
+///
+/// The body counts as at work under the lease during each poll (under `Continue`, for its whole
+/// run), so that a shutdown gives its key to the next holder only once it rests.
 async fn run_body<F: Future>(on_lost: OnLost, lease: &LeaseState, body: F) -> Option<F::Output> {
-    if !lease.may_run() {
-        return None;
-    }
     match on_lost {
         OnLost::Cancel => until_lost(body, lease).await,
-        OnLost::Continue => Some(body.await),
+        OnLost::Continue => {
+            let _at_work = lease.start_work();
+            if !lease.may_run() {
+                return None;
+            }
+            Some(body.await)
+        }
     }
 }
 
@@ -206,12 +210,14 @@ async fn until_lost<F: Future>(body: F, lease: &LeaseState) -> Option<F::Output>
     let mut body = std::pin::pin!(body);
     let mut watcher = None;
     std::future::poll_fn(|cx| {
+        let at_work = lease.start_work();
         if !lease.may_run() {
             return Poll::Ready(None);
         }
         if let Poll::Ready(output) = body.as_mut().poll(cx) {
             return Poll::Ready(Some(output));
         }
+        drop(at_work);
         let watcher = watcher.get_or_insert_with(|| Box::pin(lease.wait_lost()));
         watcher.as_mut().poll(cx).map(|()| None)
     })

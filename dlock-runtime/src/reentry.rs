@@ -97,6 +97,20 @@ pub(crate) fn enter(locker_id: usize, key: &str) -> Entry {
     .unwrap_or(Entry::Acquire { outer: None })
 }
 
+/// The ids of the leases the bodies this task is inside of run under, innermost first.
+pub(crate) fn leases_of_this_task() -> Vec<u64> {
+    HELD.try_with(|top| {
+        let mut ids = Vec::new();
+        let mut frame = Some(top);
+        while let Some(current) = frame {
+            ids.push(current.lease.id);
+            frame = current.outer.as_ref();
+        }
+        ids
+    })
+    .unwrap_or_default()
+}
+
 /// Runs the body of the call that acquired `lease` with the lease on top of the held stack.
 pub(crate) fn scope<F: Future>(
     lease: Arc<LeaseState>,

@@ -43,8 +43,10 @@ impl Scheme {
     }
 }
 
+#[cfg(any(feature = "redis", feature = "mysql"))]
+pub(crate) use settings::number_param;
 #[cfg(any(feature = "redis", feature = "mysql", feature = "zookeeper"))]
-pub(crate) use settings::{duration_param, number_param, query_param};
+pub(crate) use settings::{duration_param, query_param};
 
 /// The settings a store's URL carries in its query (`…?name=value&…`), for the stores that have
 /// any.
@@ -78,7 +80,8 @@ mod settings {
         })
     }
 
-    /// The query parameter `name` of `url` as a number.
+    /// The query parameter `name` of `url` as a number (no ZooKeeper setting is one).
+    #[cfg(any(feature = "redis", feature = "mysql"))]
     pub(crate) fn number_param<T: std::str::FromStr>(
         url: &str,
         name: &str,

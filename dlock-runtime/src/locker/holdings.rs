@@ -60,11 +60,16 @@ impl Holdings {
         self.closed.load(Ordering::SeqCst)
     }
 
-    /// Closes for new leases, stops the acquisitions in flight, and takes every lease still held.
-    pub(super) fn close(&self) -> Vec<Arc<LeaseState>> {
+    /// Closes for new leases, stops the acquisitions in flight, and takes every lease still held,
+    /// each with its release counted already: a second shutdown running alongside then waits for
+    /// these releases too, instead of closing the store under them.
+    pub(super) fn close(self: &Arc<Self>) -> Vec<(Arc<LeaseState>, QueuedRelease)> {
         self.closed.store(true, Ordering::SeqCst);
         self.closing.notify_waiters();
-        self.held().drain().map(|(_, state)| state).collect()
+        let mut held = self.held();
+        held.drain()
+            .map(|(_, state)| (state, self.queued_release()))
+            .collect()
     }
 
     /// Counts an acquisition until the returned guard drops; refused once the locker is shut

@@ -5,8 +5,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::backend::{AcquireRequest, Backend, DynBackend};
+use tokio::sync::oneshot;
+
 use crate::background;
 use crate::lease::{LeaseState, LossCause};
+use crate::reentry;
 use crate::url::{self, Scheme};
 use crate::watchdog::Watchdog;
 use crate::{LockError, LockOptions, Owner};
@@ -19,8 +22,8 @@ mod pending;
 pub(crate) use default::default_locker;
 pub use default::{init_from_env, set_default_locker};
 pub use guard::Lease;
-use holdings::Holdings;
-use pending::{PendingAcquire, PendingRelease};
+use holdings::{Holdings, QueuedRelease};
+use pending::PendingAcquire;
 
 /// A handle to one lock store. Cheap to clone (clones share the store's connections and one
 /// watchdog), `Send + Sync`, and usable from any tokio runtime: its background work runs on a
@@ -343,19 +346,21 @@ impl Locker {
         if !held.is_empty() {
             tracing::info!(leases = held.len(), locker = %self.inner.description, "distributed_lock: shutting down; releasing held leases");
         }
+        // A body that called shutdown itself cannot rest while it waits for shutdown.
+        let callers_own = reentry::leases_of_this_task();
         let first_error: Arc<Mutex<Option<LockError>>> = Arc::default();
-        for state in held {
+        for (state, queued) in held {
             state.mark_lost(LossCause::ShutDown);
             let (locker, first_error) = (self.clone(), first_error.clone());
-            // Counted as a queued release, so the wait below covers it, and run on the background
-            // runtime, so it goes on if this future is dropped.
-            let queued = self.inner.holdings.queued_release();
+            let waits_for_rest = !callers_own.contains(&state.id);
+            // Counted as a queued release (since `close`), so the wait below covers it, and run
+            // on the background runtime, so it goes on if this future is dropped.
             background::spawn(async move {
                 let _queued = queued;
-                if state.runs_body() {
-                    // The body's exit releases the key once it stopped; past the lease's
-                    // validity the store may free it anyway.
-                    state.wait_released_until(state.valid_until()).await;
+                if waits_for_rest {
+                    // No body works under the key when it goes to the next holder. A lost lease
+                    // is renewed no more: past its validity the store may free it anyway.
+                    state.wait_at_rest(state.valid_until()).await;
                 }
                 if let Err(error) = locker.release(&state).await {
                     tracing::warn!(key = %state.key, %error, "distributed_lock: release at shutdown failed; the lease will expire");
@@ -364,12 +369,14 @@ impl Locker {
                 }
             });
         }
-        // Acquisitions in flight return first: their undos are queued releases.
-        self.inner.holdings.acquisitions_done().await;
-        self.inner.holdings.queued_releases_done().await;
-        if !background::cleanups_done(CLEANUP_PATIENCE).await {
-            tracing::warn!(locker = %self.inner.description, "distributed_lock: clean-ups of abandoned acquisitions still running at shutdown; their keys expire with their ttl");
+        // Acquisitions in flight return first, their undos queued: a future its caller no
+        // longer polls cannot return, and is waited for a moment only.
+        let returned =
+            tokio::time::timeout(IN_FLIGHT_PATIENCE, self.inner.holdings.acquisitions_done()).await;
+        if returned.is_err() {
+            tracing::warn!(locker = %self.inner.description, "distributed_lock: an acquisition in flight was not polled during shutdown; if the store grants it, the key stays held until its ttl runs out");
         }
+        self.inner.holdings.queued_releases_done().await;
         self.inner.backend.close().await;
         let first_error = first_error.lock().unwrap_or_else(|p| p.into_inner()).take();
         first_error.map_or(Ok(()), Err)
@@ -450,60 +457,78 @@ impl Locker {
 
     /// Releases `state` and waits for the store's answer.
     pub(crate) async fn release(&self, state: &Arc<LeaseState>) -> Result<(), LockError> {
-        // Counted before the lease reads as released, so a shutdown waiting for the release of
-        // a body's lease also waits for it to reach the store.
-        let _counted = self.inner.holdings.queued_release();
+        // Counted before the lease reads as released, so a shutdown that finds it released
+        // still waits for its release to reach the store.
+        let queued = self.inner.holdings.queued_release();
         if !state.mark_released() {
             return Ok(());
         }
         self.inner.watchdog.forget(state);
         self.inner.holdings.forget(state);
-        let mut pending = PendingRelease {
-            locker: self,
-            state,
-            armed: true,
+        // On the background runtime, so the release goes on whether or not this future is
+        // polled (dropped, or parked in a `select!` during a shutdown that waits for it).
+        let Some(answer) = self.send_release(state.key.clone(), state.owner, queued) else {
+            return Ok(());
         };
-        let result = self.inner.backend.release(&state.key, state.owner).await;
-        pending.armed = false;
-        match result {
-            Ok(held) => {
+        match answer.await {
+            Ok(Ok(held)) => {
                 tracing::debug!(key = %state.key, fence = state.fence, held, "distributed_lock: released");
                 Ok(())
             }
-            Err(error) => Err(error),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(LockError::backend(
+                "the release task ended without an answer",
+            )),
         }
     }
 
     /// Releases `state` without waiting: at once where the store is in-process, else queued on
     /// the background runtime. For `Drop`, which must not block.
     pub(crate) fn release_in_background(&self, state: &Arc<LeaseState>) {
+        let queued = self.inner.holdings.queued_release();
         if !state.mark_released() {
             return;
         }
         self.inner.watchdog.forget(state);
         self.inner.holdings.forget(state);
-        self.queue_release(state.key.clone(), state.owner);
+        drop(self.send_release(state.key.clone(), state.owner, queued));
         tracing::debug!(key = %state.key, fence = state.fence, "distributed_lock: released on drop");
     }
 
+    /// Releases `key` for `owner` without waiting, counted by a fresh queued-release guard.
     fn queue_release(&self, key: String, owner: Owner) {
+        let queued = self.inner.holdings.queued_release();
+        drop(self.send_release(key, owner, queued));
+    }
+
+    /// Releases `key` for `owner`: at once where the store is in-process (`None`), else on the
+    /// background runtime, counted by `queued` until it is done, its answer on the receiver. An
+    /// answer nobody takes any more is logged when it is an error.
+    fn send_release(
+        &self,
+        key: String,
+        owner: Owner,
+        queued: QueuedRelease,
+    ) -> Option<oneshot::Receiver<Result<bool, LockError>>> {
         if self.inner.backend.release_now(&key, owner) {
-            return;
+            return None;
         }
         let backend = self.inner.backend.clone();
-        let queued = self.inner.holdings.queued_release();
+        let (answer, answered) = oneshot::channel();
         background::spawn(async move {
             let _queued = queued;
-            if let Err(error) = backend.release(&key, owner).await {
+            let result = backend.release(&key, owner).await;
+            if let Err(Err(error)) = answer.send(result) {
                 tracing::warn!(%key, %error, "distributed_lock: queued release failed; the lease will expire");
             }
         });
+        Some(answered)
     }
 }
 
-/// How long shutdown waits for the stores' clean-ups of abandoned acquisitions (each bounded by
-/// its store's own time-outs) before it closes the connections anyway.
-const CLEANUP_PATIENCE: Duration = Duration::from_secs(5);
+/// How long shutdown waits for the acquisitions in flight to return: each returns at once when
+/// polled (it is stopped), so only a future nobody polls any more takes this long.
+const IN_FLIGHT_PATIENCE: Duration = Duration::from_secs(5);
 
 fn check_key_length(key: &str) -> Result<(), LockError> {
     if key.len() <= Locker::MAX_KEY_BYTES {

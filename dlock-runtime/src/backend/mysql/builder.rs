@@ -280,6 +280,7 @@ impl MysqlBuilder {
                 pool,
                 owns_pool,
                 sql,
+                cleanups: Arc::default(),
             }),
         })
     }

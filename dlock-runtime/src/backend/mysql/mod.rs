@@ -16,7 +16,8 @@ use sqlx::mysql::MySqlPool;
 use sqlx::AssertSqlSafe;
 
 use super::{AcquireRequest, Acquired, Backend, Renewal};
-use crate::{background, LockError, Owner};
+use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
+use crate::{LockError, Owner};
 
 mod builder;
 mod renew;
@@ -124,6 +125,8 @@ struct Shared {
     /// Whether the pool is dlock's own, to close at shutdown, or the caller's.
     owns_pool: bool,
     sql: Statements,
+    /// The acquisitions' statements, which may need their own undo: `close` waits for them.
+    cleanups: Arc<Cleanups>,
 }
 
 /// The statements, with the table name filled in once. The table name is checked by
@@ -275,7 +278,7 @@ impl MysqlBackend {
         let shared = self.shared.clone();
         let (key, owner) = (key.as_bytes().to_vec(), owner.to_owned());
         let (answer, answered) = tokio::sync::oneshot::channel();
-        background::spawn_cleanup(async move {
+        self.shared.cleanups.spawn(async move {
             let outcome = acquire_row(&shared, &key, &owner, ttl_us).await;
             if answer.send(outcome).is_err() {
                 // Whatever the outcome, even an error that leaves it unknown whether the row was
@@ -387,6 +390,7 @@ impl Backend for MysqlBackend {
     }
 
     async fn close(&self) {
+        self.shared.cleanups.done(CLEANUP_PATIENCE).await;
         if !self.shared.owns_pool {
             return;
         }

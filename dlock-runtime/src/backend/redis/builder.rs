@@ -256,6 +256,7 @@ impl RedisBuilder {
                 cluster,
                 min_replicas,
                 response_timeout: self.response_timeout,
+                cleanups: Arc::default(),
             }),
         })
     }

@@ -224,6 +224,7 @@ use self::replicas::invoke_then_wait;
 use self::scripts::{invoke, parse_attempt, parse_release, Attempt, Mode, ACQUIRE, RELEASE};
 use self::subscriber::Subscriber;
 use super::{AcquireRequest, Acquired, Backend, Renewal};
+use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
 use crate::{LockError, Owner};
 
 /// A lock store on Redis. Clones share the connections.
@@ -261,6 +262,8 @@ struct Inner {
     min_replicas: usize,
     /// The response timeout: `WAIT` never blocks for more than half of it.
     response_timeout: Duration,
+    /// Queues left by dropped waiters: `close` waits for them.
+    cleanups: Arc<Cleanups>,
 }
 
 impl Backend for RedisBackend {
@@ -301,6 +304,12 @@ impl Backend for RedisBackend {
     /// marker behind for a minute.
     async fn health(&self) -> Result<(), LockError> {
         self.ping().await
+    }
+
+    /// Waits for the queues dropped waiters are leaving; the connections close when the
+    /// backend is dropped.
+    async fn close(&self) {
+        self.inner.cleanups.done(CLEANUP_PATIENCE).await;
     }
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {

@@ -8,7 +8,7 @@ use super::scripts::{Attempt, Mode};
 use super::subscriber::Subscription;
 use super::RedisBackend;
 use crate::backend::{AcquireRequest, Acquired};
-use crate::{background, LockError, Owner};
+use crate::{LockError, Owner};
 
 /// The first fallback poll of a waiter; it doubles (with jitter) up to a third of the liveness
 /// window.
@@ -113,7 +113,7 @@ impl Drop for LeaveGuard {
             std::mem::take(&mut self.key),
             self.owner,
         );
-        background::spawn_cleanup(async move {
+        self.backend.inner.cleanups.spawn(async move {
             if let Err(error) = backend.release_or_leave(&key, owner).await {
                 tracing::debug!(%key, %error, "distributed_lock: leaving the redis queue failed; the waiter key will expire");
             }

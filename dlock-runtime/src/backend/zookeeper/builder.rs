@@ -200,6 +200,7 @@ impl ZookeeperBuilder {
                 reconnecting: tokio::sync::Mutex::new(()),
                 held: Mutex::default(),
                 watch_events: AtomicU64::new(0),
+                cleanups: Arc::default(),
             }),
         })
     }

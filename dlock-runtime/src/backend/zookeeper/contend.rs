@@ -63,7 +63,7 @@ impl ZookeeperBackend {
                 }
             }
         }
-        let mut node = LockNode::new(&session, parent, request.owner);
+        let mut node = LockNode::new(&session, parent, request.owner, &self.shared.cleanups);
         node.parent_missing = parent_missing;
         loop {
             match self.contend(&mut node, request.owner, deadline).await {
@@ -75,7 +75,12 @@ impl ZookeeperBackend {
                         // Our node, if any, went with the old session.
                         node.stage = Stage::Gone;
                         self.check_ttl(request.ttl, &fresh)?;
-                        node = LockNode::new(&fresh, node.parent.clone(), request.owner);
+                        node = LockNode::new(
+                            &fresh,
+                            node.parent.clone(),
+                            request.owner,
+                            &self.shared.cleanups,
+                        );
                     }
                     // On the same session the node goes on from its stage: a create whose
                     // answer the lost connection took is looked for before another is sent.

@@ -147,7 +147,8 @@ pub use self::paths::MAX_PATH_BYTES;
 use self::queue::queue_in_creation_order;
 use self::session::{ends_session, safe_ttl, zk_error, Session};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
-use crate::{background, LockError, Owner};
+use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
+use crate::{LockError, Owner};
 
 /// The root under which the per-key parents live, unless [`ZookeeperBuilder::root`] says
 /// otherwise.
@@ -217,6 +218,8 @@ struct Shared {
     reconnecting: tokio::sync::Mutex<()>,
     held: Mutex<HashMap<Owner, Held>>,
     watch_events: AtomicU64,
+    /// Deletes of nodes nobody uses any more, retried until confirmed: `close` waits for them.
+    cleanups: Arc<Cleanups>,
 }
 
 /// A lock node this backend holds a lease through.
@@ -442,12 +445,18 @@ impl Backend for ZookeeperBackend {
             )),
         };
         // A node left behind would block the key for as long as the session lives.
-        background::spawn_cleanup(delete_until_confirmed(
+        self.shared.cleanups.spawn(delete_until_confirmed(
             session.client,
             held.path,
             held.parent,
         ));
         Err(error)
+    }
+
+    /// Waits for the deletes of nodes nobody uses any more; the session ends when the backend
+    /// is dropped.
+    async fn close(&self) {
+        self.shared.cleanups.done(CLEANUP_PATIENCE).await;
     }
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {

@@ -1,6 +1,8 @@
 //! One acquisition's lock node: where it stands ([`Stage`]), the guard that deletes it when the
 //! acquisition is abandoned, and the writes that confirm or delete lock nodes.
 
+use std::sync::Arc;
+
 use zookeeper_client::{Client, Error as ZkError, MultiWriteError, SessionId};
 
 use super::cleanup::{delete_unanswered_create, delete_until_confirmed};
@@ -8,7 +10,8 @@ use super::paths::sequence;
 use super::queue::creation_zxids;
 use super::session::{ends_session, Session};
 use super::RENEW_CHUNK;
-use crate::{background, Owner};
+use crate::cleanups::Cleanups;
+use crate::Owner;
 
 /// Where one acquisition's lock node stands. The acquisition loop (`contend`) moves it from
 /// stage to stage; dropping the [`LockNode`] before it is [`Granted`](Stage::Granted) cleans up
@@ -116,12 +119,20 @@ pub(super) struct LockNode {
     /// of the parent (refused harmlessly where the parent exists again).
     pub(super) parent_missing: bool,
     pub(super) stage: Stage,
+    /// The backend's clean-ups, which its `close` waits for: the drop's delete is one.
+    cleanups: Arc<Cleanups>,
 }
 
 impl LockNode {
-    pub(super) fn new(session: &Session, parent: String, owner: Owner) -> Self {
+    pub(super) fn new(
+        session: &Session,
+        parent: String,
+        owner: Owner,
+        cleanups: &Arc<Cleanups>,
+    ) -> Self {
         let own_prefix = format!("{owner}-");
         LockNode {
+            cleanups: cleanups.clone(),
             client: session.client.clone(),
             session: session.id,
             prefix: format!("{parent}/{own_prefix}"),
@@ -163,12 +174,14 @@ impl Drop for LockNode {
         match &self.stage {
             Stage::Queued(queued) => {
                 let path = format!("{parent}/{}", queued.name);
-                background::spawn_cleanup(delete_until_confirmed(client, path, parent));
+                self.cleanups
+                    .spawn(delete_until_confirmed(client, path, parent));
             }
             Stage::CreateUnanswered => {
                 // The create's answer was never seen: the node is found by its owner prefix.
                 let own_prefix = self.own_prefix.clone();
-                background::spawn_cleanup(delete_unanswered_create(client, parent, own_prefix));
+                self.cleanups
+                    .spawn(delete_unanswered_create(client, parent, own_prefix));
             }
             Stage::NotCreated | Stage::Granted | Stage::Gone => {}
         }
