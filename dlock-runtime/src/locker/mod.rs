@@ -306,11 +306,18 @@ impl Locker {
     /// stores' own clean-ups to reach the store, and closes the store's connections. Affects
     /// every clone of this locker. Calling it again does nothing more.
     ///
-    /// A body of `#[distributed_lock]` running under a lease is told the lease is lost, and
-    /// stopped at its next `.await` if its `on_lost` is `"cancel"`; its key is released when the
-    /// body has stopped (or finished, under `"continue"`), never under a body still at work, and
-    /// at the latest when the lease's validity runs out. A manual [`Lease`] is released at once:
-    /// its holder is told through [`Lease::lost`] and stops its work when told.
+    /// A body of `#[distributed_lock]` running under a lease is told the lease is lost. Under
+    /// `on_lost = "cancel"` it is stopped at its next `.await`, and its key is released once it
+    /// rests there (work inside one poll runs to its end first). Under `"continue"` the key is
+    /// released when the body finishes, or at the latest when the lease's validity runs out,
+    /// after which the body runs on without the key, as after any loss. A manual [`Lease`] is
+    /// released at once: its holder is told through [`Lease::lost`] and stops its work when
+    /// told. A body that calls `shutdown` itself is not waited for.
+    ///
+    /// Futures its caller keeps but no longer polls (a `select!` on a termination signal keeps
+    /// the others) hold nothing up: a release goes on by itself, a body not in a poll rests, and
+    /// an acquisition in flight is waited for 5 s at most (if the store grants it after that,
+    /// the key stays held until its ttl runs out).
     ///
     /// A lease dropped just before the program returns from `main` is released on dlock's
     /// background thread, which dies with the process: without this call, such a key stays
@@ -319,8 +326,9 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// The first [`LockError::Backend`] of a release the store did not confirm; that key then
-    /// stays held until its ttl runs out. Every other lease is still released.
+    /// The first [`LockError::Backend`] of a release made by this call that the store did not
+    /// confirm; that key then stays held until its ttl runs out. Every other lease is still
+    /// released. (A body's own release on its way out is logged, not reported here.)
     ///
     /// # Cancel safety
     ///
