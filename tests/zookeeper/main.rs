@@ -2,7 +2,8 @@
 //! `DLOCK_ZK_URL` names, which must tick every 500 ms and grant session timeouts of two
 //! minutes); the outage test starts one of its own, to stop it.
 //!
-//! By topic: [`queue`] (waiters in line, one woken per release, nodes cleaned up), [`abandoned`]
+//! By topic: [`queue`] (waiters in line, one woken per release, nodes cleaned up), [`claim`]
+//! (a grant its waiter does not claim goes to the next one after the claim window), [`abandoned`]
 //! (nodes nobody uses go though their deletes are lost with the connection), [`sessions`]
 //! (leases within what the session guarantees: partitions, outages, a follower cut off) and
 //! [`paths`] (the URL's chroot, the longest key).
@@ -12,6 +13,7 @@
 mod support;
 
 mod abandoned;
+mod claim;
 mod paths;
 mod queue;
 mod sessions;

@@ -17,8 +17,8 @@ async fn the_longest_key_is_served_and_a_longer_one_refused_naming_the_limit() {
     let zk = Zookeeper::shared().await;
     let locker = Locker::with_backend(zk.backend().await);
     let bystander = locker.lock(unique_key("bystander"), ttl(10)).await.unwrap();
-    // root + "/" + key + "/" + owner (32) + "-" + sequence (up to 11).
-    let longest = ZOOKEEPER_MAX_PATH_BYTES - zk.admin.root().len() - 1 - 45;
+    // root + "/" + key + "/" + owner (32) + "-" + attempt (up to 20) + "-" + sequence (up to 11).
+    let longest = ZOOKEEPER_MAX_PATH_BYTES - zk.admin.root().len() - 1 - 66;
     let prefix = unique_key("longest");
     let key = format!("{prefix}{}", "k".repeat(longest - prefix.len()));
     let lease = locker.lock(&*key, ttl(10)).await.unwrap();

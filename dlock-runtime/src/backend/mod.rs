@@ -47,7 +47,8 @@ pub use mysql::{MysqlBackend, MysqlBuilder, MAX_KEY_BYTES as MYSQL_MAX_KEY_BYTES
 mod zookeeper;
 #[cfg(feature = "zookeeper")]
 pub use zookeeper::{
-    ZookeeperBackend, ZookeeperBuilder, DEFAULT_ROOT as ZOOKEEPER_DEFAULT_ROOT,
+    ZookeeperBackend, ZookeeperBuilder, DEFAULT_CLAIM_WINDOW as ZOOKEEPER_DEFAULT_CLAIM_WINDOW,
+    DEFAULT_ROOT as ZOOKEEPER_DEFAULT_ROOT,
     DEFAULT_SESSION_TIMEOUT as ZOOKEEPER_DEFAULT_SESSION_TIMEOUT,
     DEFAULT_TICK_TIME as ZOOKEEPER_DEFAULT_TICK_TIME, MAX_PATH_BYTES as ZOOKEEPER_MAX_PATH_BYTES,
 };

@@ -6,10 +6,12 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::claim::MIN_CLAIM_WINDOW;
 use super::paths::check_path;
 use super::session::open;
 use super::{
-    Shared, ZookeeperBackend, DEFAULT_ROOT, DEFAULT_SESSION_TIMEOUT, DEFAULT_TICK_TIME, PERSISTENT,
+    Shared, ZookeeperBackend, DEFAULT_CLAIM_WINDOW, DEFAULT_ROOT, DEFAULT_SESSION_TIMEOUT,
+    DEFAULT_TICK_TIME, PERSISTENT,
 };
 use crate::url::{duration_param, query_param, Scheme};
 use crate::LockError;
@@ -20,7 +22,7 @@ const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Options of a [`ZookeeperBackend`], from [`ZookeeperBackend::builder`].
 ///
 /// The URL may carry the same settings as query parameters, which a method called later
-/// overrides: `root`, `session_timeout`, `connect_timeout` and `tick_time`.
+/// overrides: `root`, `session_timeout`, `connect_timeout`, `tick_time` and `claim_window`.
 ///
 /// ```no_run
 /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
@@ -44,6 +46,7 @@ pub struct ZookeeperBuilder {
     session_timeout: Duration,
     connect_timeout: Duration,
     tick_time: Duration,
+    claim_window: Duration,
 }
 
 impl ZookeeperBuilder {
@@ -77,6 +80,7 @@ impl ZookeeperBuilder {
             connect_timeout: duration_param(url, "connect_timeout")?
                 .unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             tick_time: duration_param(url, "tick_time")?.unwrap_or(DEFAULT_TICK_TIME),
+            claim_window: duration_param(url, "claim_window")?.unwrap_or(DEFAULT_CLAIM_WINDOW),
         })
     }
 
@@ -145,11 +149,35 @@ impl ZookeeperBuilder {
         self
     }
 
+    /// How long a key handed to a waiter waits for the waiter to claim it (default 3 s), as
+    /// with Redis's [waiter liveness](crate::backend::RedisBuilder::waiter_liveness). An
+    /// acquisition runs on dlock's background runtime, so the queue moves on whether or not the
+    /// caller's future is polled; when the key comes to it, the waiter has this long (or its
+    /// ttl, where shorter) to take it. A waiter whose caller stalled (a runtime blocked by
+    /// synchronous code, a future parked in a `select!` that no longer polls it) then costs
+    /// the next waiter this window, not the time until its caller comes back; that caller,
+    /// polled again, queues again for what is left of its wait. A window under 30 ms makes
+    /// [`connect`](Self::connect) fail.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use dlock::backend::ZookeeperBackend;
+    /// // A waiter that is not polled holds up the queue for at most a second.
+    /// let builder = ZookeeperBackend::builder("zk://zk1:2181")?
+    ///     .claim_window(Duration::from_secs(1));
+    /// # Ok::<(), dlock::LockError>(())
+    /// ```
+    pub fn claim_window(mut self, window: Duration) -> Self {
+        self.claim_window = window;
+        self
+    }
+
     /// Opens the session (so an unreachable ensemble is reported here) and creates the root.
     ///
     /// # Errors
     ///
-    /// [`LockError::InvalidOptions`] for a root that is not a ZooKeeper path;
+    /// [`LockError::InvalidOptions`] for a root that is not a ZooKeeper path or a
+    /// [claim window](Self::claim_window) under 30 ms;
     /// [`LockError::Backend`] when no host opens a session within the
     /// [connect timeout](Self::connect_timeout), or the root cannot be created.
     ///
@@ -171,6 +199,14 @@ impl ZookeeperBuilder {
         check_path(&self.root).map_err(|reason| LockError::InvalidOptions {
             reason: format!("root {reason}"),
         })?;
+        if self.claim_window < MIN_CLAIM_WINDOW {
+            return Err(LockError::InvalidOptions {
+                reason: format!(
+                    "claim window {:?} is shorter than {MIN_CLAIM_WINDOW:?}",
+                    self.claim_window
+                ),
+            });
+        }
         let base = format!("{}{}", self.chroot, self.root);
         let session = tokio::time::timeout(
             self.connect_timeout,
@@ -196,6 +232,7 @@ impl ZookeeperBuilder {
                 base,
                 asked_timeout: self.session_timeout,
                 tick: self.tick_time,
+                claim_window: self.claim_window,
                 session: Mutex::new(session),
                 reconnecting: tokio::sync::Mutex::new(()),
                 held: Mutex::default(),
@@ -225,16 +262,33 @@ mod tests {
             "zk://a:1/x//y",
             "redis://a:1",
             "zk://a:1?connect_timeout=soon",
+            "zk://a:1?claim_window=soon",
             "zk://a:1?root=locks",
         ] {
             assert!(ZookeeperBackend::builder(bad).is_err(), "{bad}");
         }
     }
 
+    #[tokio::test]
+    async fn a_claim_window_under_30_ms_is_refused_before_connecting() {
+        let builder = ZookeeperBackend::builder("zk://127.0.0.1:1").unwrap();
+        assert_eq!(builder.claim_window, Duration::from_secs(3));
+        let refused = builder
+            .claim_window(Duration::from_millis(29))
+            .connect()
+            .await
+            .err()
+            .expect("a 29 ms claim window was taken");
+        assert!(
+            matches!(&refused, crate::LockError::InvalidOptions { reason } if reason.contains("claim window")),
+            "{refused}"
+        );
+    }
+
     #[test]
     fn the_url_carries_the_settings_and_a_method_called_later_wins() {
         let builder = ZookeeperBackend::builder(
-            "zk://a:1,b:2/apps?root=/locks&session_timeout=20s&connect_timeout=1500ms&tick_time=500ms",
+            "zk://a:1,b:2/apps?root=/locks&session_timeout=20s&connect_timeout=1500ms&tick_time=500ms&claim_window=1s",
         )
         .unwrap();
         assert_eq!(builder.hosts, "a:1,b:2");
@@ -243,6 +297,7 @@ mod tests {
         assert_eq!(builder.session_timeout, Duration::from_secs(20));
         assert_eq!(builder.connect_timeout, Duration::from_millis(1500));
         assert_eq!(builder.tick_time, Duration::from_millis(500));
+        assert_eq!(builder.claim_window, Duration::from_secs(1));
         let builder = builder.session_timeout(Duration::from_secs(9));
         assert_eq!(builder.session_timeout, Duration::from_secs(9));
     }

@@ -1,19 +1,22 @@
 //! Acquisition: create a lock node, wait for the nodes ahead of it to go, watching only the one
 //! just ahead, and take the key when none is left. It moves a [`LockNode`] through its
-//! [`Stage`]s; the stage is what its guard cleans up by when the acquisition is abandoned.
+//! [`Stage`]s; the stage is what its guard cleans up by when the acquisition is abandoned. It
+//! runs on dlock's background runtime, and its grant is handed to the caller to claim (see
+//! [`claim`](super::claim)).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use zookeeper_client::{Client, Error as ZkError, EventType};
 
+use super::claim::Grant;
 use super::node::{confirm_nodes, LockNode, Queued, Stage};
 use super::paths::sequence;
 use super::queue::list_or_empty;
 use super::session::{is_retryable, zk_error, Session};
 use super::{Held, ZookeeperBackend, EPHEMERAL_SEQUENTIAL, PERSISTENT};
 use crate::backend::{AcquireRequest, Acquired};
-use crate::{LockError, Owner};
+use crate::LockError;
 
 /// How often an acquisition recreates a parent that a concurrent release deleted before giving
 /// up. Each time needs a release to slip in between two of our requests.
@@ -24,6 +27,26 @@ const PARENT_RETRIES: usize = 16;
 type ListedWithCreate = (Vec<String>, Instant);
 
 impl ZookeeperBackend {
+    /// One acquisition, bounded by its wait plus a session timeout (the ensemble may not
+    /// answer). Runs on the background runtime (see [`claim`](super::claim)); a grant is not
+    /// the caller's until claimed.
+    pub(super) async fn acquire_bounded(
+        &self,
+        request: &AcquireRequest<'_>,
+    ) -> Result<Option<Grant>, LockError> {
+        let parent = self.shared.parent(request.key)?;
+        let session = self.session().await?;
+        self.check_ttl(request.ttl, &session)?;
+        let limit = request.wait.saturating_add(session.timeout);
+        match tokio::time::timeout(limit, self.acquire_on(session, request, parent)).await {
+            Ok(acquired) => acquired,
+            // The node guard of the dropped attempt deletes whatever it created.
+            Err(_) => Err(LockError::backend(format!(
+                "ZooKeeper did not answer within {limit:?}"
+            ))),
+        }
+    }
+
     /// Acquires on `session`, trying once more on a lost connection or an ended session. The
     /// ttl was checked against `session`; a new session is checked again, since the ensemble
     /// may grant it a shorter timeout (another server, another `maxSessionTimeout`), and a
@@ -33,7 +56,7 @@ impl ZookeeperBackend {
         mut session: Session,
         request: &AcquireRequest<'_>,
         parent: String,
-    ) -> Result<Option<Acquired>, LockError> {
+    ) -> Result<Option<Grant>, LockError> {
         let now = Instant::now();
         // A wait too long to add is a wait without end.
         let deadline = now
@@ -66,7 +89,7 @@ impl ZookeeperBackend {
         let mut node = LockNode::new(&session, parent, request.owner, &self.shared.cleanups);
         node.parent_missing = parent_missing;
         loop {
-            match self.contend(&mut node, request.owner, deadline).await {
+            match self.contend(&mut node, deadline).await {
                 Ok(acquired) => return Ok(acquired),
                 Err(error) if !retried && is_retryable(&error) => {
                     retried = true;
@@ -93,13 +116,13 @@ impl ZookeeperBackend {
     /// Moves `node` on from its stage until it is granted or `deadline` passes (`None`, the
     /// node deleted): creates it if it does not exist yet, and waits, watching its predecessor,
     /// until it is the oldest. An error leaves the node in the stage it reached, for a retry on
-    /// the same session or for its guard.
+    /// the same session or for its guard. A grant is not yet the caller's: it is theirs once
+    /// claimed (see [`claim`](super::claim)).
     async fn contend(
         &self,
         node: &mut LockNode,
-        owner: Owner,
         deadline: Instant,
-    ) -> Result<Option<Acquired>, ZkError> {
+    ) -> Result<Option<Grant>, ZkError> {
         let client = node.client.clone();
         // A listing that came with the create, and the create's send time: the create was a
         // write, so its success confirms the session and the node through the quorum. Set
@@ -154,15 +177,15 @@ impl ZookeeperBackend {
                 };
                 let fence = u64::try_from(queued.czxid).unwrap_or(0);
                 node.stage = Stage::Granted;
-                self.shared.held().insert(
-                    owner,
-                    Held {
+                return Ok(Some(Grant {
+                    acquired: Acquired { fence, valid_from },
+                    held: Held {
                         path,
                         parent: node.parent.clone(),
                         session: node.session,
                     },
-                );
-                return Ok(Some(Acquired { fence, valid_from }));
+                    client,
+                }));
             }
             if Instant::now() >= deadline {
                 node.remove().await;

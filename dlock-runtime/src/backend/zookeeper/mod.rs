@@ -6,9 +6,9 @@
 //! ```text
 //! /dlock                                       the root (builder option), created if missing
 //! └── acct:a%3Ab                               one persistent parent per key
-//!     ├── 3f9c…e1-0000000007  (ephemeral)      the holder: the lowest sequence number
-//!     ├── 8a02…5d-0000000008  (ephemeral)      a waiter, watching …07
-//!     └── c7b1…90-0000000009  (ephemeral)      a waiter, watching …08
+//!     ├── 3f9c…e1-41-0000000007  (ephemeral)   the holder: the lowest sequence number
+//!     ├── 8a02…5d-3-0000000008   (ephemeral)   a waiter, watching …07
+//!     └── c7b1…90-17-0000000009  (ephemeral)   a waiter, watching …08
 //! ```
 //!
 //! - **Parent**: named by the rendered key, with `/`, `%` and every character a znode name
@@ -17,11 +17,15 @@
 //!   is always an escape, so the mapping is injective: two keys never share a parent. Keys
 //!   rendered by `#[distributed_lock]` are already escaped, so they appear as they are. A key
 //!   whose lock node path would pass [`MAX_PATH_BYTES`] is refused with `InvalidKey`, whole.
-//! - **Lock node**: `EPHEMERAL_SEQUENTIAL`, named `{owner}-{sequence}` and holding the owner
-//!   token. The owner in the name makes creation *protected* (Curator's term): when the reply to
-//!   a create is lost with the connection, the node is found again by its prefix, so a retried or
+//! - **Lock node**: `EPHEMERAL_SEQUENTIAL`, named `{owner}-{attempt}-{sequence}` and holding
+//!   the owner token; the attempt is a number no other lock node of the process was given. The
+//!   prefix in the name makes creation *protected* (Curator's term): when the reply to a create
+//!   is lost with the connection, the node is found again by its prefix, so a retried or
 //!   abandoned acquisition never leaves an orphan node that would block the key for as long as
-//!   the session lives.
+//!   the session lives. The attempt keeps two nodes of one owner apart (one that queues again
+//!   after its grant was withdrawn, or on a new session): the sequence restarts when an idle
+//!   key's parent is deleted and made again, and a retried delete of the old node must never
+//!   find the new one under the old one's name.
 //! - **Queue order** is creation order: the nodes' `czxid`s (see *Fences*), not the numbers in
 //!   their names. ZooKeeper numbers a child with its parent's count of child changes, a signed
 //!   32-bit number: a key that stays busy through 2^31 creations and deletions sees the number
@@ -67,9 +71,20 @@
 //!   a `sync` is answered by a leader that may itself have lost its quorum and not noticed yet,
 //!   a committed write cannot be. The price is one transaction per renewal tick (per thousand
 //!   leases) in the ensemble's log, instead of a read.
+//! - **Claim**: the acquisition runs on dlock's background runtime, not in the caller's future,
+//!   so the queue moves on whether or not the caller is polled; a grant becomes the caller's
+//!   lease when the caller's future claims it. A grant not claimed within the *claim window*
+//!   ([`ZookeeperBuilder::claim_window`], 3 s by default, or the ttl where shorter) is withdrawn:
+//!   its node is deleted and the next waiter gets the key. A lock node does not expire, so
+//!   without this a waiter whose caller stalled (a runtime blocked by synchronous code, a future
+//!   parked in a `select!` that polls it no more) would hold the key for nobody as long as the
+//!   caller stays away. The caller, polled again, queues again for what is left of its wait;
+//!   a lease claimed late counts from its confirmation all the same, so a grant claimed after
+//!   its expiry never runs a body. Claimed or withdrawn is decided once, by whichever side
+//!   settles first, and a withdrawn grant's node has one deleter: the background side.
 //! - **Abandonment**: a waiter that gives up, or whose future is dropped, deletes its node at
-//!   once (a drop guard queues the delete on dlock's background runtime), so it never becomes a
-//!   holder that nobody serves. A delete whose answer is lost with the connection is sent again
+//!   once (from the background, where the acquisition runs), so it never becomes a holder that
+//!   nobody serves. A delete whose answer is lost with the connection is sent again
 //!   (after 50 ms, doubling up to 1 s) until the server confirms the node gone or the session
 //!   has ended, however long the session outlives the connection; so is a release's.
 //!
@@ -125,6 +140,7 @@
 //! through the `spawns` hook, which dlock points at its own background runtime.
 
 mod builder;
+mod claim;
 mod cleanup;
 mod contend;
 mod node;
@@ -140,6 +156,7 @@ use std::time::Duration;
 use zookeeper_client::{Acls, CreateMode, CreateOptions, Error as ZkError, SessionId};
 
 pub use self::builder::ZookeeperBuilder;
+pub use self::claim::DEFAULT_CLAIM_WINDOW;
 use self::cleanup::delete_until_confirmed;
 use self::node::{confirm_nodes, delete_node};
 use self::paths::parent_path;
@@ -189,9 +206,11 @@ const EPHEMERAL_SEQUENTIAL: CreateOptions<'static> =
 ///
 /// Each key is a persistent node under the root, and each acquisition an ephemeral sequential
 /// node under it; the lowest holds the lock and each waiter watches only the node below its own,
-/// so a release wakes one waiter and waiters are served first come, first served. Fences are the
-/// lock nodes' creation zxids. A lease lives as long as the backend's ZooKeeper session: when the
-/// ensemble expires the session, every lease on it is lost and later calls open a new session.
+/// so a release wakes one waiter and waiters are served first come, first served; a waiter that
+/// does not claim the key within the [claim window](ZookeeperBuilder::claim_window) (its caller
+/// stalled) is passed over. Fences are the lock nodes' creation zxids. A lease lives as long as
+/// the backend's ZooKeeper session: when the ensemble expires the session, every lease on it is
+/// lost and later calls open a new session.
 /// Hence a lease's ttl may be at most [`ttl_limit`](Self::ttl_limit), two thirds of the session
 /// timeout the ensemble granted less one tick (see the module docs for why): a
 /// [`Locker`](crate::Locker) shortens a longer ttl to it. Requires ZooKeeper 3.6 or newer.
@@ -213,6 +232,8 @@ struct Shared {
     asked_timeout: Duration,
     /// The ensemble's tick, as the builder was told.
     tick: Duration,
+    /// How long a grant waits for its caller to claim it (see [`claim`]).
+    claim_window: Duration,
     session: Mutex<Session>,
     /// Held while a new session is opened, so concurrent calls open one, not one each.
     reconnecting: tokio::sync::Mutex<()>,
@@ -316,7 +337,8 @@ impl ZookeeperBackend {
         self.shared.watch_events.load(Ordering::Relaxed)
     }
 
-    /// The lock nodes of `key` in queue order, the holder first, as `{owner}-{sequence}`. Empty
+    /// The lock nodes of `key` in queue order, the holder first, as
+    /// `{owner}-{attempt}-{sequence}`. Empty
     /// when nobody holds or waits for the key.
     ///
     /// # Errors
@@ -407,17 +429,7 @@ impl Backend for ZookeeperBackend {
     }
 
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
-        let parent = self.shared.parent(request.key)?;
-        let session = self.session().await?;
-        self.check_ttl(request.ttl, &session)?;
-        let limit = request.wait.saturating_add(session.timeout);
-        match tokio::time::timeout(limit, self.acquire_on(session, request, parent)).await {
-            Ok(acquired) => acquired,
-            // The node guard of the dropped attempt deletes whatever it created.
-            Err(_) => Err(LockError::backend(format!(
-                "ZooKeeper did not answer within {limit:?}"
-            ))),
-        }
+        self.acquire_and_claim(request).await
     }
 
     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {

@@ -1,6 +1,7 @@
 //! One acquisition's lock node: where it stands ([`Stage`]), the guard that deletes it when the
 //! acquisition is abandoned, and the writes that confirm or delete lock nodes.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use zookeeper_client::{Client, Error as ZkError, MultiWriteError, SessionId};
@@ -47,7 +48,7 @@ pub(super) enum Stage {
 
 /// A lock node of ours that exists.
 pub(super) struct Queued {
-    /// The node's name, `{owner}-{sequence}`.
+    /// The node's name, `{owner}-{attempt}-{sequence}`.
     pub(super) name: String,
     /// The node's `czxid`: its place in the queue, and the fence once it is granted.
     pub(super) czxid: i64,
@@ -109,9 +110,10 @@ pub(super) struct LockNode {
     pub(super) client: Client,
     pub(super) session: SessionId,
     pub(super) parent: String,
-    /// `{owner}-`: the start of the node's name.
+    /// `{owner}-{attempt}-`: the start of the node's name, this attempt's alone (see
+    /// [`attempt_prefix`]).
     pub(super) own_prefix: String,
-    /// `{parent}/{owner}-`: what the sequential create is given.
+    /// `{parent}/{owner}-{attempt}-`: what the sequential create is given.
     pub(super) prefix: String,
     /// The owner token, the node's data.
     pub(super) data: String,
@@ -130,7 +132,7 @@ impl LockNode {
         owner: Owner,
         cleanups: &Arc<Cleanups>,
     ) -> Self {
-        let own_prefix = format!("{owner}-");
+        let own_prefix = attempt_prefix(owner);
         LockNode {
             cleanups: cleanups.clone(),
             client: session.client.clone(),
@@ -144,7 +146,7 @@ impl LockNode {
         }
     }
 
-    /// Whether `name` is a lock node of this node's owner.
+    /// Whether `name` is this attempt's lock node.
     pub(super) fn is_ours(&self, name: &str) -> bool {
         name.starts_with(&self.own_prefix) && sequence(name).is_some()
     }
@@ -165,6 +167,22 @@ impl LockNode {
             }
         }
     }
+}
+
+/// The start of the name of a new attempt's lock node: `{owner}-{attempt}-`, the attempt a
+/// number no other lock node of this process was given.
+///
+/// The owner alone would not do. One owner's acquisition can make several nodes under one
+/// parent: it queues again when its grant was withdrawn (see [`claim`](super::claim)), or when
+/// it moved to a new session. The sequence number does not tell them apart: it restarts when an
+/// idle key's parent is deleted and created again, so a later node can get an earlier one's very
+/// path. A delete of the earlier node that is sent again after a lost answer, or a search for it
+/// after a create whose answer was lost, would then take the later one — a lock node held by a
+/// caller who goes on believing it holds the key, while the next waiter gets it too.
+pub(super) fn attempt_prefix(owner: Owner) -> String {
+    static ATTEMPTS: AtomicU64 = AtomicU64::new(0);
+    let attempt = ATTEMPTS.fetch_add(1, Ordering::Relaxed);
+    format!("{owner}-{attempt}-")
 }
 
 impl Drop for LockNode {
@@ -252,5 +270,28 @@ pub(super) async fn delete_node(
         Ok(()) => Ok(true),
         Err(ZkError::NoNode) => Ok(false),
         Err(error) => Err(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attempt_prefix;
+    use crate::backend::zookeeper::paths::sequence;
+    use crate::Owner;
+
+    /// Two attempts of one owner never share a node name, even where ZooKeeper gives both the
+    /// same sequence number (the parent deleted and created again in between).
+    #[test]
+    fn every_attempt_of_an_owner_names_its_node_apart() {
+        let owner = Owner::random();
+        let first = attempt_prefix(owner);
+        let second = attempt_prefix(owner);
+        assert_ne!(first, second);
+        assert!(first.starts_with(&format!("{owner}-")), "{first}");
+        let (a, b) = (format!("{first}0000000000"), format!("{second}0000000000"));
+        assert_ne!(a, b);
+        assert!(sequence(&a).is_some() && sequence(&b).is_some());
+        // Neither attempt's prefix takes the other's node.
+        assert!(!b.starts_with(&first) && !a.starts_with(&second));
     }
 }

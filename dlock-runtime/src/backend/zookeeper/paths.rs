@@ -15,11 +15,13 @@ use crate::LockError;
 /// one lock.
 pub const MAX_PATH_BYTES: usize = 1_000_000;
 
-/// `/{owner}-{sequence}` after the parent: 32 hex digits, and a sequence of ten digits (eleven
-/// once the server's 32-bit counter wraps negative).
-const LOCK_NODE_NAME_BYTES: usize = 1 + 32 + 1 + 11;
+/// `/{owner}-{attempt}-{sequence}` after the parent: 32 hex digits, an attempt number of up to
+/// 20 digits, and a sequence of ten digits (eleven once the server's 32-bit counter wraps
+/// negative).
+const LOCK_NODE_NAME_BYTES: usize = 1 + 32 + 1 + 20 + 1 + 11;
 
-/// The number in a lock node's name, `{owner}-{number}`, where ZooKeeper wrote the number as
+/// The number in a lock node's name, `{owner}-{attempt}-{number}` (or any `{prefix}-{number}`,
+/// such as the `{owner}-{number}` of earlier versions), where ZooKeeper wrote the number as
 /// Java's `%010d` of its signed counter: ten digits, or a minus sign and ten digits (or
 /// `-000000001`) once the counter wrapped. `None` for names of another shape. Only says whether
 /// a child is a lock node: the queue is ordered by creation, not by this number.
@@ -125,8 +127,8 @@ mod tests {
 
     #[test]
     fn the_path_limit_is_exact() {
-        // "/dlock" + "/" + key + "/" + 32 + "-" + 11 bytes.
-        let longest = MAX_PATH_BYTES - 6 - 1 - 45;
+        // "/dlock" + "/" + key + "/" + 32 + "-" + 20 + "-" + 11 bytes.
+        let longest = MAX_PATH_BYTES - 6 - 1 - 66;
         assert!(parent_path("/dlock", &"k".repeat(longest)).is_ok());
         let error = parent_path("/dlock", &"k".repeat(longest + 1)).unwrap_err();
         assert!(
@@ -158,9 +160,16 @@ mod tests {
     }
 
     #[test]
-    fn lock_node_names_are_an_owner_a_dash_and_ten_digits() {
+    fn lock_node_names_are_an_owner_an_attempt_and_ten_digits() {
+        let owner = "3f9c0a1b2c3d4e5f60718293a4b5c6e1";
+        assert_eq!(sequence(&format!("{owner}-17-0000000003")), Some(3));
+        assert_eq!(
+            sequence(&format!("{owner}-18446744073709551615--2147483648")),
+            Some(-2147483648)
+        );
         assert_eq!(sequence("x-y-0000000003"), Some(3));
         assert_eq!(sequence("x-003"), None);
+        assert_eq!(sequence("x-17-003"), None);
     }
 
     /// ZooKeeper writes a lock node's number as Java's `%010d` of a signed 32-bit counter, so
@@ -193,7 +202,7 @@ mod tests {
             key in "[k/é\u{1}%.]{1,60}",
         ) {
             const LIMIT: usize = 120;
-            let len = base.len() + 1 + node_name(&key).unwrap().len() + 45;
+            let len = base.len() + 1 + node_name(&key).unwrap().len() + 66;
             match parent_path_within(&base, &key, LIMIT) {
                 Ok(parent) => {
                     prop_assert!(len <= LIMIT);
