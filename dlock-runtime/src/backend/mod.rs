@@ -42,6 +42,8 @@ pub use memory::MemoryBackend;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "mysql")]
+mod sql;
+#[cfg(feature = "mysql")]
 pub use mysql::{MysqlBackend, MysqlBuilder, MAX_KEY_BYTES as MYSQL_MAX_KEY_BYTES};
 #[cfg(feature = "zookeeper")]
 mod zookeeper;
