@@ -1,4 +1,4 @@
-//! What the SQL stores share: their statements run on dlock's background
+//! What the SQL stores (MySQL, PostgreSQL) share: their statements run on dlock's background
 //! runtime, are tried again after a failure that says nothing about the lock, are undone when
 //! the acquisition that sent them was abandoned, and their waiters back off with jitter.
 
