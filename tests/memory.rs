@@ -151,3 +151,84 @@ mod composition {
         );
     }
 }
+
+/// A waiter whose future is kept but no longer polled costs the others a claim window at most,
+/// also when the holder ahead of it expires instead of releasing (nobody hands the key on then).
+mod unpolled_waiters {
+    use std::time::{Duration, Instant};
+
+    use dlock::backend::{AcquireRequest, Backend, MemoryBackend};
+    use dlock::Owner;
+
+    /// Holds `key` for 200 ms without renewing, queues a waiter that is polled once and then
+    /// parked, and returns that waiter's future (to keep it alive).
+    async fn expired_holder_then_a_parked_waiter(
+        store: &MemoryBackend,
+        key: &'static str,
+    ) -> impl std::future::Future {
+        let holder = AcquireRequest::new(
+            key,
+            Owner::random(),
+            Duration::from_millis(200),
+            Duration::ZERO,
+        );
+        assert!(store.acquire(&holder).await.unwrap().is_some());
+        let store = store.clone();
+        let mut parked = Box::pin(async move {
+            let request = AcquireRequest::new(
+                key,
+                Owner::random(),
+                Duration::from_secs(30),
+                Duration::from_secs(60),
+            );
+            store
+                .acquire(&request)
+                .await
+                .map(|granted| granted.is_some())
+        });
+        // Polled until it is queued, then never again.
+        assert!(tokio::time::timeout(Duration::from_millis(20), &mut parked)
+            .await
+            .is_err());
+        parked
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiter_behind_them_gets_the_key_within_a_claim_window() {
+        let store = MemoryBackend::new();
+        let _parked = expired_holder_then_a_parked_waiter(&store, "unpolled-wait").await;
+        let started = Instant::now();
+        let request = AcquireRequest::new(
+            "unpolled-wait",
+            Owner::random(),
+            Duration::from_secs(30),
+            Duration::from_secs(10),
+        );
+        let granted = store.acquire(&request).await.unwrap();
+        assert!(
+            granted.is_some() && started.elapsed() < Duration::from_secs(3),
+            "a live waiter got {granted:?} after {:?} behind an expired holder and a parked waiter",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_caller_that_does_not_wait_gets_the_key_after_a_claim_window() {
+        let store = MemoryBackend::new();
+        let _parked = expired_holder_then_a_parked_waiter(&store, "unpolled-try").await;
+        let request = AcquireRequest::new(
+            "unpolled-try",
+            Owner::random(),
+            Duration::from_secs(30),
+            Duration::ZERO,
+        );
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while store.acquire(&request).await.unwrap().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the key stayed busy for 3 s behind an expired holder and a parked waiter"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

@@ -411,3 +411,32 @@ async fn abandoned_acquire_leaves_no_row_after_its_delayed_insert() {
     taken.unwrap().release().await.unwrap();
     assert_eq!(rows().await, 0, "a row outlived every holder");
 }
+
+/// A service pool whose connections turn autocommit off would keep each lock row inside a
+/// transaction nobody commits: other processes block on it, and a recycled connection's
+/// rollback deletes a row its holder still trusts. Such a pool is refused when the store is
+/// built, with an error that names the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_without_autocommit_is_refused_at_connect() {
+    use sqlx::mysql::MySqlPoolOptions;
+    use sqlx::Executor;
+
+    let pool = MySqlPoolOptions::new()
+        .max_connections(2)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                conn.execute("SET autocommit = 0").await?;
+                Ok(())
+            })
+        })
+        .connect(&mysql_url())
+        .await
+        .unwrap();
+    match MysqlBackend::with_pool(pool).connect().await {
+        Err(LockError::InvalidOptions { reason }) => {
+            assert!(reason.contains("autocommit"), "{reason}")
+        }
+        Err(other) => panic!("refused with an error that does not name autocommit: {other}"),
+        Ok(_) => panic!("a pool with autocommit off was accepted"),
+    }
+}

@@ -3,8 +3,8 @@
 
 mod support;
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use dlock::{distributed_lock, LockError, LockOptions, Locker};
 use tokio::sync::Notify;
@@ -99,10 +99,11 @@ async fn a_shut_down_locker_takes_no_new_leases_on_any_clone_and_shuts_down_twic
     clone.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_acquisition_in_flight_during_shutdown_leaves_the_key_free() {
-    let redis = RedisServer::start();
-    let (proxy, slow_url) = FaultProxy::in_front_of(&redis.url());
+/// Shuts down `locker` while an acquisition of a fresh key crosses a slow link to `url`'s store,
+/// and checks, the moment shutdown returns (when a program would exit), that the acquisition was
+/// refused and left the key free.
+async fn shut_down_during_an_acquisition(url: &str) {
+    let (proxy, slow_url) = FaultProxy::in_front_of(url);
     let locker = Locker::connect(&slow_url).await.unwrap();
     proxy.set_latency(Direction::Both, Duration::from_millis(300));
     let key = unique_key("inflight");
@@ -112,19 +113,135 @@ async fn an_acquisition_in_flight_during_shutdown_leaves_the_key_free() {
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     locker.shutdown().await.unwrap();
+    assert!(
+        free_on_the_store(url, &key).await,
+        "the key of an acquisition in flight was held when shutdown returned"
+    );
     let outcome = acquiring.await.unwrap();
     assert!(
         matches!(outcome, Err(LockError::ShutDown)),
         "an acquisition finishing after shutdown was kept: {outcome:?}"
     );
-    // The grant's undo travels the same slow link.
-    for _ in 0..50 {
-        if free_on_the_store(&redis.url(), &key).await {
-            return;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_in_flight_during_shutdown_leaves_the_key_free() {
+    let redis = RedisServer::start();
+    shut_down_during_an_acquisition(&redis.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mysql_acquisition_in_flight_during_shutdown_leaves_the_key_free() {
+    shut_down_during_an_acquisition(&support::mysql_url()).await;
+}
+
+/// When the first body stopped working.
+type Stopped = Mutex<Option<Instant>>;
+
+#[distributed_lock(key = "<key>", ttl = "30s", locker = locker)]
+async fn busy_in_one_poll(
+    locker: &Locker,
+    key: &str,
+    started: &Notify,
+    stopped: &Stopped,
+) -> Result<(), LockError> {
+    started.notify_one();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Work that does not yield: it runs to its end whatever happens to the lease meanwhile.
+    std::thread::sleep(Duration::from_millis(400));
+    *stopped.lock().unwrap() = Some(Instant::now());
+    tokio::task::yield_now().await;
+    Ok(())
+}
+
+#[distributed_lock(key = "<key>", ttl = "30s", locker = locker, on_lost = "continue")]
+async fn finishing_after_the_loss(
+    locker: &Locker,
+    key: &str,
+    started: &Notify,
+    stopped: &Stopped,
+) -> Result<(), LockError> {
+    started.notify_one();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    *stopped.lock().unwrap() = Some(Instant::now());
+    Ok(())
+}
+
+/// Shuts down the locker of a body that works on for a while after its lease is lost, while
+/// another process waits for the key: the other body must not start before the first stopped.
+async fn shut_down_under_a_working_body(on_lost_continue: bool) {
+    let redis = RedisServer::start();
+    let locker = Locker::connect(&redis.url()).await.unwrap();
+    let key = unique_key("working");
+    let stopped: Arc<Stopped> = Arc::default();
+    let started = Arc::new(Notify::new());
+    // The body on a thread of its own, so that its blocking work stalls nothing else (the
+    // locker's connection is driven by this test's runtime).
+    let first = std::thread::spawn({
+        let (locker, key, started, stopped) = (
+            locker.clone(),
+            key.clone(),
+            started.clone(),
+            stopped.clone(),
+        );
+        move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                if on_lost_continue {
+                    finishing_after_the_loss(&locker, &key, &started, &stopped).await
+                } else {
+                    busy_in_one_poll(&locker, &key, &started, &stopped).await
+                }
+            })
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("the key granted during shutdown stayed held");
+    });
+    started.notified().await;
+    // Another process: a runtime of its own, so nothing it does waits for this one's threads.
+    let second = std::thread::spawn({
+        let (url, key) = (redis.url(), key.clone());
+        move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let next = Locker::connect(&url).await.unwrap();
+                let lease = next
+                    .lock(&*key, LockOptions::new().wait(Duration::from_secs(10)))
+                    .await
+                    .unwrap();
+                let entered = Instant::now();
+                lease.release().await.unwrap();
+                entered
+            })
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    locker.shutdown().await.unwrap();
+    let _ = first.join().unwrap();
+    let entered = second.join().unwrap();
+    let stopped = stopped
+        .lock()
+        .unwrap()
+        .expect("the first body never stopped");
+    assert!(
+        entered >= stopped,
+        "the next holder entered {:?} before the body under the shut-down lease stopped",
+        stopped - entered
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_the_next_holder_in_only_after_a_body_busy_in_one_poll_stopped() {
+    shut_down_under_a_working_body(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_the_next_holder_in_only_after_a_continue_body_finished() {
+    shut_down_under_a_working_body(true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

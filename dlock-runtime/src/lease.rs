@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use crate::clock;
+use crate::notified;
 use crate::reentry::Turns;
 use crate::Owner;
 
@@ -27,6 +28,10 @@ pub(crate) struct LeaseState {
     lost: AtomicBool,
     released: AtomicBool,
     lost_wake: Notify,
+    released_wake: Notify,
+    /// A body of the attribute runs under the lease: the body's own exit releases it, and a
+    /// shutdown waits for that instead of releasing the key under a body still at work.
+    runs_body: AtomicBool,
     /// Which of the bodies re-entering this lease may run now (`reentry`).
     pub(crate) turns: Turns,
 }
@@ -64,6 +69,8 @@ impl LeaseState {
             lost: AtomicBool::new(false),
             released: AtomicBool::new(false),
             lost_wake: Notify::new(),
+            released_wake: Notify::new(),
+            runs_body: AtomicBool::new(false),
             turns: Turns::new(),
         }
     }
@@ -128,7 +135,27 @@ impl LeaseState {
     }
 
     pub(crate) fn mark_released(&self) -> bool {
-        !self.released.swap(true, Ordering::AcqRel)
+        let first = !self.released.swap(true, Ordering::AcqRel);
+        if first {
+            self.released_wake.notify_waiters();
+        }
+        first
+    }
+
+    /// Records that a body of the attribute runs under this lease from now on.
+    pub(crate) fn attach_body(&self) {
+        self.runs_body.store(true, Ordering::Release);
+    }
+
+    /// Whether a body of the attribute runs under this lease.
+    pub(crate) fn runs_body(&self) -> bool {
+        self.runs_body.load(Ordering::Acquire)
+    }
+
+    /// Resolves when the lease is released, or at `deadline`, whichever comes first.
+    pub(crate) async fn wait_released_until(&self, deadline: Instant) {
+        let released = notified::until(&self.released_wake, || self.is_released());
+        let _ = tokio::time::timeout_at(deadline.into(), released).await;
     }
 
     /// Resolves when the lease is lost: marked lost by the watchdog, or run past its validity with

@@ -37,6 +37,7 @@ mod key;
 mod lease;
 mod locked;
 mod locker;
+mod notified;
 mod options;
 mod owner;
 mod reentry;

@@ -164,6 +164,8 @@ where
     // From here `lease` releases on every exit: its `Drop` queues the release when the body
     // panics or this future is dropped, and the release below awaits it on a normal return.
     let body = reentry::scope(lease.state.clone(), outer, body);
+    // A shutdown now leaves the release to this body's exit, below or in the lease's `Drop`.
+    lease.state.attach_body();
     let Some(output) = run_body(spec.on_lost, &lease.state, body).await else {
         // Returns at once; dropping the lease queues its release.
         return on_failure(

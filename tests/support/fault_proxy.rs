@@ -1,7 +1,8 @@
 //! A TCP proxy between a client and its server that injects network faults, per direction:
 //! latency, stalls (bytes held, connection kept open, as in a partition), cuts of every open
-//! connection, random cuts, and refusing new connections (a server that is down). It also
-//! counts the chunks it reads each way, so a test can tell one pipelined request from many.
+//! connection, random cuts, connections that break after a few chunks (a flapping link), and
+//! refusing new connections (a server that is down). It also counts the chunks it reads each
+//! way, so a test can tell one pipelined request from many.
 //!
 //! Each connection is served by two reader threads (one per direction), each feeding a writer
 //! thread through a queue stamped with the time a chunk may leave, so latency delays bytes
@@ -43,6 +44,9 @@ struct Faults {
     latency_micros: [AtomicU64; 2],
     /// Chance, in millionths, that forwarding a chunk cuts its connection.
     cut_chance_ppm: AtomicU64,
+    /// Per direction: how many chunks a connection carries before it is cut instead of
+    /// carrying another; 0, no such limit ([`FaultProxy::break_after`]).
+    break_after: [AtomicU64; 2],
     refusing: AtomicBool,
     /// How long, in milliseconds, a new connection waits for its target to accept before the
     /// proxy gives up on it (closing the client's side); 0: one try.
@@ -76,6 +80,8 @@ struct Connection {
     closed: AtomicBool,
     /// Stalls of this connection alone, per direction ([`FaultProxy::stall_open`]).
     stalled: [AtomicBool; 2],
+    /// Chunks this connection has carried, per direction.
+    forwarded: [AtomicU64; 2],
 }
 
 impl Connection {
@@ -229,6 +235,16 @@ impl FaultProxy {
         self.faults.cut_chance_ppm.store(ppm, Ordering::SeqCst);
     }
 
+    /// From now on, a connection that has carried `chunks` chunks going `direction` is cut
+    /// instead of carrying another (that one is lost); 0 lifts the limit. Set to the chunks of
+    /// a client's handshake toward its server, a flapping link: every new connection is set up,
+    /// then breaks on the first request.
+    pub fn break_after(&self, direction: Direction, chunks: u64) {
+        for &i in direction.indices() {
+            self.faults.break_after[i].store(chunks, Ordering::SeqCst);
+        }
+    }
+
     /// From now on, a new connection whose target refuses it is tried again for up to
     /// `patience` before the proxy closes it. A peer that retries a refused connection by
     /// itself (a ZooKeeper follower dialling a leader that is still opening its port) would
@@ -278,6 +294,7 @@ fn serve(client: TcpStream, server: TcpStream, faults: &Arc<Faults>) {
         server: server.try_clone().unwrap(),
         closed: AtomicBool::new(false),
         stalled: Default::default(),
+        forwarded: Default::default(),
     });
     {
         let mut open = faults.open.lock().unwrap();
@@ -336,9 +353,17 @@ fn pump(
                 }
                 std::thread::sleep(Duration::from_millis(2));
             }
+            let limit = faults.break_after[index].load(Ordering::SeqCst);
+            if limit > 0 && connection.forwarded[index].load(Ordering::SeqCst) >= limit {
+                if connection.cut() {
+                    faults.cuts.fetch_add(1, Ordering::SeqCst);
+                }
+                return;
+            }
             if to.write_all(&chunk).is_err() {
                 break;
             }
+            connection.forwarded[index].fetch_add(1, Ordering::SeqCst);
             let chance = faults.cut_chance_ppm.load(Ordering::SeqCst);
             if chance > 0 && faults.draw_ppm() < chance {
                 if connection.cut() {

@@ -37,12 +37,18 @@ impl ZkServer {
     /// Its tick is 500 ms and it grants session timeouts from 1 s to 120 s, so tests may ask
     /// for short sessions (to see them expire) and for leases of a minute.
     pub fn start_new() -> ZkServer {
+        ZkServer::start_granting_at_most(Duration::from_secs(120))
+    }
+
+    /// Starts a server as [`start_new`](Self::start_new) does, but granting session timeouts
+    /// of at most `max_session`: a server configured differently from the one a client was on.
+    pub fn start_granting_at_most(max_session: Duration) -> ZkServer {
         let port = free_port();
         let dir = ZkServer::new_dir(port);
         let config = format!(
             "tickTime=500\n\
              minSessionTimeout=1000\n\
-             maxSessionTimeout=120000\n\
+             maxSessionTimeout={max}\n\
              dataDir={data}\n\
              clientPort={port}\n\
              clientPortAddress=127.0.0.1\n\
@@ -50,7 +56,8 @@ impl ZkServer {
              forceSync=no\n\
              admin.enableServer=false\n\
              4lw.commands.whitelist=srvr\n",
-            data = dir.join("data").display()
+            data = dir.join("data").display(),
+            max = max_session.as_millis()
         );
         std::fs::write(dir.join("zoo.cfg"), config).unwrap();
         let mut server = ZkServer {

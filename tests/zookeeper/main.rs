@@ -2,7 +2,8 @@
 //! `DLOCK_ZK_URL` names, which must tick every 500 ms and grant session timeouts of two
 //! minutes); the outage test starts one of its own, to stop it.
 //!
-//! By topic: [`queue`] (waiters in line, one woken per release, nodes cleaned up), [`sessions`]
+//! By topic: [`queue`] (waiters in line, one woken per release, nodes cleaned up), [`abandoned`]
+//! (nodes nobody uses go though their deletes are lost with the connection), [`sessions`]
 //! (leases within what the session guarantees: partitions, outages, a follower cut off) and
 //! [`paths`] (the URL's chroot, the longest key).
 
@@ -10,6 +11,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod abandoned;
 mod paths;
 mod queue;
 mod sessions;

@@ -314,3 +314,64 @@ async fn a_follower_cut_off_from_the_quorum_confirms_no_lease() {
     assert!(second.is_held());
     assert!(!lease.is_held());
 }
+
+/// An acquisition that has to move to a new session — its session ended while it waited —
+/// checks its ttl against the new session too: a server that grants a shorter session timeout
+/// cannot vouch for a lease as long as the first session could, so the acquisition is refused
+/// with the reason, and nothing is created on the new session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_moved_to_a_shorter_session_checks_its_ttl_again() {
+    use dlock::backend::{AcquireRequest, Backend};
+
+    let zk = Zookeeper::shared().await;
+    let stingy =
+        tokio::task::spawn_blocking(|| ZkServer::start_granting_at_most(Duration::from_secs(3)))
+            .await
+            .unwrap();
+    let (link, url) = FaultProxy::in_front_of(&zk.url);
+    let backend = backend_at(&url, Duration::from_secs(6)).await;
+    assert_eq!(backend.ttl_limit(), Duration::from_millis(3500));
+    let key = unique_key("ttl-new-session");
+    let holder = Locker::with_backend(zk.backend().await);
+    let lease = holder.lock(&*key, ttl(60)).await.unwrap();
+    let acquiring = tokio::spawn({
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            let request = AcquireRequest::new(
+                &key,
+                Owner::random(),
+                Duration::from_millis(3500),
+                Duration::from_secs(30),
+            );
+            backend.acquire(&request).await
+        }
+    });
+    zk.until_queue_is(&key, 2).await;
+
+    // The waiter's next connection reaches a server that does not know its session (so the
+    // session ends) and grants new sessions 3 s at most, which leave a ttl of 1.5 s.
+    let stingy_url = stingy.url();
+    link.retarget(stingy_url.strip_prefix("zk://").unwrap());
+    link.cut_all();
+    let acquired = tokio::time::timeout(Duration::from_secs(30), acquiring)
+        .await
+        .expect("the acquisition did not answer")
+        .unwrap();
+    match acquired {
+        Err(LockError::InvalidOptions { reason }) => {
+            assert!(reason.contains("3.5s"), "{reason}");
+            assert!(reason.contains("session_timeout"), "{reason}");
+        }
+        other => panic!(
+            "expected InvalidOptions on a session of {:?}, got {other:?}",
+            backend.session_timeout()
+        ),
+    }
+    let on_stingy = backend_at(&stingy_url, Duration::from_secs(3)).await;
+    assert!(
+        on_stingy.queue(&key).await.unwrap().is_empty(),
+        "a refused acquisition made a node on the new session"
+    );
+    drop(lease);
+    tokio::task::block_in_place(|| drop(stingy));
+}

@@ -81,11 +81,11 @@ impl KeyState {
         self.holder.is_none() && self.queue.is_empty()
     }
 
-    /// Wakes the head of the queue, which watches the holder's expiry: call it whenever the head
-    /// or the holder changes, or a new head could sleep through an expiry nobody else sees.
-    fn wake_head(&self) {
-        if let Some(head) = self.queue.front() {
-            head.wake.notify_one();
+    /// Wakes the waiters, which watch the holder's expiry: call it whenever the head or the
+    /// holder changes, or a waiter could sleep through an expiry nobody else sees.
+    fn wake_waiters(&self) {
+        for waiter in &self.queue {
+            waiter.wake.notify_one();
         }
     }
 }
@@ -117,7 +117,7 @@ impl MemoryBackend {
         match keys.get_mut(key).and_then(|state| state.holder.as_mut()) {
             Some(holder) => {
                 holder.expires_at = now;
-                keys.get(key).expect("just found").wake_head();
+                keys.get(key).expect("just found").wake_waiters();
                 true
             }
             None => false,
@@ -203,7 +203,7 @@ impl Shared {
             let _ = next.granted.set(acquired);
             next.wake.notify_one();
         }
-        state.wake_head();
+        state.wake_waiters();
     }
 
     fn release(&self, key: &str, owner: Owner) -> bool {
@@ -239,7 +239,7 @@ impl Shared {
             state.queue.retain(|w| !Arc::ptr_eq(w, waiter));
             // If it was this waiter's turn, pass the turn on; either way the head may be new.
             self.hand_off(state, Instant::now());
-            state.wake_head();
+            state.wake_waiters();
             if state.is_empty() {
                 keys.remove(key);
             }
@@ -273,6 +273,9 @@ impl Backend for MemoryBackend {
             let mut keys = shared.lock();
             let now = Instant::now();
             let state = keys.entry(request.key.to_owned()).or_default();
+            // A holder that expired releases nothing: if its waiters are not being polled (a
+            // future kept but parked), nobody else would hand the key on.
+            shared.hand_off(state, now);
             if state.queue.is_empty() && state.is_free(now) {
                 return Ok(Some(shared.grant(state, request.owner, request.ttl, now)));
             }
@@ -293,8 +296,8 @@ impl Backend for MemoryBackend {
             // From a handle of its own: a waiter whose claim ran out is replaced mid-iteration.
             let waiter = guard.waiter.clone();
             let woken = waiter.wake.notified();
-            // The head of the queue also watches the holder's expiry: an expired holder releases
-            // nothing, so nobody else would hand the key on.
+            // Every waiter watches the holder's expiry: an expired holder releases nothing, and
+            // the head may be a future nobody polls any more, so any waiter hands the key on.
             let holder_expiry = {
                 let mut keys = shared.lock();
                 let now = Instant::now();
@@ -334,13 +337,17 @@ impl Backend for MemoryBackend {
                     guard.done = true;
                     return Ok(Some(shared.grant(state, request.owner, request.ttl, now)));
                 }
+                if !is_head && state.is_free(now) {
+                    // To the head, for a claim window: if it is polled it claims the key, and if
+                    // not, the window runs out and the key goes on.
+                    shared.hand_off(state, now);
+                    continue;
+                }
                 if now >= deadline {
                     // The guard leaves the queue, or gives back a key handed over meanwhile.
                     return Ok(None);
                 }
-                is_head
-                    .then(|| state.holder.as_ref().map(|h| h.expires_at))
-                    .flatten()
+                state.holder.as_ref().map(|h| h.expires_at)
             };
             let until = holder_expiry.map_or(deadline, |expiry| expiry.min(deadline));
             tokio::select! {

@@ -258,7 +258,8 @@ pub trait Backend: Send + Sync + 'static {
     /// # Errors
     ///
     /// [`LockError::InvalidKey`] for a key the store cannot hold (too long for it, say);
-    /// [`LockError::InvalidOptions`] for a ttl beyond [`ttl_limit`](Self::ttl_limit);
+    /// [`LockError::InvalidOptions`] for a ttl beyond [`ttl_limit`](Self::ttl_limit); with
+    /// either, nothing of the request may be left on the store, as the runtime undoes nothing.
     /// [`LockError::Backend`] where the store failed, or cannot say whether it
     /// granted the key (a lost reply): the runtime then releases the key for the owner, which
     /// the owner check makes harmless if it was not granted. A busy key is `Ok(None)`, not an

@@ -38,7 +38,9 @@ where
     UndoFut: Future<Output = ()> + Send + 'static,
 {
     let (answer, answered) = tokio::sync::oneshot::channel();
-    background::spawn(async move {
+    // A clean-up, which shutdown waits for: the undo must reach the store before the process
+    // ends.
+    background::spawn_cleanup(async move {
         let outcome = work.await;
         if answer.send(outcome).is_err() {
             // Whatever the outcome, even an error that leaves it unknown whether the row was

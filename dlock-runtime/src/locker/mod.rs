@@ -2,7 +2,7 @@
 //! the default locker.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::backend::{AcquireRequest, Backend, DynBackend};
 use crate::background;
@@ -303,11 +303,17 @@ impl Locker {
         self.inner.backend.health().await
     }
 
-    /// Shuts the locker down for a clean exit: refuses new acquisitions, releases every lease
-    /// still held (a body running under one is told its lease is lost, and stopped if its
-    /// `on_lost` is `"cancel"`), waits for the releases queued by dropped leases to reach the
-    /// store, and closes the store's connections. Affects every clone of this locker. Calling it
-    /// again does nothing more.
+    /// Shuts the locker down for a clean exit: refuses new acquisitions and stops those in
+    /// flight (they fail with [`LockError::ShutDown`], undoing whatever reached the store),
+    /// releases every lease still held, waits for the releases queued by dropped leases and the
+    /// stores' own clean-ups to reach the store, and closes the store's connections. Affects
+    /// every clone of this locker. Calling it again does nothing more.
+    ///
+    /// A body of `#[distributed_lock]` running under a lease is told the lease is lost, and
+    /// stopped at its next `.await` if its `on_lost` is `"cancel"`; its key is released when the
+    /// body has stopped (or finished, under `"continue"`), never under a body still at work, and
+    /// at the latest when the lease's validity runs out. A manual [`Lease`] is released at once:
+    /// its holder is told through [`Lease::lost`] and stops its work when told.
     ///
     /// A lease dropped just before the program returns from `main` is released on dlock's
     /// background thread, which dies with the process: without this call, such a key stays
@@ -352,6 +358,11 @@ impl Locker {
             let queued = self.inner.holdings.queued_release();
             background::spawn(async move {
                 let _queued = queued;
+                if state.runs_body() {
+                    // The body's exit releases the key once it stopped; past the lease's
+                    // validity the store may free it anyway.
+                    state.wait_released_until(state.valid_until()).await;
+                }
                 if let Err(error) = locker.release(&state).await {
                     tracing::warn!(key = %state.key, %error, "distributed_lock: release at shutdown failed; the lease will expire");
                     let mut first = first_error.lock().unwrap_or_else(|p| p.into_inner());
@@ -359,7 +370,12 @@ impl Locker {
                 }
             });
         }
+        // Acquisitions in flight return first: their undos are queued releases.
+        self.inner.holdings.acquisitions_done().await;
         self.inner.holdings.queued_releases_done().await;
+        if !background::cleanups_done(CLEANUP_PATIENCE).await {
+            tracing::warn!(locker = %self.inner.description, "distributed_lock: clean-ups of abandoned acquisitions still running at shutdown; their keys expire with their ttl");
+        }
         self.inner.backend.close().await;
         let first_error = first_error.lock().unwrap_or_else(|p| p.into_inner()).take();
         first_error.map_or(Ok(()), Err)
@@ -374,9 +390,9 @@ impl Locker {
     ) -> Result<Arc<LeaseState>, LockError> {
         let mut options = options.checked()?;
         check_key_length(&key)?;
-        if self.inner.holdings.is_closed() {
+        let Ok(_acquiring) = self.inner.holdings.acquisition() else {
             return Err(LockError::ShutDown);
-        }
+        };
         if let Some(limit) = self.inner.backend.ttl_limit() {
             if options.ttl > limit {
                 tracing::debug!(%key, asked = ?options.ttl, kept = ?limit, "distributed_lock: ttl shortened to the store's limit");
@@ -394,10 +410,21 @@ impl Locker {
                 armed: true,
             };
             let request = AcquireRequest::new(&key, owner, options.ttl, options.wait);
-            let acquired = self.inner.backend.acquire(&request).await;
+            // A shutdown stops the acquisition: dropped here, the store's guards undo what
+            // reached it, and the guard above releases a grant that may have.
+            let acquired = tokio::select! {
+                biased;
+                acquired = self.inner.backend.acquire(&request) => acquired,
+                () = self.inner.holdings.closed() => Err(LockError::ShutDown),
+            };
             // A store error leaves it unknown whether the key was granted (a lost reply): the
-            // guard then releases it, which an owner check makes harmless if it was not.
-            pending.armed = acquired.is_err();
+            // guard then releases it, which an owner check makes harmless if it was not. A
+            // request the store refused to send (a key or option it cannot take) left nothing.
+            pending.armed = match &acquired {
+                Ok(_) => false,
+                Err(LockError::InvalidKey { .. } | LockError::InvalidOptions { .. }) => false,
+                Err(_) => true,
+            };
             acquired
         };
         let acquired = match acquired? {
@@ -429,6 +456,9 @@ impl Locker {
 
     /// Releases `state` and waits for the store's answer.
     pub(crate) async fn release(&self, state: &Arc<LeaseState>) -> Result<(), LockError> {
+        // Counted before the lease reads as released, so a shutdown waiting for the release of
+        // a body's lease also waits for it to reach the store.
+        let _counted = self.inner.holdings.queued_release();
         if !state.mark_released() {
             return Ok(());
         }
@@ -476,6 +506,10 @@ impl Locker {
         });
     }
 }
+
+/// How long shutdown waits for the stores' clean-ups of abandoned acquisitions (each bounded by
+/// its store's own time-outs) before it closes the connections anyway.
+const CLEANUP_PATIENCE: Duration = Duration::from_secs(5);
 
 fn check_key_length(key: &str) -> Result<(), LockError> {
     if key.len() <= Locker::MAX_KEY_BYTES {

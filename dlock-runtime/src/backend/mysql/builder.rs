@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, Executor};
 
 use super::retry::{backend_error, on_background};
 use super::{MysqlBackend, Shared, Statements};
@@ -230,7 +230,16 @@ impl MysqlBuilder {
                 let pool_options = MySqlPoolOptions::new()
                     .max_connections(self.max_connections)
                     .min_connections(1)
-                    .acquire_timeout(self.connect_timeout);
+                    .acquire_timeout(self.connect_timeout)
+                    // Whatever the server's default (`autocommit = 0` in my.cnf), each lock
+                    // statement must commit by itself: a row left in an open transaction would
+                    // block others, and vanish in the rollback of a recycled connection.
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            conn.execute("SET autocommit = 1").await?;
+                            Ok(())
+                        })
+                    });
                 let pool = on_background(async move {
                     pool_options.connect_with(options).await.map_err(|error| {
                         LockError::backend(format!("cannot connect to MySQL: {error}"))
@@ -241,6 +250,7 @@ impl MysqlBuilder {
             }
             Source::Pool(pool) => (pool, false),
         };
+        check_autocommit(&pool).await?;
         if self.create_table {
             let pool = pool.clone();
             on_background(async move {
@@ -273,6 +283,29 @@ impl MysqlBuilder {
             }),
         })
     }
+}
+
+/// Refuses a pool whose connections run with autocommit off (a service's pool can turn it off
+/// in its own `after_connect`): each lock statement must commit by itself.
+async fn check_autocommit(pool: &MySqlPool) -> Result<(), LockError> {
+    let pool = pool.clone();
+    let autocommit: i64 = on_background(async move {
+        sqlx::query_scalar("SELECT @@autocommit")
+            .fetch_one(&pool)
+            .await
+            .map_err(backend_error)
+    })
+    .await?;
+    if autocommit == 1 {
+        return Ok(());
+    }
+    Err(LockError::InvalidOptions {
+        reason: "the pool's connections run with autocommit off, so a lock row would stay in a \
+                 transaction nobody commits: let the pool keep MySQL's default (remove its \
+                 `SET autocommit = 0`), or give the locks a pool of their own \
+                 (`MysqlBackend::builder(url)`)"
+            .into(),
+    })
 }
 
 /// Accepts `name` or `database.name` made of letters, digits and `_`, and quotes it.

@@ -198,7 +198,8 @@ impl MysqlBackend {
     /// own. Each lock statement is one short autocommit statement on a connection of that pool,
     /// never inside a transaction of the service's. [`Locker::shutdown`](crate::Locker::shutdown)
     /// leaves the pool open: it is the service's to close. The pool must belong to a runtime
-    /// that outlives the locker (the service's main runtime, usually).
+    /// that outlives the locker (the service's main runtime, usually), and keep MySQL's default
+    /// `autocommit = 1` (connecting refuses one that turns it off).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -297,6 +297,12 @@ impl Backend for RedisBackend {
         self.release_or_leave(key, owner).await
     }
 
+    /// A `PING`: a release of a key nobody holds, the default probe, would leave a cancel
+    /// marker behind for a minute.
+    async fn health(&self) -> Result<(), LockError> {
+        self.ping().await
+    }
+
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
         let (held, error) = self.renew_judged(leases).await;
         // All or nothing: a lease not confirmed makes the whole answer an error.
@@ -380,6 +386,10 @@ impl RedisBackend {
     /// Runs the release script: releases with hand-off where `owner` holds `key`, else leaves its
     /// queue.
     async fn release_or_leave(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+        if check_key(key).is_err() {
+            // Never acquired: an acquire refuses such a key before sending anything.
+            return Ok(false);
+        }
         let keys = self.inner.layout.lock_keys(key, owner);
         let mut call = keys.call(&RELEASE);
         call.arg(&self.inner.instance);

@@ -113,7 +113,7 @@ impl Drop for LeaveGuard {
             std::mem::take(&mut self.key),
             self.owner,
         );
-        background::spawn(async move {
+        background::spawn_cleanup(async move {
             if let Err(error) = backend.release_or_leave(&key, owner).await {
                 tracing::debug!(%key, %error, "distributed_lock: leaving the redis queue failed; the waiter key will expire");
             }

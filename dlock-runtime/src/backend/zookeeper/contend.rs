@@ -24,7 +24,10 @@ const PARENT_RETRIES: usize = 16;
 type ListedWithCreate = (Vec<String>, Instant);
 
 impl ZookeeperBackend {
-    /// Acquires on `session`, trying once more on a lost connection or an ended session.
+    /// Acquires on `session`, trying once more on a lost connection or an ended session. The
+    /// ttl was checked against `session`; a new session is checked again, since the ensemble
+    /// may grant it a shorter timeout (another server, another `maxSessionTimeout`), and a
+    /// lease must not outlast what its own session can vouch for.
     pub(super) async fn acquire_on(
         &self,
         mut session: Session,
@@ -54,6 +57,7 @@ impl ZookeeperBackend {
                     Err(error) if !retried && is_retryable(&error) => {
                         retried = true;
                         session = self.session().await?;
+                        self.check_ttl(request.ttl, &session)?;
                     }
                     Err(error) => return Err(zk_error(error)),
                 }
@@ -70,6 +74,7 @@ impl ZookeeperBackend {
                     if fresh.id != node.session {
                         // Our node, if any, went with the old session.
                         node.stage = Stage::Gone;
+                        self.check_ttl(request.ttl, &fresh)?;
                         node = LockNode::new(&fresh, node.parent.clone(), request.owner);
                     }
                     // On the same session the node goes on from its stage: a create whose

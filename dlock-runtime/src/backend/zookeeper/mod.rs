@@ -69,7 +69,9 @@
 //!   leases) in the ensemble's log, instead of a read.
 //! - **Abandonment**: a waiter that gives up, or whose future is dropped, deletes its node at
 //!   once (a drop guard queues the delete on dlock's background runtime), so it never becomes a
-//!   holder that nobody serves.
+//!   holder that nobody serves. A delete whose answer is lost with the connection is sent again
+//!   (after 50 ms, doubling up to 1 s) until the server confirms the node gone or the session
+//!   has ended, however long the session outlives the connection; so is a release's.
 //!
 //! # Fences
 //!
@@ -103,14 +105,16 @@
 //! session of 30 s on ZooKeeper's default tick of 2 s. A longer ttl is shortened to that limit
 //! by the [`Locker`](crate::Locker) — which costs only more frequent renewals, since a crashed
 //! holder's node lives as long as its session whatever the ttl — and refused with
-//! [`LockError::InvalidOptions`] by [`Backend::acquire`] called directly. Set
+//! [`LockError::InvalidOptions`] by [`Backend::acquire`] called directly — checked again when
+//! an acquisition moves to a new session, which the ensemble may grant a shorter timeout. Set
 //! [`ZookeeperBuilder::tick_time`] to the ensemble's `tickTime` when it is not the default, and
 //! raise [`ZookeeperBuilder::session_timeout`] (within the server's `maxSessionTimeout`) for
 //! longer leases.
 //!
 //! A request the ensemble does not answer is bounded: an acquisition fails after its `wait`
 //! plus the session timeout, a release after the session timeout (its delete keeps being retried
-//! in the background while the session lives, so the key is not blocked for good).
+//! in the background until it is confirmed or the session ends, so the key is not blocked for
+//! good).
 //!
 //! # Why zookeeper-client
 //!
@@ -121,6 +125,7 @@
 //! through the `spawns` hook, which dlock points at its own background runtime.
 
 mod builder;
+mod cleanup;
 mod contend;
 mod node;
 mod paths;
@@ -135,7 +140,8 @@ use std::time::Duration;
 use zookeeper_client::{Acls, CreateMode, CreateOptions, Error as ZkError, SessionId};
 
 pub use self::builder::ZookeeperBuilder;
-use self::node::{confirm_nodes, delete_node, delete_until_gone};
+use self::cleanup::delete_until_confirmed;
+use self::node::{confirm_nodes, delete_node};
 use self::paths::parent_path;
 pub use self::paths::MAX_PATH_BYTES;
 use self::queue::queue_in_creation_order;
@@ -436,7 +442,11 @@ impl Backend for ZookeeperBackend {
             )),
         };
         // A node left behind would block the key for as long as the session lives.
-        background::spawn(delete_until_gone(session.client, held.path, held.parent));
+        background::spawn_cleanup(delete_until_confirmed(
+            session.client,
+            held.path,
+            held.parent,
+        ));
         Err(error)
     }
 

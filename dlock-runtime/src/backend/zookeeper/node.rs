@@ -1,18 +1,14 @@
 //! One acquisition's lock node: where it stands ([`Stage`]), the guard that deletes it when the
 //! acquisition is abandoned, and the writes that confirm or delete lock nodes.
 
-use std::time::Duration;
-
 use zookeeper_client::{Client, Error as ZkError, MultiWriteError, SessionId};
 
+use super::cleanup::{delete_unanswered_create, delete_until_confirmed};
 use super::paths::sequence;
 use super::queue::creation_zxids;
 use super::session::{ends_session, Session};
 use super::RENEW_CHUNK;
 use crate::{background, Owner};
-
-/// How often a background delete of an unanswered release is retried.
-const DELETE_RETRIES: usize = 100;
 
 /// Where one acquisition's lock node stands. The acquisition loop (`contend`) moves it from
 /// stage to stage; dropping the [`LockNode`] before it is [`Granted`](Stage::Granted) cleans up
@@ -29,12 +25,14 @@ pub(super) enum Stage {
     /// without saying whether it landed, or the future was dropped): the node may exist. Its
     /// name starts with the owner, so the next step lists the parent and looks for it, moving
     /// on to `Queued` when it is there and to `NotCreated` when it is not. Dropped here, the
-    /// guard does that search from the background and deletes what it finds.
+    /// guard does that search from the background and deletes what it finds, until the server
+    /// confirms it or the session ends.
     CreateUnanswered,
     /// Our node exists, as far as the last answer said, and waits for the nodes created before
     /// it to go. Moves on to `Granted` when none is left ahead and the node is confirmed by a
     /// write; back to `NotCreated` when the node is gone; to `Gone` when the wait ran out and
-    /// the node was deleted. Dropped here, the guard deletes the node.
+    /// the node was deleted. Dropped here, the guard deletes the node, until the server confirms
+    /// it or the session ends.
     Queued(Queued),
     /// The node holds the lock: it belongs to the lease now, which releases it. The guard lets
     /// it be. Final.
@@ -102,7 +100,8 @@ impl Queued {
 
 /// The lock node of one acquisition in progress, on one session. Dropped before it was granted
 /// (the waiter gave up or its future was dropped), it deletes the node at once, from the
-/// background.
+/// background, trying again until the deletion is confirmed or the session has ended (see
+/// [`cleanup`](super::cleanup)).
 pub(super) struct LockNode {
     pub(super) client: Client,
     pub(super) session: SessionId,
@@ -140,7 +139,8 @@ impl LockNode {
     }
 
     /// Deletes a queued node now, which makes it [`Gone`](Stage::Gone); if that fails, it stays
-    /// [`Queued`](Stage::Queued), and dropping the guard tries again from the background.
+    /// [`Queued`](Stage::Queued), and dropping the guard goes on from the background until the
+    /// deletion is confirmed, so the waiter's answer does not wait for the connection.
     pub(super) async fn remove(&mut self) {
         let Stage::Queued(queued) = &self.stage else {
             return;
@@ -158,28 +158,20 @@ impl LockNode {
 
 impl Drop for LockNode {
     fn drop(&mut self) {
-        let name = match &self.stage {
-            Stage::Queued(queued) => Some(queued.name.clone()),
-            Stage::CreateUnanswered => None,
-            Stage::NotCreated | Stage::Granted | Stage::Gone => return,
-        };
         let client = self.client.clone();
         let parent = self.parent.clone();
-        let own_prefix = self.own_prefix.clone();
-        background::spawn(async move {
-            if let Some(name) = name {
-                let _ = delete_node(&client, &format!("{parent}/{name}"), &parent).await;
-                return;
+        match &self.stage {
+            Stage::Queued(queued) => {
+                let path = format!("{parent}/{}", queued.name);
+                background::spawn_cleanup(delete_until_confirmed(client, path, parent));
             }
-            // The create's answer was never seen: find the node by its owner prefix. The list is
-            // served after the create, which was sent first on the same session.
-            let Ok(children) = client.list_children(&parent).await else {
-                return;
-            };
-            for name in children.iter().filter(|c| c.starts_with(&own_prefix)) {
-                let _ = delete_node(&client, &format!("{parent}/{name}"), &parent).await;
+            Stage::CreateUnanswered => {
+                // The create's answer was never seen: the node is found by its owner prefix.
+                let own_prefix = self.own_prefix.clone();
+                background::spawn_cleanup(delete_unanswered_create(client, parent, own_prefix));
             }
-        });
+            Stage::NotCreated | Stage::Granted | Stage::Gone => {}
+        }
     }
 }
 
@@ -247,20 +239,5 @@ pub(super) async fn delete_node(
         Ok(()) => Ok(true),
         Err(ZkError::NoNode) => Ok(false),
         Err(error) => Err(error),
-    }
-}
-
-/// Retries the delete of a release whose answer was lost, while the session lives.
-pub(super) async fn delete_until_gone(client: Client, path: String, parent: String) {
-    for _ in 0..DELETE_RETRIES {
-        match delete_node(&client, &path, &parent).await {
-            Ok(_) => return,
-            Err(error) if ends_session(&error) => return,
-            Err(ZkError::ConnectionLoss) => tokio::time::sleep(Duration::from_millis(200)).await,
-            Err(error) => {
-                tracing::warn!(%path, %error, "distributed_lock: cannot delete a released ZooKeeper node; it stays until the session ends");
-                return;
-            }
-        }
     }
 }
