@@ -41,6 +41,31 @@ if [ -z "${DLOCK_MYSQL_URL:-}" ] && ! mysql_answers root; then
         GRANT ALL ON test.* TO 'dlock'@'localhost';"
     export DLOCK_MYSQL_URL=mysql://dlock:dlock@127.0.0.1:3306/test
 fi
+# PostgreSQL for the postgres tests: the server on 127.0.0.1:5432 when it answers (as on the
+# project's machines, user postgres with trust authentication); otherwise install and start
+# Debian's, trusting local connections, with the database `test`.
+if [ -z "${DLOCK_POSTGRES_URL:-}" ] && ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+    need pg_isready postgresql-client
+    need /usr/share/postgresql-common/pg_wrapper postgresql
+    if ! pg_isready -q -h 127.0.0.1 -p 5432; then
+        if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
+        cluster=$(pg_lsclusters -h | awk 'NR == 1 { print $1 " " $2 }')
+        if [ -z "$cluster" ]; then
+            version=$(ls /usr/lib/postgresql | sort -n | tail -1)
+            $sudo pg_createcluster "$version" main -- --auth=trust >/dev/null
+            cluster="$version main"
+        fi
+        # Trust on loopback, so the tests' URL needs no password.
+        $sudo sed -i -E 's/^(host\s+all\s+all\s+(127\.0\.0\.1\/32|::1\/128)\s+)\S+/\1trust/' \
+            "/etc/postgresql/${cluster/ //}/pg_hba.conf" 2>/dev/null || true
+        $sudo pg_ctlcluster $cluster start || $sudo pg_ctlcluster $cluster reload
+        for _ in $(seq 60); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.5; done
+    fi
+fi
+if [ -z "${DLOCK_POSTGRES_URL:-}" ]; then
+    [ "$(psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'test'")" = 1 ] \
+        || psql -h 127.0.0.1 -U postgres -d postgres -qc 'CREATE DATABASE test'
+fi
 need java default-jre-headless
 need /usr/share/java/zookeeper.jar zookeeper
 need faketime faketime       # the skewed-clock client of tests/faults/

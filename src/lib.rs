@@ -122,13 +122,13 @@
 //! Each store is behind the cargo feature of the same name; `memory` and `redis` are on by
 //! default. Take the store you already run, and check that its promise is the one you need:
 //!
-//! | | memory | Redis | MySQL / MariaDB | ZooKeeper |
-//! | --- | --- | --- | --- | --- |
-//! | URL | `memory://` | `redis://`, `rediss://`, `redis+cluster://` | `mysql://` | `zk://host:port[/chroot]` |
-//! | exclusion across a fail-over | one process only | no by default: a replica promoted before it saw the lock (or the last renewals) forgets it; yes with `min_replicas = N` (grants and renewals count after `WAIT N`, one more command in the same round trip) where the promoted replica is one of those counted; fences rise either way | as far as the database's replication is synchronous | yes: quorum writes |
-//! | fencing | store counter | per-key counter, floored by the server's µs clock | `GREATEST(fence + 1, database µs clock)` | node `czxid` |
-//! | fair (FIFO) waiting | yes | yes (queue + hand-off) | no (jittered back-off) | yes (each waiter watches its predecessor) |
-//! | expiry judged by | its own clock | the server (`PX`) | the database (`UTC_TIMESTAMP(6)`) | the session |
+//! | | memory | Redis | MySQL / MariaDB | PostgreSQL | ZooKeeper |
+//! | --- | --- | --- | --- | --- | --- |
+//! | URL | `memory://` | `redis://`, `rediss://`, `redis+cluster://` | `mysql://` | `postgres://`, `postgresql://` | `zk://host:port[/chroot]` |
+//! | exclusion across a fail-over | one process only | no by default: a replica promoted before it saw the lock (or the last renewals) forgets it; yes with `min_replicas = N` (grants and renewals count after `WAIT N`, one more command in the same round trip) where the promoted replica is one of those counted; fences rise either way | as far as the database's replication is synchronous | as far as the database's replication is synchronous | yes: quorum writes |
+//! | fencing | store counter | per-key counter, floored by the server's µs clock | `GREATEST(fence + 1, database µs clock)` | `GREATEST(fence + 1, database µs clock)` | node `czxid` |
+//! | fair (FIFO) waiting | yes | yes (queue + hand-off) | no (jittered back-off) | within a process (woken by `NOTIFY`); across processes every release wakes each process's first waiter, first statement wins | yes (each waiter watches its predecessor) |
+//! | expiry judged by | its own clock | the server (`PX`) | the database (`UTC_TIMESTAMP(6)`) | the database (`clock_timestamp()`) | the session |
 //!
 //! Whatever the store, the client also judges loss on its own clock (see *Loss* above), and the
 //! fence lets the resource itself reject a stale holder — the only protection that survives a
@@ -222,7 +222,7 @@
 //! A [`Locker`] is a handle to one store. Get one from a URL with [`Locker::connect`] (or
 //! [`Locker::from_env`], which reads the URL from `DLOCK_URL`), or build a backend with its
 //! options — `RedisBackend::builder(url)?`, `MysqlBackend::builder(url)?`,
-//! `ZookeeperBackend::builder(url)?`, each giving a builder that ends in `connect().await` —
+//! `PostgresBackend::builder(url)?`, `ZookeeperBackend::builder(url)?`, each giving a builder that ends in `connect().await` —
 //! and hand it to [`Locker::with_backend`], which takes any [`backend::Backend`].
 //!
 //! Without a `locker = …` argument the attribute uses the default locker: the one given to

@@ -70,3 +70,28 @@ async fn a_mysql_password_never_shows_in_debug_or_errors() {
         }
     }
 }
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_postgres_password_never_shows_in_debug_or_errors() {
+    use dlock::backend::PostgresBackend;
+    for password in PASSWORDS {
+        let url = format!("postgres://app:{password}@127.0.0.1:1/test?table=locks");
+        if let Ok(builder) = PostgresBackend::builder(&url) {
+            assert_hidden(password, &format!("{builder:?}"));
+            if let Ok(builder) = builder.listen_url(&url) {
+                assert_hidden(password, &format!("{builder:?}"));
+            }
+        }
+        for bad in [
+            format!("postgresql://app:{password}@127.0.0.1:notaport/test"),
+            format!("postgres://app:{password}@127.0.0.1:1/test?connect_timeout=200ms"),
+            format!("postgres://127.0.0.1:1/test?password={password}&connect_timeout=soon"),
+        ] {
+            if let Err(error) = Locker::connect(&bad).await {
+                assert_hidden(password, &error.to_string());
+                assert_hidden(password, &format!("{error:?}"));
+            }
+        }
+    }
+}

@@ -28,7 +28,12 @@ where
 
 /// A handle to the background runtime, for backends whose connections must outlive the caller's
 /// runtime (their driver tasks are spawned there).
-#[cfg(any(feature = "redis", feature = "mysql", feature = "zookeeper"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "mysql",
+    feature = "postgres",
+    feature = "zookeeper"
+))]
 pub(crate) fn handle() -> &'static tokio::runtime::Handle {
     RUNTIME.handle()
 }

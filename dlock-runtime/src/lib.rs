@@ -11,7 +11,7 @@
 //! - [`LockOptions`] — ttl, wait and renewal of one acquisition; [`Owner`], the token a lease is
 //!   stored under.
 //! - [`backend`] — the small trait a store implements, and the stores: memory, Redis (and Redis
-//!   Cluster, TLS), MySQL / MariaDB and ZooKeeper, each behind its cargo feature.
+//!   Cluster, TLS), MySQL / MariaDB, PostgreSQL and ZooKeeper, each behind its cargo feature.
 //! - [`LockError`] and [`FromLockError`] — failures, and how a locked function returns them.
 //!
 //! ```
@@ -31,7 +31,12 @@
 
 pub mod backend;
 mod background;
-#[cfg(any(feature = "redis", feature = "mysql", feature = "zookeeper"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "mysql",
+    feature = "postgres",
+    feature = "zookeeper"
+))]
 mod cleanups;
 mod clock;
 mod error;

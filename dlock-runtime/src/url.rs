@@ -3,7 +3,7 @@
 
 /// The schemes, as an error lists them.
 pub(crate) const KNOWN: &str =
-    "memory://, redis://, rediss://, redis+cluster://, mysql:// or zk://";
+    "memory://, redis://, rediss://, redis+cluster://, mysql://, postgres://, postgresql:// or zk://";
 
 /// A store a URL names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,6 +14,8 @@ pub(crate) enum Scheme {
     /// `redis+cluster://` and `rediss+cluster://`.
     RedisCluster,
     Mysql,
+    /// `postgres://` and `postgresql://`.
+    Postgres,
     Zookeeper,
 }
 
@@ -26,6 +28,7 @@ impl Scheme {
             "redis" | "rediss" => Scheme::Redis,
             "redis+cluster" | "rediss+cluster" => Scheme::RedisCluster,
             "mysql" => Scheme::Mysql,
+            "postgres" | "postgresql" => Scheme::Postgres,
             "zk" => Scheme::Zookeeper,
             _ => return None,
         })
@@ -38,19 +41,32 @@ impl Scheme {
             Scheme::Redis => "redis",
             Scheme::RedisCluster => "redis-cluster",
             Scheme::Mysql => "mysql",
+            Scheme::Postgres => "postgres",
             Scheme::Zookeeper => "zookeeper",
         }
     }
 }
 
-#[cfg(any(feature = "redis", feature = "mysql"))]
+#[cfg(any(feature = "redis", feature = "mysql", feature = "postgres"))]
 pub(crate) use settings::number_param;
-#[cfg(any(feature = "redis", feature = "mysql", feature = "zookeeper"))]
+#[cfg(feature = "postgres")]
+pub(crate) use settings::without_params;
+#[cfg(any(
+    feature = "redis",
+    feature = "mysql",
+    feature = "postgres",
+    feature = "zookeeper"
+))]
 pub(crate) use settings::{duration_param, query_param};
 
 /// The settings a store's URL carries in its query (`…?name=value&…`), for the stores that have
 /// any.
-#[cfg(any(feature = "redis", feature = "mysql", feature = "zookeeper"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "mysql",
+    feature = "postgres",
+    feature = "zookeeper"
+))]
 mod settings {
     use std::time::Duration;
 
@@ -64,6 +80,36 @@ mod settings {
         query
             .split('&')
             .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+    }
+
+    /// `url` without the query parameters `names`, for a driver that warns about parameters it
+    /// does not know (and would print their values).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn without_params(url: &str, names: &[&str]) -> String {
+        let Some((base, rest)) = url.split_once('?') else {
+            return url.to_owned();
+        };
+        let (query, fragment) = match rest.split_once('#') {
+            Some((query, fragment)) => (query, Some(fragment)),
+            None => (rest, None),
+        };
+        let kept: Vec<&str> = query
+            .split('&')
+            .filter(|pair| {
+                let name = pair.split_once('=').map_or(*pair, |(name, _)| name);
+                !pair.is_empty() && !names.contains(&name)
+            })
+            .collect();
+        let mut url = base.to_owned();
+        if !kept.is_empty() {
+            url.push('?');
+            url.push_str(&kept.join("&"));
+        }
+        if let Some(fragment) = fragment {
+            url.push('#');
+            url.push_str(fragment);
+        }
+        url
     }
 
     /// The query parameter `name` of `url` as a duration: whole numbers with units, `500ms`, `3s`,
@@ -81,7 +127,7 @@ mod settings {
     }
 
     /// The query parameter `name` of `url` as a number (no ZooKeeper setting is one).
-    #[cfg(any(feature = "redis", feature = "mysql"))]
+    #[cfg(any(feature = "redis", feature = "mysql", feature = "postgres"))]
     pub(crate) fn number_param<T: std::str::FromStr>(
         url: &str,
         name: &str,
@@ -135,6 +181,25 @@ mod settings {
             assert_eq!(query_param(url, "min_replicas"), Some("2"));
             assert_eq!(query_param(url, "replicas"), None);
             assert_eq!(query_param("redis://h", "key_prefix"), None);
+        }
+
+        #[cfg(feature = "postgres")]
+        #[test]
+        fn settings_are_taken_out_of_a_url_whole() {
+            use super::without_params;
+            let url = "postgres://u:p@h/db?table=t&sslmode=disable&tables=x&max_connections=2";
+            assert_eq!(
+                without_params(url, &["table", "max_connections"]),
+                "postgres://u:p@h/db?sslmode=disable&tables=x"
+            );
+            assert_eq!(
+                without_params("postgres://h/db?table=t", &["table"]),
+                "postgres://h/db"
+            );
+            assert_eq!(
+                without_params("postgres://h/db", &["table"]),
+                "postgres://h/db"
+            );
         }
 
         #[test]

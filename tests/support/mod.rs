@@ -46,24 +46,48 @@ pub fn mysql_url() -> String {
     std::env::var("DLOCK_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
 }
 
-/// Drops `table` from [`mysql_url`]'s database, from any context: over a connection of a runtime
-/// of its own, on a thread of its own, so it also works from a `Drop` that blocks a runtime.
+/// Drops `table` from [`mysql_url`]'s database, from any context.
 pub fn drop_mysql_table(table: &str) {
     let drop_table = format!("DROP TABLE IF EXISTS `{table}`");
+    on_a_runtime_of_its_own(async move {
+        if let Ok(admin) = sqlx::mysql::MySqlPool::connect(&mysql_url()).await {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(drop_table))
+                .execute(&admin)
+                .await;
+        }
+    });
+}
+
+/// Runs `task` to its end over a runtime of its own, on a thread of its own, so it also works
+/// from a `Drop` that blocks a runtime (a test's, whose connections are then stuck with it).
+pub fn on_a_runtime_of_its_own(task: impl Future<Output = ()> + Send + 'static) {
     let _ = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .unwrap();
-        runtime.block_on(async {
-            if let Ok(admin) = sqlx::mysql::MySqlPool::connect(&mysql_url()).await {
-                let _ = sqlx::query(sqlx::AssertSqlSafe(drop_table))
-                    .execute(&admin)
-                    .await;
-            }
-        });
+            .unwrap()
+            .block_on(task);
     })
     .join();
+}
+
+/// The PostgreSQL the tests use: `DLOCK_POSTGRES_URL`, else the machine's server as `postgres`
+/// (trust authentication) in the database `test`.
+pub fn postgres_url() -> String {
+    std::env::var("DLOCK_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// Drops `table` from [`postgres_url`]'s database, from any context.
+pub fn drop_postgres_table(table: &str) {
+    let drop_table = format!("DROP TABLE IF EXISTS \"{table}\"");
+    on_a_runtime_of_its_own(async move {
+        if let Ok(admin) = sqlx::postgres::PgPool::connect(&postgres_url()).await {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(drop_table))
+                .execute(&admin)
+                .await;
+        }
+    });
 }
 
 /// A port of 127.0.0.1 where a server accepts connections and never says a word: each

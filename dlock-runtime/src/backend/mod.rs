@@ -9,6 +9,7 @@
 //! | in-process | `MemoryBackend` | `memory` (default) | `memory://` |
 //! | Redis, Redis Cluster | `RedisBackend` | `redis` (default), `redis-cluster`, `redis-tls` | `redis://`, `rediss://`, `redis+cluster://` |
 //! | MySQL / MariaDB | `MysqlBackend` | `mysql` | `mysql://` |
+//! | PostgreSQL | `PostgresBackend` | `postgres` | `postgres://`, `postgresql://` |
 //! | ZooKeeper | `ZookeeperBackend` | `zookeeper` | `zk://` |
 //!
 //! Each store but memory has a builder for the options a URL does not carry, from
@@ -41,6 +42,12 @@ mod memory;
 pub use memory::MemoryBackend;
 #[cfg(feature = "mysql")]
 mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresBackend, PostgresBuilder, MAX_KEY_BYTES as POSTGRES_MAX_KEY_BYTES};
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+mod sql;
 #[cfg(feature = "mysql")]
 pub use mysql::{MysqlBackend, MysqlBuilder, MAX_KEY_BYTES as MYSQL_MAX_KEY_BYTES};
 #[cfg(feature = "zookeeper")]

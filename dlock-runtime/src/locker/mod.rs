@@ -139,6 +139,7 @@ impl Locker {
     /// | Redis | `redis://[[user]:password@]host[:port][/db]`, `rediss://…` (feature `redis-tls`) |
     /// | Redis Cluster | `redis+cluster://host:port,host:port` (feature `redis-cluster`) |
     /// | MySQL / MariaDB | `mysql://user:password@host[:port]/database` |
+    /// | PostgreSQL | `postgres://user:password@host[:port]/database`, `postgresql://…` |
     /// | ZooKeeper | `zk://host:port[,host:port][/chroot]` |
     ///
     /// Redis URLs take `?min_replicas=n`: a grant and each renewal then count only once `n`
@@ -172,6 +173,11 @@ impl Locker {
             #[cfg(feature = "mysql")]
             Some(Scheme::Mysql) => Ok(Locker::with_backend(
                 crate::backend::MysqlBackend::connect(url).await?,
+            )
+            .described(url)),
+            #[cfg(feature = "postgres")]
+            Some(Scheme::Postgres) => Ok(Locker::with_backend(
+                crate::backend::PostgresBackend::connect(url).await?,
             )
             .described(url)),
             #[cfg(feature = "redis")]

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use sqlx::mysql::MySqlPool;
 use sqlx::AssertSqlSafe;
 
+use super::sql::{self, micros, Jitter};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
 use crate::{LockError, Owner};
@@ -259,38 +260,29 @@ impl MysqlBackend {
         &self.shared.sql.table
     }
 
-    /// One try at the key: its `INSERT`, and the take-over `UPDATE` if the row exists.
-    ///
-    /// The statements run in a task of their own on the background runtime, which a dropped
-    /// caller does not stop. So a caller that stops waiting cannot undo them itself: a release
-    /// it queued could reach the database before a statement still waiting on a row lock (a
-    /// reader's gap lock delays an `INSERT`, not a `DELETE` of the absent row), and the row the
-    /// statement then writes would stay for the whole ttl, held by nobody. The task therefore
-    /// hands its answer over a channel, and when nobody is left to take it, deletes what it
-    /// wrote itself, after the statement that wrote it. A caller dropped after taking the
-    /// answer is covered by the locker's own release, which then runs after the statement too.
+    /// One try at the key: its `INSERT`, and the take-over `UPDATE` if the row exists; run so
+    /// that a caller who stops waiting leaves no row behind (see [`sql::unless_abandoned`]: a
+    /// reader's gap lock delays an `INSERT`, not a `DELETE` of the absent row).
     async fn try_acquire(
         &self,
         key: &str,
         owner: &str,
         ttl_us: u64,
     ) -> Result<Option<(u64, Instant)>, LockError> {
-        let shared = self.shared.clone();
+        let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
         let (key, owner) = (key.as_bytes().to_vec(), owner.to_owned());
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        self.shared.cleanups.spawn(async move {
-            let outcome = acquire_row(&shared, &key, &owner, ttl_us).await;
-            if answer.send(outcome).is_err() {
-                // Whatever the outcome, even an error that leaves it unknown whether the row was
-                // written: deleting a row only where we own it is harmless.
-                if let Err(error) = delete_row(&shared, &key, &owner).await {
+        let (undo_key, undo_owner) = (key.clone(), owner.clone());
+        sql::unless_abandoned(
+            "MySQL",
+            &self.shared.cleanups,
+            async move { acquire_row(&shared, &key, &owner, ttl_us).await },
+            move || async move {
+                if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner).await {
                     tracing::warn!(%error, "distributed_lock: cannot undo an abandoned MySQL acquisition; its row expires with its ttl");
                 }
-            }
-        });
-        answered
-            .await
-            .map_err(|_| LockError::backend("MySQL task failed before answering"))?
+            },
+        )
+        .await
     }
 }
 
@@ -436,27 +428,6 @@ fn check_key(key: &str) -> Result<(), LockError> {
         });
     }
     Ok(())
-}
-
-fn micros(duration: Duration) -> u64 {
-    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
-}
-
-/// A small xorshift generator for back-off jitter, started from the owner token.
-struct Jitter(u64);
-
-impl Jitter {
-    fn new(owner: Owner) -> Self {
-        Jitter((owner.as_u128() as u64) | 1)
-    }
-
-    fn between(&mut self, low: Duration, high: Duration) -> Duration {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        let span = high.saturating_sub(low).as_micros() as u64;
-        low + Duration::from_micros(if span == 0 { 0 } else { self.0 % span })
-    }
 }
 
 #[cfg(test)]

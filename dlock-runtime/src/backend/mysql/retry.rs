@@ -5,42 +5,26 @@ use std::future::Future;
 
 use sqlx::mysql::MySqlDatabaseError;
 
-use crate::{background, LockError};
+use crate::backend::sql;
+use crate::LockError;
 
 /// Runs `task` on dlock's background runtime, where the pool's connections live.
 pub(super) async fn on_background<T: Send + 'static>(
     task: impl Future<Output = Result<T, LockError>> + Send + 'static,
 ) -> Result<T, LockError> {
-    background::handle()
-        .spawn(task)
-        .await
-        .map_err(|error| LockError::backend(format!("MySQL task failed: {error}")))?
+    sql::on_background("MySQL", task).await
 }
 
-/// Runs `statement` again if it failed in a way that says nothing about the lock: once on a
-/// fresh connection if its connection broke (so the first call after a server restart
-/// succeeds), and up to three times when InnoDB chose it as a deadlock victim or timed out its
-/// row-lock wait — concurrent `INSERT`s and `DELETE`s of one key can deadlock on the key's index
-/// record, and a victim's autocommit statement was rolled back whole. Every lock statement is
-/// safe to repeat for its owner.
-pub(super) async fn retry_transient<T, F, Fut>(mut statement: F) -> Result<T, sqlx::Error>
+/// Runs `statement` again after a failure that says nothing about the lock: a broken
+/// connection (once), or InnoDB choosing it as a deadlock victim or timing out its row-lock
+/// wait (up to three times) — concurrent `INSERT`s and `DELETE`s of one key can deadlock on the
+/// key's index record, and a victim's autocommit statement was rolled back whole.
+pub(super) async fn retry_transient<T, F, Fut>(statement: F) -> Result<T, sqlx::Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, sqlx::Error>>,
 {
-    let mut deadlocks = 0;
-    let mut reconnected = false;
-    loop {
-        match statement().await {
-            Err(sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed)
-                if !reconnected =>
-            {
-                reconnected = true;
-            }
-            Err(error) if is_lock_conflict(&error) && deadlocks < 3 => deadlocks += 1,
-            other => return other,
-        }
-    }
+    sql::retry_transient(is_lock_conflict, statement).await
 }
 
 /// A deadlock (1213) or a row-lock wait time-out (1205).

@@ -1,0 +1,375 @@
+//! [`PostgresBuilder`]: the options of a PostgreSQL store, and the statements they make.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::AssertSqlSafe;
+
+use super::waiting::Waiting;
+use super::{backend_error, on_background, PostgresBackend, Shared, Statements};
+use crate::url::{duration_param, number_param, query_param, without_params};
+use crate::LockError;
+
+/// The URL settings that are dlock's, taken out before the driver reads the rest.
+const SETTINGS: [&str; 3] = ["table", "connect_timeout", "max_connections"];
+
+/// Options of a [`PostgresBackend`], from [`PostgresBackend::builder`] or
+/// [`PostgresBackend::with_pool`]. Nothing is connected until [`connect`](Self::connect).
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+/// use std::time::Duration;
+/// use dlock::{backend::PostgresBackend, Locker};
+///
+/// let backend = PostgresBackend::builder("postgres://app:secret@db.internal:5432/orders")?
+///     .table("order_locks")
+///     .max_connections(4)
+///     .connect_timeout(Duration::from_secs(2))
+///     .connect()
+///     .await?;
+/// let locker = Locker::with_backend(backend);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+#[must_use = "a builder does nothing until `connect`"]
+pub struct PostgresBuilder {
+    source: Source,
+    /// Where the `LISTEN` connection goes, where not where the statements go.
+    listen: Option<Box<PgConnectOptions>>,
+    table: String,
+    max_connections: u32,
+    connect_timeout: Duration,
+    create_table: bool,
+}
+
+/// Where the connections come from.
+#[derive(Clone)]
+enum Source {
+    /// A pool of dlock's own, opened by `connect` and closed by `Locker::shutdown`.
+    Url(Box<PgConnectOptions>),
+    /// The service's own pool: used, never closed.
+    Pool(PgPool),
+}
+
+/// Everything but the password, which the connect options would print.
+impl std::fmt::Debug for PostgresBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut debug = f.debug_struct("PostgresBuilder");
+        match &self.source {
+            Source::Url(options) => debug
+                .field("host", &options.get_host())
+                .field("port", &options.get_port())
+                .field("username", &options.get_username())
+                .field("database", &options.get_database()),
+            Source::Pool(_) => debug.field("pool", &"the caller's"),
+        };
+        if let Some(listen) = &self.listen {
+            debug.field("listen_host", &listen.get_host());
+            debug.field("listen_port", &listen.get_port());
+        }
+        debug
+            .field("table", &self.table)
+            .field("max_connections", &self.max_connections)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("create_table", &self.create_table)
+            .finish()
+    }
+}
+
+/// The driver's options from `url`, without dlock's own settings.
+fn connect_options(url: &str) -> Result<PgConnectOptions, LockError> {
+    without_params(url, &SETTINGS)
+        .parse()
+        .map_err(|error| LockError::invalid_url(url, error))
+}
+
+impl PostgresBuilder {
+    pub(super) fn new(url: &str) -> Result<PostgresBuilder, LockError> {
+        let options = connect_options(url)?;
+        let mut builder = Self::from_source(Source::Url(Box::new(options)));
+        if let Some(table) = query_param(url, "table") {
+            builder.table = table.to_owned();
+        }
+        if let Some(timeout) = duration_param(url, "connect_timeout")? {
+            builder.connect_timeout = timeout;
+        }
+        if let Some(max) = number_param::<u32>(url, "max_connections")? {
+            builder = builder.max_connections(max);
+        }
+        Ok(builder)
+    }
+
+    pub(super) fn with_pool(pool: PgPool) -> PostgresBuilder {
+        Self::from_source(Source::Pool(pool))
+    }
+
+    fn from_source(source: Source) -> PostgresBuilder {
+        PostgresBuilder {
+            source,
+            listen: None,
+            table: "dlock_locks".into(),
+            max_connections: 10,
+            connect_timeout: Duration::from_secs(5),
+            create_table: true,
+        }
+    }
+}
+
+impl PostgresBuilder {
+    /// The lock table's name (default `dlock_locks`): letters, digits and `_`, optionally
+    /// `schema.table`, at most 63 bytes (the table's name is also its notification channel's).
+    /// Checked by [`connect`](Self::connect).
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// let backend = dlock::backend::PostgresBackend::builder("postgres://app:secret@db.internal/orders")?
+    ///     .table("locks.order_locks") // in the `locks` schema
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// How long connecting, or waiting for a free connection of the pool, may take (default
+    /// 5 s). Not used with [`PostgresBackend::with_pool`], whose pool has its own, except for
+    /// the listening connection. A lock call that waits longer for a connection fails with
+    /// [`LockError::Backend`].
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// let backend = dlock::backend::PostgresBackend::builder("postgres://app:secret@db.internal/orders")?
+    ///     .connect_timeout(Duration::from_secs(1))
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The most connections the locker's own pool opens (default 10), besides the one that
+    /// listens. Not used with [`PostgresBackend::with_pool`]. Each lock statement holds a
+    /// connection only while it runs, and a waiter holds none, so a few serve many locks.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// let backend = dlock::backend::PostgresBackend::builder("postgres://app:secret@db.internal/orders")?
+    ///     .max_connections(4)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn max_connections(mut self, max: u32) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
+    /// Whether to create the table if it is missing (default `true`). Turn it off where the
+    /// service's database user may not create tables, and have a DBA run
+    /// [`PostgresBackend::ddl`] ahead of time.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// let backend = dlock::backend::PostgresBackend::builder("postgres://app:secret@db.internal/orders")?
+    ///     .create_table(false)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
+    }
+
+    /// Where the one `LISTEN` connection goes, where that is not where the statements go: the
+    /// server itself, when the statements go through PgBouncer in transaction mode (which
+    /// cannot keep a `LISTEN` for a session; see [`PostgresBackend`]'s PgBouncer notes). By default the listener connects as the
+    /// statements do.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidUrl`] where `url` cannot be parsed.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// // The statements through PgBouncer; the listener straight to the server.
+    /// let backend = dlock::backend::PostgresBackend::builder(
+    ///     "postgres://app:secret@pgbouncer.internal:6432/orders",
+    /// )?
+    /// .listen_url("postgres://app:secret@db.internal:5432/orders")?
+    /// .connect()
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn listen_url(mut self, url: &str) -> Result<Self, LockError> {
+        self.listen = Some(Box::new(connect_options(url)?));
+        Ok(self)
+    }
+
+    /// Opens the pool (one connection at once, so a wrong password or an unreachable server is
+    /// reported here), creates the table if asked, and starts listening for releases (waiting
+    /// up to the [connect timeout](Self::connect_timeout) for it; until it listens, waiters
+    /// poll).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] where the [table](Self::table) name cannot be used;
+    /// [`LockError::Backend`] where the server cannot be reached within the connect timeout,
+    /// refuses the credentials, or refuses to create the table.
+    ///
+    /// # Cancel safety
+    ///
+    /// If this future is dropped, no backend exists. The pool opens on dlock's background
+    /// runtime, and an opening or a `CREATE TABLE` under way when the future is dropped finishes
+    /// there; a pool of the backend's own, and the listener, are then dropped.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::{backend::PostgresBackend, Locker};
+    ///
+    /// let backend = PostgresBackend::builder("postgres://app:secret@db.internal:5432/orders")?
+    ///     .table("order_locks")
+    ///     .connect()
+    ///     .await?;
+    /// let locker = Locker::with_backend(backend);
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(self) -> Result<PostgresBackend, LockError> {
+        let table = quote_table(&self.table)?;
+        let ddl = PostgresBackend::ddl(&self.table)?;
+        let (pool, owns_pool) = match self.source {
+            Source::Url(options) => {
+                let pool_options = PgPoolOptions::new()
+                    .max_connections(self.max_connections)
+                    .min_connections(1)
+                    .acquire_timeout(self.connect_timeout);
+                let pool = on_background(async move {
+                    pool_options.connect_with(*options).await.map_err(|error| {
+                        LockError::backend(format!("cannot connect to PostgreSQL: {error}"))
+                    })
+                })
+                .await?;
+                (pool, true)
+            }
+            Source::Pool(pool) => (pool, false),
+        };
+        if self.create_table {
+            let pool = pool.clone();
+            on_background(async move { create_table(&pool, ddl).await }).await?;
+        }
+        let listen = match self.listen {
+            Some(options) => *options,
+            None => (*pool.connect_options()).clone(),
+        };
+        // Named, so an operator can tell it in `pg_stat_activity`.
+        let listen = match listen.get_application_name() {
+            Some(_) => listen,
+            None => listen.application_name("dlock listener"),
+        };
+        let waiting = Waiting::new();
+        // The channel is the table's name as given: one per table and database, short enough
+        // for a channel name (checked by `quote_table`).
+        let channel = self.table.clone();
+        waiting
+            .start_listener(listen, channel.clone(), self.connect_timeout)
+            .await;
+        Ok(PostgresBackend {
+            shared: Arc::new(Shared {
+                pool,
+                owns_pool,
+                sql: Statements::new(table, &channel),
+                waiting,
+                statements: Default::default(),
+                cleanups: Arc::default(),
+            }),
+        })
+    }
+}
+
+/// Runs the `CREATE TABLE IF NOT EXISTS`. Two of them at once for one new table can both pass
+/// the "if not exists" and collide in the catalog (a unique violation on the table's row type,
+/// or "already exists"): the table then exists, which is what was asked.
+async fn create_table(pool: &PgPool, ddl: String) -> Result<(), LockError> {
+    match sqlx::query(AssertSqlSafe(ddl)).execute(pool).await {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(db))
+            if matches!(db.code().as_deref(), Some("23505" | "42P07")) =>
+        {
+            Ok(())
+        }
+        Err(error) => Err(backend_error(error)),
+    }
+}
+
+/// Accepts `name` or `schema.name` made of letters, digits and `_`, at most 63 bytes in all,
+/// and quotes it.
+pub(super) fn quote_table(name: &str) -> Result<String, LockError> {
+    let valid_part = |part: &str| {
+        !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    };
+    let parts: Vec<&str> = name.split('.').collect();
+    if parts.len() > 2 || !parts.iter().all(|p| valid_part(p)) || name.len() > 63 {
+        return Err(LockError::InvalidOptions {
+            reason: format!(
+                "table name `{name}` must be letters, digits and `_` (optionally `schema.table`), at most 63 bytes"
+            ),
+        });
+    }
+    Ok(parts
+        .iter()
+        .map(|p| format!("\"{p}\""))
+        .collect::<Vec<_>>()
+        .join("."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{quote_table, PostgresBuilder};
+
+    #[test]
+    fn table_names_are_checked_and_quoted() {
+        assert_eq!(quote_table("dlock_locks").unwrap(), "\"dlock_locks\"");
+        assert_eq!(quote_table("app.locks").unwrap(), "\"app\".\"locks\"");
+        for bad in [
+            "",
+            "a;b",
+            "a\"b",
+            "a.b.c",
+            "a.",
+            "lock table",
+            &"t".repeat(64),
+        ] {
+            assert!(quote_table(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn dlock_settings_come_from_the_query_and_the_password_stays_out_of_debug() {
+        let builder = PostgresBuilder::new(
+            "postgresql://app:secret@db:5432/orders?table=order_locks&connect_timeout=2s&max_connections=3&sslmode=disable",
+        )
+        .unwrap();
+        let debug = format!("{builder:?}");
+        assert!(
+            debug.contains("order_locks") && debug.contains("2s"),
+            "{debug}"
+        );
+        assert!(debug.contains("max_connections: 3"), "{debug}");
+        assert!(!debug.contains("secret"), "{debug}");
+        let error =
+            PostgresBuilder::new("postgres://app:secret@db:5432/orders?connect_timeout=soon")
+                .unwrap_err()
+                .to_string();
+        assert!(
+            error.contains("connect_timeout") && !error.contains("secret"),
+            "{error}"
+        );
+    }
+}

@@ -1,0 +1,506 @@
+//! The PostgreSQL store: a lease table whose primary key is the compare-and-set, judged by the
+//! database's clock, with releases announced by `NOTIFY`. The table, the statements, the fences
+//! and the waiting are described for users on [`PostgresBackend`].
+//!
+//! # Why sqlx
+//!
+//! The MySQL store's driver already, with only its `postgres` feature added: pure Rust, async,
+//! a pool with health checks, SQLSTATE codes on errors, and a `LISTEN` client (`PgListener`).
+//! Its connections belong to a tokio runtime, so they live on dlock's background runtime and a
+//! `Locker` in a `static` keeps working across runtimes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::PgPool;
+use sqlx::{AssertSqlSafe, Row};
+
+use super::sql::{self, micros, Jitter};
+use super::{AcquireRequest, Acquired, Backend, Renewal};
+use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
+use crate::{LockError, Owner};
+
+mod builder;
+mod renew;
+mod statements;
+mod waiting;
+
+use builder::quote_table;
+pub use builder::PostgresBuilder;
+use statements::Statements;
+use waiting::Waiting;
+
+/// The longest key the store takes, in bytes. A primary-key entry of PostgreSQL's B-tree holds
+/// at most about 2,700 bytes; a release's notification carries the key hex-encoded, within the
+/// 8,000 bytes of a payload. Longer keys are rejected, never truncated: truncation could merge
+/// two keys into one lock.
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+/// use dlock::{backend::POSTGRES_MAX_KEY_BYTES, LockError, LockOptions, Locker};
+///
+/// let locker = Locker::connect("postgres://app:secret@db.internal:5432/orders").await?;
+/// let too_long = "k".repeat(POSTGRES_MAX_KEY_BYTES + 1);
+/// let refused = locker.lock(too_long, LockOptions::new()).await;
+/// assert!(matches!(refused, Err(LockError::InvalidKey { .. })));
+/// # Ok(()) }
+/// ```
+pub const MAX_KEY_BYTES: usize = 2048;
+
+/// Back-off between tries of a waiting head while nobody listens for releases.
+const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
+
+/// How soon a head looks again when its try could not read the holder's expiry (the row was
+/// written by a statement that ran alongside).
+const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
+
+/// A lock store on a PostgreSQL table. Clones share one connection pool and one listener.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), dlock::LockError> {
+/// use dlock::{backend::PostgresBackend, Locker};
+///
+/// let backend = PostgresBackend::builder("postgres://app:secret@db.internal:5432/orders")?
+///     .table("order_locks")
+///     .max_connections(8)
+///     .connect()
+///     .await?;
+/// let locker = Locker::with_backend(backend);
+/// // or simply: Locker::connect("postgres://app:secret@db.internal:5432/orders").await?
+/// # Ok(()) }
+/// ```
+///
+/// # The table
+///
+/// One row per held key, created if missing (name configurable, default `dlock_locks`); a DBA can
+/// create it ahead with [`PostgresBackend::ddl`]:
+///
+/// ```sql
+/// CREATE TABLE IF NOT EXISTS "dlock_locks" (
+///   lock_key   BYTEA       NOT NULL PRIMARY KEY, -- the rendered key, compared byte for byte
+///   owner      TEXT        NOT NULL,             -- the holder's owner token
+///   fence      BIGINT      NOT NULL,             -- fencing token of the current acquisition
+///   expires_at TIMESTAMPTZ NOT NULL,             -- lease expiry, by the database's clock
+///   created_at TIMESTAMPTZ NOT NULL              -- when the current holder acquired
+/// )
+/// ```
+///
+/// `BYTEA` because a key is bytes: no collation can make two keys one lock, and no database
+/// encoding can refuse one. Read them in `psql` with `convert_from(lock_key, 'UTF8')`.
+///
+/// # The statements
+///
+/// Each is one short autocommit statement on a connection of the pool (the backend's own, or
+/// the service's with [`with_pool`](Self::with_pool)) — never inside the caller's business
+/// transaction — and all time is the database's (`clock_timestamp()`), never the client's.
+///
+/// - **Acquire**: one `INSERT … ON CONFLICT (lock_key) DO UPDATE … WHERE` the row expired by the
+///   database's clock (or is already this owner's, which makes a retried acquire idempotent)
+///   `RETURNING fence`; no row back means busy. The same statement reads the holder's time left,
+///   which a waiter sleeps for at most. A lease's validity is counted on the client from when
+///   the statement was sent, after the wait for a pooled connection. An acquisition whose
+///   caller stops waiting deletes its row itself, after the statement that wrote it.
+/// - **Release**: `DELETE … WHERE lock_key = $1 AND owner = $2` and, in the same statement,
+///   `pg_notify` on the table's channel with the key, sent when the deletion commits.
+/// - **Renewal**: one `UPDATE … FROM unnest($1::bytea[], $2::text[], $3::bigint[])` for every
+///   lease of the tick, each by its own ttl, `RETURNING` the (key, owner) pairs it renewed.
+///
+/// # Fences
+///
+/// A fence is `GREATEST(previous fence + 1, database microseconds since the epoch)`: a clock
+/// floor, as on MySQL, rather than a sequence. While the row lives, the `+ 1` makes each fence
+/// greater than the last even if the clock steps back; a fresh row, after a release deleted the
+/// old one, starts from the microsecond clock, which every earlier fence of the key stayed
+/// within a few counts of. A sequence would survive a clock stepped back, but not what a clock
+/// floor survives: the table dropped and created again, `TRUNCATE … RESTART IDENTITY`, a
+/// fail-over to a logical replica (sequences are not replicated logically); and it needs one more
+/// object, and grant, per table. (The one thing that could break the clock floor is the
+/// database's clock stepping back after a row was deleted.)
+///
+/// # Waiting
+///
+/// A waiter does not poll. The backend keeps one connection that `LISTEN`s on the table's
+/// channel (one per backend, whatever the number of waiters); each release `NOTIFY`s it with
+/// the key. Waiters on a key are queued in this backend in arrival order and only the head
+/// asks the database: it tries, and on a busy key sleeps until a release of the key is
+/// announced or the holder's lease runs out by its expiry (which nobody announces), then tries
+/// again. So within one process waiters are served first come, first served. Across processes,
+/// every process's head is woken by the same notification of every release (a release made
+/// here gives this process's own waiters no head start) and the first statement to arrive
+/// wins: no head is left asleep, but nothing bounds how many races in a row one process can
+/// lose; an order across processes would need a queue in the table. While the listening connection is down, the heads poll with
+/// jittered back-off (5 ms doubling to 250 ms) and the listener reconnects by itself.
+///
+/// # PgBouncer
+///
+/// A lease holds no connection and no session state (no advisory lock, no open transaction),
+/// so the statements can go through PgBouncer in transaction mode, with one condition: sqlx
+/// sends each statement as a named prepared statement (parsed once per connection, then only
+/// bound and executed), which PgBouncer follows across server connections from version 1.21
+/// with `max_prepared_statements` set (say, to 100). Do not set sqlx's
+/// `statement-cache-capacity=0` for it: sqlx then still names each statement, and never closes
+/// it. The listener needs a session of its own: point it at the server with
+/// [`PostgresBuilder::listen_url`]. (This follows from how sqlx and PgBouncer work; no test
+/// runs dlock through PgBouncer yet.)
+#[derive(Clone)]
+pub struct PostgresBackend {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    pool: PgPool,
+    /// Whether the pool is dlock's own, to close at shutdown, or the caller's.
+    owns_pool: bool,
+    sql: Statements,
+    waiting: Waiting,
+    /// Statements sent, for tests that check a waiter does not poll and a renewal is one.
+    statements: AtomicU64,
+    /// The acquisitions' statements, which may need their own undo: `close` waits for them.
+    cleanups: Arc<Cleanups>,
+}
+
+/// One acquire statement's answer.
+enum Attempt {
+    Granted {
+        fence: u64,
+        sent_at: Instant,
+    },
+    /// The holder's time left, where the statement could read it.
+    Busy {
+        remaining: Option<Duration>,
+    },
+}
+
+impl PostgresBackend {
+    /// Connects with the default options (table `dlock_locks`, created if missing): the same as
+    /// [`Locker::connect`](crate::Locker::connect) with a PostgreSQL URL, as a backend to wrap
+    /// or to hand to [`Locker::with_backend`](crate::Locker::with_backend).
+    ///
+    /// # Errors
+    ///
+    /// As [`builder`](Self::builder) and [`PostgresBuilder::connect`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`PostgresBuilder::connect`]: a dropped future leaves no backend behind.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::{backend::PostgresBackend, Locker};
+    ///
+    /// let backend = PostgresBackend::connect("postgres://app:secret@db.internal:5432/orders").await?;
+    /// let locker = Locker::with_backend(backend);
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<PostgresBackend, LockError> {
+        Self::builder(url)?.connect().await
+    }
+
+    /// Options for a connection to `url` (`postgres://user:password@host:port/database`, or
+    /// `postgresql://…`).
+    ///
+    /// The URL's query may hold `table=order_locks`, `connect_timeout=2s` and
+    /// `max_connections=8` besides the driver's own (`sslmode=require`,
+    /// `application_name=orders`); a method of the builder called later overrides them.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidUrl`] where `url` cannot be parsed. Nothing is connected yet.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock::backend::PostgresBackend;
+    ///
+    /// let builder = PostgresBackend::builder("postgres://app@db.internal/orders?table=order_locks")?
+    ///     .connect_timeout(Duration::from_secs(2));
+    /// assert!(format!("{builder:?}").contains("order_locks"));
+    /// // … then `builder.connect().await?` …
+    /// assert!(PostgresBackend::builder("postgres://app:secret@db.internal:port/orders").is_err());
+    /// # Ok::<(), dlock::LockError>(())
+    /// ```
+    pub fn builder(url: &str) -> Result<PostgresBuilder, LockError> {
+        PostgresBuilder::new(url)
+    }
+
+    /// Options for a store on the service's own pool, so the statements need no connections of
+    /// their own (the listener opens one, with the pool's connect options). Each lock statement
+    /// is one short autocommit statement on a connection of that pool, never inside a
+    /// transaction of the service's. [`Locker::shutdown`](crate::Locker::shutdown) leaves the
+    /// pool open: it is the service's to close. The pool must belong to a runtime that
+    /// outlives the locker (the service's main runtime, usually).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use dlock::{backend::PostgresBackend, Locker};
+    ///
+    /// let pool = sqlx::PgPool::connect("postgres://app:secret@db.internal:5432/orders").await?;
+    /// let locker = Locker::with_backend(PostgresBackend::with_pool(pool.clone()).connect().await?);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_pool(pool: PgPool) -> PostgresBuilder {
+        PostgresBuilder::with_pool(pool)
+    }
+
+    /// The `CREATE TABLE` statement for `table`, for a DBA to run ahead of time (then connect
+    /// with [`create_table(false)`](PostgresBuilder::create_table)).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] where `table` is not letters, digits and `_`, optionally
+    /// `schema.table`, at most 63 bytes.
+    ///
+    /// ```
+    /// let ddl = dlock::backend::PostgresBackend::ddl("dlock_locks").unwrap();
+    /// assert!(ddl.contains("lock_key   BYTEA       NOT NULL PRIMARY KEY"));
+    /// ```
+    pub fn ddl(table: &str) -> Result<String, LockError> {
+        let table = quote_table(table)?;
+        Ok(format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\n\
+             \x20 lock_key   BYTEA       NOT NULL PRIMARY KEY,\n\
+             \x20 owner      TEXT        NOT NULL,\n\
+             \x20 fence      BIGINT      NOT NULL,\n\
+             \x20 expires_at TIMESTAMPTZ NOT NULL,\n\
+             \x20 created_at TIMESTAMPTZ NOT NULL\n\
+             )"
+        ))
+    }
+
+    /// The quoted name of the lock table, to read it by hand.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::backend::PostgresBackend;
+    ///
+    /// let backend = PostgresBackend::builder("postgres://app:secret@db.internal:5432/orders")?
+    ///     .table("locks.order_locks")
+    ///     .connect()
+    ///     .await?;
+    /// assert_eq!(backend.table(), "\"locks\".\"order_locks\"");
+    /// println!("SELECT convert_from(lock_key, 'UTF8'), owner, expires_at FROM {}", backend.table());
+    /// # Ok(()) }
+    /// ```
+    pub fn table(&self) -> &str {
+        &self.shared.sql.table
+    }
+
+    #[doc(hidden)] // A hook for tests, not part of the API.
+    /// How many statements this backend sent (its listener's aside).
+    pub fn statements(&self) -> u64 {
+        self.shared.statements.load(Ordering::Relaxed)
+    }
+
+    /// One try at the key, run so that a caller who stops waiting leaves no row behind (see
+    /// [`sql::unless_abandoned`]).
+    async fn try_acquire(
+        &self,
+        key: &[u8],
+        owner: &str,
+        ttl_us: i64,
+    ) -> Result<Attempt, LockError> {
+        let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
+        let (key, owner) = (key.to_vec(), owner.to_owned());
+        let (undo_key, undo_owner) = (key.clone(), owner.clone());
+        sql::unless_abandoned(
+            "PostgreSQL",
+            &self.shared.cleanups,
+            async move { acquire_row(&shared, &key, &owner, ttl_us).await },
+            move || async move {
+                if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner).await {
+                    tracing::warn!(%error, "distributed_lock: cannot undo an abandoned PostgreSQL acquisition; its row expires with its ttl");
+                }
+            },
+        )
+        .await
+    }
+}
+
+/// Sends the acquire statement on a connection of its own from the pool; `sent_at` is measured
+/// after the wait for the connection, which on a busy pool would otherwise eat into the lease.
+async fn acquire_row(
+    shared: &Shared,
+    key: &[u8],
+    owner: &str,
+    ttl_us: i64,
+) -> Result<Attempt, LockError> {
+    let (row, sent_at) = sql::retry_transient(is_conflict, || async {
+        shared.statements.fetch_add(1, Ordering::Relaxed);
+        let mut connection = shared.pool.acquire().await?;
+        let sent_at = Instant::now();
+        let row = sqlx::query(AssertSqlSafe(shared.sql.acquire.clone()))
+            .bind(key)
+            .bind(owner)
+            .bind(ttl_us)
+            .fetch_one(&mut *connection)
+            .await?;
+        Ok((row, sent_at))
+    })
+    .await
+    .map_err(backend_error)?;
+    let fence: Option<i64> = row.try_get(0).map_err(backend_error)?;
+    let remaining_us: Option<i64> = row.try_get(1).map_err(backend_error)?;
+    Ok(match fence {
+        Some(fence) => Attempt::Granted {
+            fence: fence as u64,
+            sent_at,
+        },
+        None => Attempt::Busy {
+            remaining: remaining_us.map(|us| Duration::from_micros(us.max(0) as u64)),
+        },
+    })
+}
+
+/// Deletes the row of `key` where `owner` holds it, announcing the release; whether it did.
+async fn delete_row(shared: &Shared, key: &[u8], owner: &str) -> Result<bool, LockError> {
+    let rows = sql::retry_transient(is_conflict, || {
+        shared.statements.fetch_add(1, Ordering::Relaxed);
+        sqlx::query(AssertSqlSafe(shared.sql.release.clone()))
+            .bind(key)
+            .bind(owner)
+            .fetch_all(&shared.pool)
+    })
+    .await
+    .map_err(backend_error)?;
+    // This backend's waiters are woken by the release's notification, as every other backend's
+    // are: waking them here first would let one process's waiters keep the key from others.
+    Ok(!rows.is_empty())
+}
+
+impl Backend for PostgresBackend {
+    async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
+        check_key(request.key)?;
+        let key = request.key.as_bytes();
+        let owner = request.owner.to_string();
+        let ttl_us = i64::try_from(micros(request.ttl)).unwrap_or(i64::MAX);
+        let granted = |fence, sent_at| {
+            Some(Acquired {
+                fence,
+                valid_from: sent_at,
+            })
+        };
+        if request.wait.is_zero() {
+            // One try; a key this backend's waiters queue for is busy for a newcomer.
+            if self.shared.waiting.has_waiters(key) {
+                return Ok(None);
+            }
+            return Ok(match self.try_acquire(key, &owner, ttl_us).await? {
+                Attempt::Granted { fence, sent_at } => granted(fence, sent_at),
+                Attempt::Busy { .. } => None,
+            });
+        }
+        let deadline = Instant::now() + request.wait;
+        let place = self.shared.waiting.join(key);
+        let mut backoff = FIRST_BACKOFF;
+        let mut jitter = Jitter::new(request.owner);
+        loop {
+            if !place.is_head() {
+                tokio::select! {
+                    () = place.woken() => continue,
+                    () = tokio::time::sleep_until(deadline.into()) => return Ok(None),
+                }
+            }
+            let listening = self.shared.waiting.listening();
+            let remaining = match self.try_acquire(key, &owner, ttl_us).await? {
+                Attempt::Granted { fence, sent_at } => return Ok(granted(fence, sent_at)),
+                Attempt::Busy { remaining } => remaining,
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let pause = if listening.is_some() && listening == self.shared.waiting.listening() {
+                // A release is announced; the holder's expiry is not, so look again then.
+                remaining.map_or(UNKNOWN_EXPIRY_RECHECK, |left| {
+                    left + Duration::from_millis(1)
+                })
+            } else {
+                // Nobody listened for the whole try: a release may go unannounced.
+                let pause = jitter.between(backoff / 2, backoff);
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                pause
+            };
+            tokio::select! {
+                () = place.woken() => {}
+                () = tokio::time::sleep_until((now + pause).min(deadline).into()) => {}
+            }
+        }
+    }
+
+    async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+        let shared = self.shared.clone();
+        let (key, owner) = (key.as_bytes().to_vec(), owner.to_string());
+        on_background(async move { delete_row(&shared, &key, &owner).await }).await
+    }
+
+    async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+        let shared = self.shared.clone();
+        let leases: Vec<(Vec<u8>, String, i64)> = leases
+            .iter()
+            .map(|l| {
+                let ttl_us = i64::try_from(micros(l.ttl)).unwrap_or(i64::MAX);
+                (l.key.as_bytes().to_vec(), l.owner.to_string(), ttl_us)
+            })
+            .collect();
+        on_background(async move { renew::renew_all(&shared, &leases).await }).await
+    }
+
+    async fn close(&self) {
+        self.shared.cleanups.done(CLEANUP_PATIENCE).await;
+        self.shared.waiting.stop();
+        if !self.shared.owns_pool {
+            return;
+        }
+        let shared = self.shared.clone();
+        let _ = on_background(async move {
+            shared.pool.close().await;
+            Ok(())
+        })
+        .await;
+    }
+}
+
+/// Runs `task` on dlock's background runtime, where the pool's connections live.
+async fn on_background<T: Send + 'static>(
+    task: impl std::future::Future<Output = Result<T, LockError>> + Send + 'static,
+) -> Result<T, LockError> {
+    sql::on_background("PostgreSQL", task).await
+}
+
+/// A deadlock (40P01) or a serialization failure (40001): the statement was rolled back whole.
+fn is_conflict(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("40P01" | "40001")),
+        _ => false,
+    }
+}
+
+fn backend_error(error: sqlx::Error) -> LockError {
+    LockError::backend(format!("PostgreSQL: {error}"))
+}
+
+fn check_key(key: &str) -> Result<(), LockError> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(LockError::InvalidKey {
+            key: key.to_owned(),
+            reason: format!(
+                "{} bytes is longer than the {MAX_KEY_BYTES} the PostgreSQL lock table takes",
+                key.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_key, MAX_KEY_BYTES};
+
+    #[test]
+    fn keys_longer_than_the_limit_are_rejected_whole() {
+        assert!(check_key(&"k".repeat(MAX_KEY_BYTES)).is_ok());
+        let error = check_key(&"é".repeat(MAX_KEY_BYTES / 2 + 1)).unwrap_err();
+        assert!(error.to_string().contains("2050 bytes"), "{error}");
+    }
+}

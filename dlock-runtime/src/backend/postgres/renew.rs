@@ -1,0 +1,39 @@
+//! Renewal: every lease of a tick in one `UPDATE … FROM unnest(…)`.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+use sqlx::{AssertSqlSafe, Row};
+
+use super::{backend_error, is_conflict, Shared};
+use crate::backend::sql::retry_transient;
+use crate::LockError;
+
+/// Renews `leases` (key, owner, ttl in µs) with one statement, which answers the (key, owner)
+/// pairs it renewed: a lease is held where its pair came back.
+pub(super) async fn renew_all(
+    shared: &Shared,
+    leases: &[(Vec<u8>, String, i64)],
+) -> Result<Vec<bool>, LockError> {
+    let keys: Vec<Vec<u8>> = leases.iter().map(|(key, _, _)| key.clone()).collect();
+    let owners: Vec<String> = leases.iter().map(|(_, owner, _)| owner.clone()).collect();
+    let ttls: Vec<i64> = leases.iter().map(|(_, _, ttl)| *ttl).collect();
+    let rows = retry_transient(is_conflict, || {
+        shared.statements.fetch_add(1, Ordering::Relaxed);
+        sqlx::query(AssertSqlSafe(shared.sql.renew.clone()))
+            .bind(&keys)
+            .bind(&owners)
+            .bind(&ttls)
+            .fetch_all(&shared.pool)
+    })
+    .await
+    .map_err(backend_error)?;
+    let renewed: HashSet<(Vec<u8>, String)> = rows
+        .iter()
+        .map(|row| (row.get::<Vec<u8>, _>(0), row.get::<String, _>(1)))
+        .collect();
+    Ok(leases
+        .iter()
+        .map(|(key, owner, _)| renewed.contains(&(key.clone(), owner.clone())))
+        .collect())
+}

@@ -1,0 +1,311 @@
+//! Waiting for a busy key without polling: one `LISTEN` connection per backend, on which every
+//! release of the table is announced, and a first-come first-served queue per key of this
+//! backend's waiters, whose head alone asks the database.
+//!
+//! A release's statement `NOTIFY`s the table's channel with the key (hex-encoded) as payload;
+//! the listener wakes the head of that key's queue, which tries again. A release made through
+//! this backend wakes its own waiters the same way, so they get no head start on other
+//! processes' waiters. When the
+//! listening connection drops, every head is woken (a notification may have been missed), the
+//! heads poll with jittered back-off meanwhile, and the listener connects again by itself.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+
+use crate::backend::sql::Jitter;
+use crate::background;
+use crate::Owner;
+
+/// The longest pause between two tries of a listener that cannot connect.
+const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(2);
+
+/// The waiters of one backend, and its listener.
+#[derive(Clone)]
+pub(super) struct Waiting {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    listener: Mutex<Option<AbortHandle>>,
+    /// Signalled each time the listener starts listening.
+    listening_changed: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    /// Each key's waiters of this backend, in arrival order; the first is the head.
+    queues: HashMap<Vec<u8>, VecDeque<Arc<Notify>>>,
+    /// The generation of the listening connection while it listens; `None` while it does not.
+    listening: Option<u64>,
+    generation: u64,
+}
+
+impl State {
+    fn wake_head(&self, key: &[u8]) {
+        if let Some(head) = self.queues.get(key).and_then(VecDeque::front) {
+            head.notify_one();
+        }
+    }
+
+    fn wake_every_head(&self) {
+        for head in self.queues.values().filter_map(VecDeque::front) {
+            head.notify_one();
+        }
+    }
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Nothing panics while the state is locked; a poisoned lock must not stop every waiter.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(listener) = self.listener.get_mut().ok().and_then(Option::take) {
+            listener.abort();
+        }
+    }
+}
+
+impl Waiting {
+    pub(super) fn new() -> Waiting {
+        Waiting {
+            shared: Arc::new(Shared {
+                state: Mutex::default(),
+                listener: Mutex::new(None),
+                listening_changed: Notify::new(),
+            }),
+        }
+    }
+
+    /// Whether some waiter of this backend is queued for `key`: a try-once acquisition then
+    /// finds the key busy rather than overtake them.
+    pub(super) fn has_waiters(&self, key: &[u8]) -> bool {
+        self.shared.state().queues.contains_key(key)
+    }
+
+    /// Queues a waiter for `key`, last. Dropping the place leaves the queue.
+    pub(super) fn join(&self, key: &[u8]) -> Place {
+        let wake = Arc::new(Notify::new());
+        let mut state = self.shared.state();
+        let queue = state.queues.entry(key.to_vec()).or_default();
+        queue.push_back(wake.clone());
+        Place {
+            shared: self.shared.clone(),
+            key: key.to_vec(),
+            wake,
+        }
+    }
+
+    /// The generation of the listening connection, while one listens: a notification sent
+    /// while the same generation listens reaches this backend.
+    pub(super) fn listening(&self) -> Option<u64> {
+        self.shared.state().listening
+    }
+
+    /// Starts the listener, connecting with `options`, on `channel`; returns once it listens or
+    /// `timeout` passed (it keeps trying in the background then, and waiters poll meanwhile).
+    pub(super) async fn start_listener(
+        &self,
+        options: PgConnectOptions,
+        channel: String,
+        timeout: Duration,
+    ) {
+        let listening = self.shared.listening_changed.notified();
+        let weak = Arc::downgrade(&self.shared);
+        let task = background::handle().spawn(listen(weak, options, channel, timeout));
+        if let Some(previous) = self
+            .shared
+            .listener
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .replace(task.abort_handle())
+        {
+            previous.abort();
+        }
+        if tokio::time::timeout(timeout, listening).await.is_err() {
+            tracing::warn!(
+                "distributed_lock: cannot LISTEN on PostgreSQL yet; waiters poll until it can"
+            );
+        }
+    }
+
+    /// Stops the listener, for shutdown.
+    pub(super) fn stop(&self) {
+        if let Some(listener) = self
+            .shared
+            .listener
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
+        {
+            listener.abort();
+        }
+        let mut state = self.shared.state();
+        state.listening = None;
+        state.wake_every_head();
+    }
+}
+
+/// A waiter's place in its key's queue.
+pub(super) struct Place {
+    shared: Arc<Shared>,
+    key: Vec<u8>,
+    wake: Arc<Notify>,
+}
+
+impl Place {
+    /// Whether this waiter is the head of its queue: the one that asks the database.
+    pub(super) fn is_head(&self) -> bool {
+        let state = self.shared.state();
+        state
+            .queues
+            .get(&self.key)
+            .and_then(VecDeque::front)
+            .is_some_and(|head| Arc::ptr_eq(head, &self.wake))
+    }
+
+    /// Resolves when this waiter should look again: it became the head, the key was released,
+    /// or the listener's connection dropped. A wake-up that came before this call is not lost.
+    pub(super) async fn woken(&self) {
+        self.wake.notified().await;
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut state = self.shared.state();
+        let Some(queue) = state.queues.get_mut(&self.key) else {
+            return;
+        };
+        let was_head = queue
+            .front()
+            .is_some_and(|head| Arc::ptr_eq(head, &self.wake));
+        queue.retain(|waiter| !Arc::ptr_eq(waiter, &self.wake));
+        if queue.is_empty() {
+            state.queues.remove(&self.key);
+        } else if was_head {
+            // The next waiter's turn to ask the database.
+            state.wake_head(&self.key);
+        }
+    }
+}
+
+/// The listener's task: connects, listens, wakes the heads the notifications name, and on a
+/// lost connection wakes every head and connects again, with back-off, until the backend goes.
+async fn listen(weak: Weak<Shared>, options: PgConnectOptions, channel: String, timeout: Duration) {
+    // A pool of one connection of the listener's own, which it uses only to (re)connect.
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .min_connections(0)
+        .max_lifetime(None)
+        .idle_timeout(None)
+        .acquire_timeout(timeout)
+        .connect_lazy_with(options);
+    let mut jitter = Jitter::new(Owner::random());
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match connect(&pool, &channel).await {
+            Ok(mut listener) => {
+                let Some(shared) = weak.upgrade() else { return };
+                {
+                    let mut state = shared.state();
+                    state.generation += 1;
+                    state.listening = Some(state.generation);
+                    // A release may have gone unannounced while nobody listened.
+                    state.wake_every_head();
+                }
+                shared.listening_changed.notify_waiters();
+                drop(shared);
+                pause = Duration::from_millis(50);
+                // `Ok(None)`: the connection was lost; `Err`: it failed otherwise.
+                while let Ok(Some(notification)) = listener.try_recv().await {
+                    let Some(shared) = weak.upgrade() else { return };
+                    if let Some(key) = decode_hex(notification.payload()) {
+                        shared.state().wake_head(&key);
+                    }
+                }
+                tracing::debug!("distributed_lock: PostgreSQL LISTEN connection lost; waiters poll until it is back");
+            }
+            Err(error) => {
+                tracing::debug!(%error, "distributed_lock: cannot LISTEN on PostgreSQL; waiters poll meanwhile");
+            }
+        }
+        let Some(shared) = weak.upgrade() else { return };
+        {
+            let mut state = shared.state();
+            state.listening = None;
+            state.wake_every_head();
+        }
+        drop(shared);
+        tokio::time::sleep(jitter.between(pause / 2, pause)).await;
+        pause = (pause * 2).min(MAX_RECONNECT_PAUSE);
+    }
+}
+
+async fn connect(pool: &sqlx::PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.ignore_pool_close_event(true);
+    // A lost connection is reported (`Ok(None)`) before it is replaced, so that the heads poll
+    // while nobody listens.
+    listener.eager_reconnect(false);
+    listener.listen(channel).await?;
+    Ok(listener)
+}
+
+/// Reads a notification's payload: the released key, hex-encoded.
+fn decode_hex(payload: &str) -> Option<Vec<u8>> {
+    let digit = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let bytes = payload.as_bytes();
+    if !bytes.len().is_multiple_of(2) {
+        return None;
+    }
+    bytes
+        .chunks(2)
+        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decode_hex, Waiting};
+
+    #[test]
+    fn payloads_are_hex_encoded_keys() {
+        assert_eq!(decode_hex("6163633a3432"), Some(b"acc:42".to_vec()));
+        assert_eq!(decode_hex("6A"), Some(vec![0x6a]));
+        assert_eq!(decode_hex(""), Some(vec![]));
+        assert_eq!(decode_hex("6"), None);
+        assert_eq!(decode_hex("zz"), None);
+    }
+
+    #[tokio::test]
+    async fn waiters_take_turns_in_arrival_order() {
+        let waiting = Waiting::new();
+        let first = waiting.join(b"k");
+        let second = waiting.join(b"k");
+        let third = waiting.join(b"k");
+        assert!(first.is_head() && !second.is_head() && !third.is_head());
+        assert!(waiting.has_waiters(b"k") && !waiting.has_waiters(b"other"));
+        // A waiter that leaves from the middle hands nothing on; the head's leaving does.
+        drop(second);
+        assert!(first.is_head() && !third.is_head());
+        drop(first);
+        assert!(third.is_head());
+        tokio::time::timeout(std::time::Duration::from_secs(1), third.woken())
+            .await
+            .expect("the new head was not woken");
+        drop(third);
+        assert!(!waiting.has_waiters(b"k"));
+    }
+}

@@ -1,0 +1,432 @@
+//! The PostgreSQL backend against the server on 127.0.0.1:5432 (or `DLOCK_POSTGRES_URL`). Each
+//! test uses a table of its own (and so a notification channel of its own), so tests run in
+//! parallel.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use dlock::backend::{Backend, PostgresBackend, Renewal};
+use dlock::{LockError, LockOptions, Locker, Owner};
+use sqlx::postgres::PgPool;
+use sqlx::{AssertSqlSafe, Row};
+use support::postgres_url;
+
+/// A lock table of this test's own; dropped with it.
+struct Postgres {
+    table: String,
+    admin: PgPool,
+}
+
+impl Postgres {
+    async fn fresh() -> Postgres {
+        let table = format!("dlock_test_{}", &Owner::random().to_string()[..12]);
+        let admin = PgPool::connect(&postgres_url())
+            .await
+            .expect("PostgreSQL on 127.0.0.1:5432 (see scripts/test.sh)");
+        Postgres { table, admin }
+    }
+
+    async fn locker(&self) -> Locker {
+        Locker::with_backend(support::Store::backend(self).await)
+    }
+
+    /// Runs `sql` with `key` as `$1`; the rows it changed.
+    async fn execute_on(&self, sql: String, key: &str) -> u64 {
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(key.as_bytes())
+            .execute(&self.admin)
+            .await
+            .unwrap()
+            .rows_affected()
+    }
+
+    /// How many rows the table holds for `key`.
+    async fn rows(&self, key: &str) -> i64 {
+        let sql = format!(
+            "SELECT COUNT(*) FROM \"{}\" WHERE lock_key = $1",
+            self.table
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(key.as_bytes())
+            .fetch_one(&self.admin)
+            .await
+            .unwrap()
+            .get(0)
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        // The test's runtime is blocked in this `Drop`, and the admin pool with it.
+        support::drop_postgres_table(&self.table);
+    }
+}
+
+impl support::Store for Postgres {
+    type Backend = PostgresBackend;
+
+    // A release NOTIFYs the backend's listener; each backend queues its waiters in arrival
+    // order (the property suite's waiters share one locker).
+
+    async fn backend(&self) -> PostgresBackend {
+        PostgresBackend::builder(&postgres_url())
+            .unwrap()
+            .table(&self.table)
+            .max_connections(4)
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    async fn take_away(&self, key: &str) {
+        let sql = format!(
+            "UPDATE \"{}\" SET owner = 'stranger', expires_at = clock_timestamp() + interval '1 hour' WHERE lock_key = $1",
+            self.table
+        );
+        assert_eq!(self.execute_on(sql, key).await, 1, "`{key}` was not held");
+    }
+
+    async fn expire(&self, key: &str) {
+        let sql = format!(
+            "UPDATE \"{}\" SET expires_at = clock_timestamp() - interval '1 second' WHERE lock_key = $1",
+            self.table
+        );
+        assert_eq!(self.execute_on(sql, key).await, 1, "`{key}` was not held");
+    }
+}
+
+lock_properties!(Postgres::fresh().await);
+
+/// A resource that takes a write only with a fence above the last one it took, as a fenced
+/// store would.
+async fn fenced_write(db: &Postgres, resource: &str, fence: u64) -> bool {
+    let sql = format!("UPDATE \"{resource}\" SET fence = $1 WHERE fence < $1");
+    sqlx::query(AssertSqlSafe(sql))
+        .bind(fence as i64)
+        .execute(&db.admin)
+        .await
+        .unwrap()
+        .rows_affected()
+        == 1
+}
+
+/// A holder paused while its row was deleted (by a clean-up, by hand) and the key taken by
+/// another: the new row's fence is above the old one, so the paused holder's late write is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_fence_is_refused_after_the_row_was_deleted_and_created_again() {
+    let db = Postgres::fresh().await;
+    let (paused, next) = (db.locker().await, db.locker().await);
+    let key = support::unique_key("fenced");
+    let resource = format!("{}_resource", db.table);
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE TABLE \"{resource}\" (fence BIGINT NOT NULL); INSERT INTO \"{resource}\" VALUES (0)"
+    )))
+    .execute(&db.admin)
+    .await
+    .unwrap();
+
+    let old = paused
+        .lock(&*key, LockOptions::new().renew(false))
+        .await
+        .unwrap();
+    let deleted = format!("DELETE FROM \"{}\" WHERE lock_key = $1", db.table);
+    assert_eq!(db.execute_on(deleted, &key).await, 1);
+    let new = next.lock(&*key, LockOptions::new()).await.unwrap();
+    assert!(
+        new.fence() > old.fence(),
+        "fence {} after {} across the row's deletion",
+        new.fence(),
+        old.fence()
+    );
+    assert!(fenced_write(&db, &resource, new.fence()).await);
+    assert!(
+        !fenced_write(&db, &resource, old.fence()).await,
+        "the paused holder's stale write went through"
+    );
+    // And across a release, which deletes the row too.
+    let new_fence = new.fence();
+    new.release().await.unwrap();
+    let after_release = paused.lock(&*key, LockOptions::new()).await.unwrap();
+    assert!(after_release.fence() > new_fence);
+    sqlx::query(AssertSqlSafe(format!("DROP TABLE \"{resource}\"")))
+        .execute(&db.admin)
+        .await
+        .unwrap();
+}
+
+/// A waiter in another backend (another process, as far as the database can tell) gets the key
+/// within moments of the release, announced by NOTIFY, having sent one statement to find it
+/// busy and one to take it: not a poll every few milliseconds while it waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_elsewhere_is_woken_by_the_release_without_polling() {
+    let db = Postgres::fresh().await;
+    let holder = db.locker().await;
+    let waiting_backend = support::Store::backend(&db).await;
+    let waiter = Locker::with_backend(waiting_backend.clone());
+    let key = support::unique_key("notify");
+    let lease = holder
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let before = waiting_backend.statements();
+    let waiting = tokio::spawn({
+        let key = key.clone();
+        async move {
+            let lease = waiter
+                .lock(&*key, LockOptions::new().wait(Duration::from_secs(30)))
+                .await;
+            (lease.map(|lease| lease.fence()), Instant::now(), waiter)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let released_at = Instant::now();
+    lease.release().await.unwrap();
+    let (fence, entered_at, _waiter) = waiting.await.unwrap();
+    assert!(fence.is_ok(), "{fence:?}");
+    let latency = entered_at - released_at;
+    assert!(
+        latency < Duration::from_millis(300),
+        "the waiter got in {latency:?} after the release"
+    );
+    let sent = waiting_backend.statements() - before;
+    assert!(
+        sent <= 3,
+        "the waiter sent {sent} statements over 1.5 s of waiting: it polled"
+    );
+}
+
+/// With its listening connection killed, a waiter still gets the key soon after the release
+/// (it polls while nobody listens, and the listener comes back by itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_gets_in_after_the_listener_connection_was_killed() {
+    let db = Postgres::fresh().await;
+    let (holder, waiter) = (db.locker().await, db.locker().await);
+    let key = support::unique_key("deaf");
+    let lease = holder
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let waiting = tokio::spawn({
+        let key = key.clone();
+        async move {
+            waiter
+                .lock(&*key, LockOptions::new().wait(Duration::from_secs(30)))
+                .await
+                .map(|lease| lease.fence())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let killed: i64 = sqlx::query(
+        "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name = 'dlock listener' AND query LIKE '%LISTEN%' AND query LIKE $1",
+    )
+    .bind(format!("%{}%", db.table))
+    .fetch_one(&db.admin)
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(killed, 2, "both backends' listeners were found");
+    let released_at = Instant::now();
+    lease.release().await.unwrap();
+    let taken = tokio::time::timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("the waiter did not get in after the release");
+    assert!(taken.unwrap().is_ok());
+    assert!(released_at.elapsed() < Duration::from_secs(3));
+}
+
+/// An acquisition abandoned while its statement waits on another transaction's row leaves no
+/// row behind once the statement goes through: the undo runs after the statement it undoes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_acquire_future_leaves_no_row() {
+    let db = Postgres::fresh().await;
+    let (abandoner, rival) = (db.locker().await, db.locker().await);
+    let key = support::unique_key("ghost");
+
+    // An uncommitted insert of the key: a second insert of it waits for that transaction.
+    let mut blocker = db.admin.begin().await.unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO \"{}\" VALUES ($1, 'blocker', 1, clock_timestamp() - interval '1 second', clock_timestamp())",
+        db.table
+    )))
+    .bind(key.as_bytes())
+    .execute(&mut *blocker)
+    .await
+    .unwrap();
+
+    let ttl = Duration::from_secs(60);
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(500),
+        abandoner.lock(&*key, LockOptions::new().ttl(ttl).renew(false)),
+    )
+    .await;
+    assert!(
+        abandoned.is_err(),
+        "the acquisition should have waited on the blocker"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The blocker goes: the waiting insert now writes its row.
+    blocker.rollback().await.unwrap();
+
+    let started = Instant::now();
+    let taken = rival
+        .lock(
+            &*key,
+            LockOptions::new()
+                .ttl(Duration::from_secs(5))
+                .wait(Duration::from_secs(5)),
+        )
+        .await;
+    assert!(
+        taken.is_ok(),
+        "the key stayed held by nobody after the abandoned acquisition ({:?} later, ttl {ttl:?}): {:?}",
+        started.elapsed(),
+        taken.err()
+    );
+    taken.unwrap().release().await.unwrap();
+    assert_eq!(db.rows(&key).await, 0, "a row outlived every holder");
+}
+
+/// Renewing many leases, of different ttls and owners, is one statement, which answers for each
+/// lease on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewing_many_leases_is_one_statement() {
+    let db = Postgres::fresh().await;
+    let backend = support::Store::backend(&db).await;
+    let locker = Locker::with_backend(backend.clone());
+    let mut leases = Vec::new();
+    for i in 0..300 {
+        let ttl = Duration::from_millis(30_000 + 1_000 * (i % 7));
+        let options = LockOptions::new().ttl(ttl).renew(false);
+        leases.push(
+            locker
+                .lock(support::unique_key("many"), options)
+                .await
+                .unwrap(),
+        );
+    }
+    let stranger = Owner::random();
+    let mut renewals: Vec<Renewal<'_>> = leases
+        .iter()
+        .map(|lease| Renewal::new(lease.key(), lease.owner(), Duration::from_secs(45)))
+        .collect();
+    renewals.push(Renewal::new(
+        leases[0].key(),
+        stranger,
+        Duration::from_secs(45),
+    ));
+    let before = backend.statements();
+    let held = backend.renew(&renewals).await.unwrap();
+    assert_eq!(
+        backend.statements() - before,
+        1,
+        "one statement for every lease"
+    );
+    assert_eq!(held.len(), 301);
+    assert!(
+        held[..300].iter().all(|held| *held),
+        "a lease was not renewed"
+    );
+    assert!(!held[300], "a stranger's renewal took effect");
+    let left: f64 = sqlx::query(AssertSqlSafe(format!(
+        "SELECT extract(epoch FROM min(expires_at) - clock_timestamp())::float8 FROM \"{}\"",
+        db.table
+    )))
+    .fetch_one(&db.admin)
+    .await
+    .unwrap()
+    .get(0);
+    assert!(
+        left > 40.0,
+        "the renewal did not extend every lease: {left} s left"
+    );
+}
+
+#[tokio::test]
+async fn both_schemes_connect_and_bad_input_is_a_clear_error() {
+    let db = Postgres::fresh().await;
+    let url = postgres_url();
+    let table_url = |scheme: &str| {
+        let rest = url.split_once("://").unwrap().1;
+        let separator = if rest.contains('?') { '&' } else { '?' };
+        format!("{scheme}://{rest}{separator}table={}", db.table)
+    };
+    for scheme in ["postgres", "postgresql"] {
+        let locker = Locker::connect(&table_url(scheme)).await.unwrap();
+        let key = support::unique_key(scheme);
+        let lease = locker.lock(&*key, LockOptions::new()).await.unwrap();
+        assert_eq!(db.rows(&key).await, 1, "the URL's table was not used");
+        lease.release().await.unwrap();
+        locker.shutdown().await.unwrap();
+    }
+
+    let locker = db.locker().await;
+    let long = "k".repeat(dlock::backend::POSTGRES_MAX_KEY_BYTES + 1);
+    match locker.lock(&*long, LockOptions::new()).await {
+        Err(LockError::InvalidKey { reason, .. }) => assert!(reason.contains("2048"), "{reason}"),
+        other => panic!("expected InvalidKey, got {other:?}"),
+    }
+
+    let unreachable = tokio::time::timeout(
+        Duration::from_secs(20),
+        Locker::connect("postgres://postgres:secret@127.0.0.1:1/test?connect_timeout=500ms"),
+    )
+    .await
+    .expect("an unreachable server must fail, not hang");
+    let message = unreachable.unwrap_err().to_string();
+    assert!(
+        message.contains("cannot connect to PostgreSQL"),
+        "{message}"
+    );
+    assert!(
+        !message.contains("secret"),
+        "the password leaked into {message}"
+    );
+}
+
+/// On the service's own pool: the locks use it, and shutdown leaves it open but stops the
+/// backend's listening connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locker_on_the_service_pool_leaves_it_open_at_shutdown() {
+    let db = Postgres::fresh().await;
+    let pool = PgPool::connect(&postgres_url()).await.unwrap();
+    let backend = PostgresBackend::with_pool(pool.clone())
+        .table(&db.table)
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend);
+    let key = support::unique_key("pool");
+    let lease = locker.lock(&*key, LockOptions::new()).await.unwrap();
+    assert_eq!(db.rows(&key).await, 1);
+    drop(lease);
+    locker.health().await.unwrap();
+    locker.shutdown().await.unwrap();
+    assert_eq!(db.rows(&key).await, 0, "shutdown left the lease");
+    let one: i32 = sqlx::query("SELECT 1")
+        .fetch_one(&pool)
+        .await
+        .expect("the service's pool was closed")
+        .get(0);
+    assert_eq!(one, 1);
+    let listening = || async {
+        sqlx::query(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = 'dlock listener' AND query LIKE $1",
+        )
+        .bind(format!("%{}%", db.table))
+        .fetch_one(&db.admin)
+        .await
+        .unwrap()
+        .get::<i64, _>(0)
+    };
+    let started = Instant::now();
+    while listening().await > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the listener outlived shutdown"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
