@@ -140,6 +140,30 @@ async fn a_mysql_acquisition_in_flight_during_shutdown_leaves_the_key_free() {
 /// When the first body stopped working.
 type Stopped = Mutex<Option<Instant>>;
 
+/// How the first body goes on working after shutdown began.
+#[derive(Clone, Copy)]
+enum Work {
+    InOnePoll,
+    /// For longer than its ttl: its lease must be kept alive meanwhile.
+    InOnePollPastItsTtl,
+    OnAfterTheLoss,
+}
+
+#[distributed_lock(key = "<key>", ttl = "900ms", locker = locker)]
+async fn busy_past_its_ttl(
+    locker: &Locker,
+    key: &str,
+    started: &Notify,
+    stopped: &Stopped,
+) -> Result<(), LockError> {
+    started.notify_one();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    std::thread::sleep(Duration::from_secs(3));
+    *stopped.lock().unwrap() = Some(Instant::now());
+    tokio::task::yield_now().await;
+    Ok(())
+}
+
 #[distributed_lock(key = "<key>", ttl = "30s", locker = locker)]
 async fn busy_in_one_poll(
     locker: &Locker,
@@ -171,7 +195,7 @@ async fn finishing_after_the_loss(
 
 /// Shuts down the locker of a body that works on for a while after its lease is lost, while
 /// another process waits for the key: the other body must not start before the first stopped.
-async fn shut_down_under_a_working_body(on_lost_continue: bool) {
+async fn shut_down_under_a_working_body(work: Work) {
     let redis = RedisServer::start();
     let locker = Locker::connect(&redis.url()).await.unwrap();
     let key = unique_key("working");
@@ -192,10 +216,14 @@ async fn shut_down_under_a_working_body(on_lost_continue: bool) {
                 .build()
                 .unwrap();
             runtime.block_on(async {
-                if on_lost_continue {
-                    finishing_after_the_loss(&locker, &key, &started, &stopped).await
-                } else {
-                    busy_in_one_poll(&locker, &key, &started, &stopped).await
+                match work {
+                    Work::InOnePoll => busy_in_one_poll(&locker, &key, &started, &stopped).await,
+                    Work::InOnePollPastItsTtl => {
+                        busy_past_its_ttl(&locker, &key, &started, &stopped).await
+                    }
+                    Work::OnAfterTheLoss => {
+                        finishing_after_the_loss(&locker, &key, &started, &stopped).await
+                    }
                 }
             })
         }
@@ -238,12 +266,17 @@ async fn shut_down_under_a_working_body(on_lost_continue: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_lets_the_next_holder_in_only_after_a_body_busy_in_one_poll_stopped() {
-    shut_down_under_a_working_body(false).await;
+    shut_down_under_a_working_body(Work::InOnePoll).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_keeps_the_lease_of_a_body_busy_in_one_poll_past_its_ttl_until_it_stopped() {
+    shut_down_under_a_working_body(Work::InOnePollPastItsTtl).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_lets_the_next_holder_in_only_after_a_continue_body_finished() {
-    shut_down_under_a_working_body(true).await;
+    shut_down_under_a_working_body(Work::OnAfterTheLoss).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -402,4 +435,32 @@ async fn a_body_that_shuts_down_its_own_locker_is_not_waited_for() {
         "shutdown from inside the body took {took:?}"
     );
     assert!(free_on_the_store(&redis.url(), &key).await);
+}
+
+#[distributed_lock(key = "<key>", ttl = "30s", locker = locker)]
+async fn cancelled_by_its_own_shutdown(locker: &Locker, key: &str) -> Result<(), LockError> {
+    locker.shutdown().await
+}
+
+/// A body under `on_lost = "cancel"` that shuts down its own locker is stopped by it, and the
+/// shutdown still finishes: the store is closed (its pool refuses statements).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_that_stops_the_body_that_called_it_still_closes_the_store() {
+    use dlock::backend::{Backend, MysqlBackend};
+
+    let backend = MysqlBackend::connect(&support::mysql_url()).await.unwrap();
+    let locker = Locker::with_backend(backend.clone());
+    let key = unique_key("own-cancel");
+    let outcome = cancelled_by_its_own_shutdown(&locker, &key).await;
+    assert!(
+        matches!(outcome, Err(LockError::Lost { .. })),
+        "the body was not stopped: {outcome:?}"
+    );
+    for _ in 0..60 {
+        if backend.health().await.is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the store was still open 3 s after the body that shut it down was stopped");
 }
