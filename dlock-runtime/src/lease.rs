@@ -33,6 +33,11 @@ pub(crate) struct LeaseState {
     /// it ever works again. Shutdown releases a key only then.
     at_work: AtomicUsize,
     rested: Notify,
+    /// Set by a shutdown: no body may start another poll under the lease, which is still held,
+    /// and renewed, until its bodies rest and shutdown releases it.
+    stopping: AtomicBool,
+    /// A body under `on_lost = "continue"` runs under the lease: at work until it finishes.
+    runs_on_after_loss: AtomicBool,
     /// Which of the bodies re-entering this lease may run now (`reentry`).
     pub(crate) turns: Turns,
 }
@@ -54,8 +59,10 @@ pub(crate) struct AtWork<'a>(&'a LeaseState);
 impl Drop for AtWork<'_> {
     fn drop(&mut self) {
         let lease = self.0;
-        // Only a lost lease has anyone waiting for it to rest.
-        if lease.at_work.fetch_sub(1, Ordering::SeqCst) == 1 && lease.is_lost() {
+        // Only a stopped or lost lease has anyone waiting for it to rest.
+        if lease.at_work.fetch_sub(1, Ordering::SeqCst) == 1
+            && (lease.is_stopping() || lease.is_lost())
+        {
             lease.rested.notify_waiters();
         }
     }
@@ -85,6 +92,8 @@ impl LeaseState {
             lost_wake: Notify::new(),
             at_work: AtomicUsize::new(0),
             rested: Notify::new(),
+            stopping: AtomicBool::new(false),
+            runs_on_after_loss: AtomicBool::new(false),
             turns: Turns::new(),
         }
     }
@@ -107,14 +116,41 @@ impl LeaseState {
     }
 
     pub(crate) fn is_held(&self) -> bool {
-        !self.is_lost() && !self.is_released() && Instant::now() < self.valid_until()
+        !self.is_lost()
+            && !self.is_stopping()
+            && !self.is_released()
+            && Instant::now() < self.valid_until()
+    }
+
+    /// Whether a shutdown is stopping the bodies under the lease.
+    pub(crate) fn is_stopping(&self) -> bool {
+        // Sequentially consistent with `at_work`: see `start_work`.
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Stops the bodies under the lease at their next poll, for a shutdown, and tells whoever
+    /// waits for its loss. The lease stays held, and renewed, until it is released: a body
+    /// still inside a poll keeps the key until it rests.
+    pub(crate) fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.lost_wake.notify_waiters();
+    }
+
+    /// Records that a body under `on_lost = "continue"` runs under the lease.
+    pub(crate) fn mark_runs_on_after_loss(&self) {
+        self.runs_on_after_loss.store(true, Ordering::Release);
+    }
+
+    /// Whether a body under `on_lost = "continue"` runs under the lease.
+    pub(crate) fn runs_on_after_loss(&self) -> bool {
+        self.runs_on_after_loss.load(Ordering::Acquire)
     }
 
     /// Whether a body may be polled under this lease now: held, and within its validity. A lease
     /// found past its validity is marked lost here, so that its loss is reported even when no
     /// timer has fired yet (the runtime was busy, or the grant itself arrived late).
     pub(crate) fn may_run(&self) -> bool {
-        if self.is_lost() || self.is_released() {
+        if self.is_lost() || self.is_stopping() || self.is_released() {
             return false;
         }
         if Instant::now() >= self.valid_until() {
@@ -145,7 +181,14 @@ impl LeaseState {
         if self.is_released() || self.lost.swap(true, Ordering::SeqCst) {
             return;
         }
-        tracing::warn!(key = %self.key, fence = self.fence, ?cause, "distributed_lock: lease lost");
+        match cause {
+            LossCause::ShutDown => {
+                tracing::debug!(key = %self.key, fence = self.fence, "distributed_lock: lease given up at shutdown");
+            }
+            _ => {
+                tracing::warn!(key = %self.key, fence = self.fence, ?cause, "distributed_lock: lease lost");
+            }
+        }
         self.lost_wake.notify_waiters();
     }
 
@@ -155,31 +198,34 @@ impl LeaseState {
 
     /// Counts a body at work under the lease until the guard drops: call it before checking
     /// [`may_run`](Self::may_run), and poll the body only if that says yes. Counted first and
-    /// checked after, both sequentially consistent, as [`mark_lost`](Self::mark_lost) sets
-    /// `lost` and then [`wait_at_rest`](Self::wait_at_rest) reads the count: either the body
-    /// sees the loss and does not work, or the waiter sees the body at work and waits for it.
+    /// checked after, both sequentially consistent, as [`stop`](Self::stop) sets `stopping`
+    /// and then [`wait_at_rest`](Self::wait_at_rest) reads the count: either the body sees the
+    /// stop and does not work, or the waiter sees the body at work and waits for it.
     pub(crate) fn start_work(&self) -> AtWork<'_> {
         self.at_work.fetch_add(1, Ordering::SeqCst);
         AtWork(self)
     }
 
-    /// Resolves once no body works under the lease, or at `deadline`, whichever comes first.
-    /// Once the lease is lost, a body at rest never works again (`may_run` refuses), so its key
-    /// can go to the next holder.
-    pub(crate) async fn wait_at_rest(&self, deadline: Instant) {
+    /// Resolves once no body works under the lease, or at `deadline` if there is one. Once the
+    /// lease is stopped, a body at rest never works again (`may_run` refuses), so its key can
+    /// go to the next holder.
+    pub(crate) async fn wait_at_rest(&self, deadline: Option<Instant>) {
         let at_rest = notified::until(&self.rested, || self.at_work.load(Ordering::SeqCst) == 0);
-        let _ = tokio::time::timeout_at(deadline.into(), at_rest).await;
+        match deadline {
+            Some(deadline) => drop(tokio::time::timeout_at(deadline.into(), at_rest).await),
+            None => at_rest.await,
+        }
     }
 
-    /// Resolves when the lease is lost: marked lost by the watchdog, or run past its validity with
-    /// no confirmation, which is judged here on the client's clock so that it is seen even when
+    /// Resolves when the lease is lost or stopped by a shutdown: marked lost by the watchdog, or
+    /// run past its validity with no confirmation, which is judged here on the client's clock so that it is seen even when
     /// the store cannot be reached.
     pub(crate) async fn wait_lost(&self) {
         loop {
             let woken = self.lost_wake.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            if self.is_lost() {
+            if self.is_lost() || self.is_stopping() {
                 return;
             }
             let until = self.valid_until();

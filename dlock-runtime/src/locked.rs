@@ -194,6 +194,7 @@ async fn run_body<F: Future>(on_lost: OnLost, lease: &LeaseState, body: F) -> Op
     match on_lost {
         OnLost::Cancel => until_lost(body, lease).await,
         OnLost::Continue => {
+            lease.mark_runs_on_after_loss();
             let _at_work = lease.start_work();
             if !lease.may_run() {
                 return None;

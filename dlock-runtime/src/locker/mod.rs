@@ -356,26 +356,45 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn shutdown(&self) -> Result<(), LockError> {
+        // A body that called shutdown itself cannot rest while it waits for shutdown.
+        let callers_own = reentry::leases_of_this_task();
+        // On the background runtime, so that it finishes (the store closed) even if this future
+        // is dropped: by a body under `on_lost = "cancel"` that called it, say, as shutdown
+        // stops that body.
+        let (done, finished) = oneshot::channel();
+        let locker = self.clone();
+        background::spawn(async move {
+            let _ = done.send(locker.shut_down(callers_own).await);
+        });
+        finished.await.unwrap_or_else(|_| {
+            Err(LockError::backend(
+                "the shutdown task ended without an answer",
+            ))
+        })
+    }
+
+    async fn shut_down(&self, callers_own: Vec<u64>) -> Result<(), LockError> {
         let held = self.inner.holdings.close();
         if !held.is_empty() {
             tracing::info!(leases = held.len(), locker = %self.inner.description, "distributed_lock: shutting down; releasing held leases");
         }
-        // A body that called shutdown itself cannot rest while it waits for shutdown.
-        let callers_own = reentry::leases_of_this_task();
         let first_error: Arc<Mutex<Option<LockError>>> = Arc::default();
         for (state, queued) in held {
-            state.mark_lost(LossCause::ShutDown);
+            state.stop();
             let (locker, first_error) = (self.clone(), first_error.clone());
             let waits_for_rest = !callers_own.contains(&state.id);
-            // Counted as a queued release (since `close`), so the wait below covers it, and run
-            // on the background runtime, so it goes on if this future is dropped.
+            // Counted as a queued release (since `close`), so the wait below covers it.
             background::spawn(async move {
                 let _queued = queued;
                 if waits_for_rest {
-                    // No body works under the key when it goes to the next holder. A lost lease
-                    // is renewed no more: past its validity the store may free it anyway.
-                    state.wait_at_rest(state.valid_until()).await;
+                    // No body works under the key when it goes to the next holder; the lease
+                    // is renewed meanwhile. A body under "continue" is waited for until the
+                    // validity it has now (it may be parked for good): it runs on without the
+                    // key after that, as after any loss.
+                    let deadline = state.runs_on_after_loss().then(|| state.valid_until());
+                    state.wait_at_rest(deadline).await;
                 }
+                state.mark_lost(LossCause::ShutDown);
                 if let Err(error) = locker.release(&state).await {
                     tracing::warn!(key = %state.key, %error, "distributed_lock: release at shutdown failed; the lease will expire");
                     let mut first = first_error.lock().unwrap_or_else(|p| p.into_inner());
@@ -531,7 +550,14 @@ impl Locker {
         let (answer, answered) = oneshot::channel();
         background::spawn(async move {
             let _queued = queued;
-            let result = backend.release(&key, owner).await;
+            // Bounded, so a store that never answers cannot hold a shutdown up for good.
+            let result = tokio::time::timeout(RELEASE_PATIENCE, backend.release(&key, owner))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(LockError::backend(format!(
+                        "the store did not answer a release within {RELEASE_PATIENCE:?}"
+                    )))
+                });
             if let Err(Err(error)) = answer.send(result) {
                 tracing::warn!(%key, %error, "distributed_lock: queued release failed; the lease will expire");
             }
@@ -539,6 +565,10 @@ impl Locker {
         Some(answered)
     }
 }
+
+/// How long a release may take before it is given up (the lease then expires with its ttl): a
+/// store's own time-outs end it sooner, this bounds one that has none.
+const RELEASE_PATIENCE: Duration = Duration::from_secs(10);
 
 /// How long shutdown waits for the acquisitions in flight to return: each returns at once when
 /// polled (it is stopped), so only a future nobody polls any more takes this long.
