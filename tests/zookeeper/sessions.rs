@@ -375,3 +375,20 @@ async fn an_acquisition_moved_to_a_shorter_session_checks_its_ttl_again() {
     drop(lease);
     tokio::task::block_in_place(|| drop(stingy));
 }
+
+/// A readiness probe asks the ensemble: it fails (within the session timeout, not hanging) once
+/// the server is gone, and a probe with the server up answers Ok.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_asks_the_ensemble() {
+    let mut server = tokio::task::spawn_blocking(ZkServer::start_new)
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend_at(&server.url(), Duration::from_secs(4)).await);
+    locker.health().await.unwrap();
+    tokio::task::block_in_place(|| server.stop());
+    let probed = tokio::time::timeout(Duration::from_secs(10), locker.health()).await;
+    assert!(
+        matches!(probed, Ok(Err(_))),
+        "health with the server down: {probed:?}"
+    );
+}
