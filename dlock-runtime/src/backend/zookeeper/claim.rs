@@ -26,7 +26,7 @@ use zookeeper_client::Client;
 use super::cleanup::delete_until_confirmed;
 use super::{Held, ZookeeperBackend};
 use crate::backend::{AcquireRequest, Acquired};
-use crate::{background, LockError, Owner};
+use crate::{LockError, Owner};
 
 /// How long a grant waits for its caller, unless [`ZookeeperBuilder::claim_window`] says
 /// otherwise.
@@ -120,7 +120,9 @@ impl ZookeeperBackend {
         loop {
             let caller = Caller(Arc::new(Claim::new()));
             let (answer, outcome) = oneshot::channel();
-            background::spawn(self.clone().acquire_for(
+            // Counted as a clean-up from the start: a caller dropped before the grant leaves its
+            // node to this task's guard, which `close` must wait for.
+            self.shared.cleanups.spawn(self.clone().acquire_for(
                 request.key.to_owned(),
                 request.owner,
                 request.ttl,
@@ -167,10 +169,11 @@ impl ZookeeperBackend {
     ) {
         let request = AcquireRequest::new(&key, owner, ttl, wait);
         let outcome = tokio::select! {
-            outcome = self.acquire_bounded(&request) => outcome,
+            biased;
             // The caller is gone: dropping the acquisition lets its node's guard delete what
             // it made.
             () = claim.until_settled() => return,
+            outcome = self.acquire_bounded(&request) => outcome,
         };
         let grant = match outcome {
             Ok(Some(grant)) => grant,

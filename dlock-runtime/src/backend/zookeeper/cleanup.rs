@@ -33,10 +33,10 @@ pub(super) async fn delete_until_confirmed(client: Client, path: String, parent:
 }
 
 /// Deletes the lock nodes under `parent` whose names start with `own_prefix`: what a create
-/// whose answer was lost may have made. The listing is served after the create, which was sent
-/// first on the same session, so it shows the node if the create landed.
+/// whose answer was lost may have made. The listing is read after a `sync` (see
+/// [`synced_listing`]), so it shows the node if the create landed.
 pub(super) async fn delete_unanswered_create(client: Client, parent: String, own_prefix: String) {
-    let Some(children) = until_answered(&parent, || list_or_empty(&client, &parent)).await else {
+    let Some(children) = until_answered(&parent, || synced_listing(&client, &parent)).await else {
         // The session ended, and the node, if any, with it.
         return;
     };
@@ -46,6 +46,20 @@ pub(super) async fn delete_unanswered_create(client: Client, parent: String, own
     for name in ours {
         delete_until_confirmed(client.clone(), format!("{parent}/{name}"), parent.clone()).await;
     }
+}
+
+/// The children of `parent` as the leader has them once everything it received before has
+/// committed. After a lost connection the client may be served by another server, which only
+/// promises to be as recent as the last answer the client saw: a create whose answer was lost
+/// could be missing from its copy still, and a node found missing would then be left, blocking
+/// the key, for as long as the session lives. A `sync` first makes that server catch up with the
+/// leader.
+pub(super) async fn synced_listing(client: &Client, parent: &str) -> Result<Vec<String>, ZkError> {
+    match client.sync(parent).await {
+        Ok(()) | Err(ZkError::NoNode) => {}
+        Err(error) => return Err(error),
+    }
+    list_or_empty(client, parent).await
 }
 
 /// Runs `attempt` until it answers: its value, or `None` once an error says the session ended.

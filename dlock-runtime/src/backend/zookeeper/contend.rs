@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use zookeeper_client::{Client, Error as ZkError, EventType};
 
 use super::claim::Grant;
+use super::cleanup::synced_listing;
 use super::node::{confirm_nodes, LockNode, Queued, Stage};
 use super::paths::sequence;
 use super::queue::list_or_empty;
@@ -215,7 +216,7 @@ impl ZookeeperBackend {
 /// for by its owner prefix. [`Queued`](Stage::Queued) when it is there, else
 /// [`NotCreated`](Stage::NotCreated). An error leaves the question open.
 async fn find_unanswered_create(client: &Client, node: &LockNode) -> Result<Stage, ZkError> {
-    let children = list_or_empty(client, &node.parent).await?;
+    let children = synced_listing(client, &node.parent).await?;
     if let Some(name) = children.iter().find(|c| node.is_ours(c)) {
         let path = format!("{}/{name}", node.parent);
         if let Some(stat) = client.check_stat(&path).await? {
