@@ -309,21 +309,27 @@ impl Locker {
     /// Shuts the locker down for a clean exit: refuses new acquisitions and stops those in
     /// flight (they fail with [`LockError::ShutDown`], undoing whatever reached the store),
     /// releases every lease still held, waits for the releases queued by dropped leases and the
-    /// stores' own clean-ups to reach the store, and closes the store's connections. Affects
-    /// every clone of this locker. Calling it again does nothing more.
+    /// stores' own clean-ups to reach the store, and closes what the store opened for itself
+    /// (the MySQL and PostgreSQL pools it made; Redis and ZooKeeper connections close when the
+    /// last clone of the locker is dropped). Affects every clone of this locker, and every
+    /// locker built on a clone of the same backend shares its pool: shut them down together.
+    /// Calling it again does nothing more.
     ///
-    /// A body of `#[distributed_lock]` running under a lease is told the lease is lost. Under
-    /// `on_lost = "cancel"` it is stopped at its next `.await`, and its key is released once it
-    /// rests there (work inside one poll runs to its end first). Under `"continue"` the key is
-    /// released when the body finishes, or at the latest when the lease's validity runs out,
+    /// A body of `#[distributed_lock]` running under a lease is told the lease is lost, and the
+    /// lease stays held and renewed until no body works under it. Under `on_lost = "cancel"` the
+    /// body is stopped at its next `.await`, and its key released once it rests there (work
+    /// inside one poll runs to its end first, however long; work it handed to a spawned task is
+    /// not waited for). Under `"continue"` the key is released when the body finishes, or at
+    /// the latest when the validity the lease had at the shutdown runs out (a ttl at most),
     /// after which the body runs on without the key, as after any loss. A manual [`Lease`] is
     /// released at once: its holder is told through [`Lease::lost`] and stops its work when
     /// told. A body that calls `shutdown` itself is not waited for.
     ///
     /// Futures its caller keeps but no longer polls (a `select!` on a termination signal keeps
-    /// the others) hold nothing up: a release goes on by itself, a body not in a poll rests, and
-    /// an acquisition in flight is waited for 5 s at most (if the store grants it after that,
-    /// the key stays held until its ttl runs out).
+    /// the others) hold little up: a release goes on by itself, a body under `"cancel"` not in
+    /// a poll rests, one under `"continue"` is waited for as above, and an acquisition in flight
+    /// is waited for 5 s at most (if the store grants it after that, the key stays held until
+    /// its ttl runs out).
     ///
     /// A lease dropped just before the program returns from `main` is released on dlock's
     /// background thread, which dies with the process: without this call, such a key stays

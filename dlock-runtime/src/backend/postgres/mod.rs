@@ -454,7 +454,9 @@ impl Backend for PostgresBackend {
         }
         let shared = self.shared.clone();
         let _ = on_background(async move {
-            shared.pool.close().await;
+            // sqlx waits for every connection lent out to come back: bounded, for one stuck in
+            // a statement that never ends.
+            let _ = tokio::time::timeout(CLEANUP_PATIENCE, shared.pool.close()).await;
             Ok(())
         })
         .await;
