@@ -290,11 +290,11 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// # Cancel safety
     ///
-    /// The runtime runs every release on its background runtime and awaits it there, so this
-    /// future is polled to its end (or to a 10 s time-out) whether or not the caller still
-    /// waits. A key may still be released twice for one owner (an acquisition's undo after a
-    /// release, say): the second answers `Ok(false)` and changes nothing. It runs on the one
-    /// thread that also renews every lease: it must never block that thread.
+    /// A release whose caller stops waiting is sent again from the runtime's background, and a
+    /// shutdown sends again a release still in flight, so a key may be released twice for one
+    /// owner: the second answers `Ok(false)` and changes nothing. Given up after 10 s. Sent from
+    /// the background it runs on the one thread that also renews every lease: it must never
+    /// block that thread.
     fn release(
         &self,
         key: &str,

@@ -23,7 +23,7 @@ pub(crate) use default::default_locker;
 pub use default::{init_from_env, set_default_locker};
 pub use guard::Lease;
 use holdings::{Holdings, QueuedRelease};
-use pending::PendingAcquire;
+use pending::{PendingAcquire, PendingRelease};
 
 /// A handle to one lock store. Cheap to clone (clones share the store's connections and one
 /// watchdog), `Send + Sync`, and usable from any tokio runtime: its background work runs on a
@@ -326,7 +326,8 @@ impl Locker {
     /// told. A body that calls `shutdown` itself is not waited for.
     ///
     /// Futures its caller keeps but no longer polls (a `select!` on a termination signal keeps
-    /// the others) hold little up: a release goes on by itself, a body under `"cancel"` not in
+    /// the others) hold little up: a release in flight is sent again from the background (the
+    /// owner check makes the second harmless), a body under `"cancel"` not in
     /// a poll rests, one under `"continue"` is waited for as above, and an acquisition in flight
     /// is waited for 5 s at most (if the store grants it after that, the key stays held until
     /// its ttl runs out).
@@ -386,6 +387,11 @@ impl Locker {
         }
         let first_error: Arc<Mutex<Option<LockError>>> = Arc::default();
         for (state, queued) in held {
+            if state.is_released() {
+                // Its caller is releasing it, and may be parked or slow: again, from here.
+                self.send_release(state.key.clone(), state.owner, queued);
+                continue;
+            }
             state.stop();
             let (locker, first_error) = (self.clone(), first_error.clone());
             let waits_for_rest = !callers_own.contains(&state.id);
@@ -401,7 +407,7 @@ impl Locker {
                     state.wait_at_rest(deadline).await;
                 }
                 state.mark_lost(LossCause::ShutDown);
-                if let Err(error) = locker.release(&state).await {
+                if let Err(error) = locker.release_at_shutdown(&state).await {
                     tracing::warn!(key = %state.key, %error, "distributed_lock: release at shutdown failed; the lease will expire");
                     let mut first = first_error.lock().unwrap_or_else(|p| p.into_inner());
                     first.get_or_insert(error);
@@ -496,28 +502,49 @@ impl Locker {
 
     /// Releases `state` and waits for the store's answer.
     pub(crate) async fn release(&self, state: &Arc<LeaseState>) -> Result<(), LockError> {
-        // Counted before the lease reads as released, so a shutdown that finds it released
-        // still waits for its release to reach the store.
-        let queued = self.inner.holdings.queued_release();
         if !state.mark_released() {
             return Ok(());
         }
         self.inner.watchdog.forget(state);
-        self.inner.holdings.forget(state);
-        // On the background runtime, so the release goes on whether or not this future is
-        // polled (dropped, or parked in a `select!` during a shutdown that waits for it).
-        let Some(answer) = self.send_release(state.key.clone(), state.owner, queued) else {
-            return Ok(());
+        // Sent from this task, the fast way (no hop to the background runtime and back). The
+        // lease stays among the held ones until the store answered: a shutdown meanwhile sends
+        // the release again from the background, counted, so that neither a parked caller nor
+        // one that is slow holds it up; the owner check makes the second release harmless.
+        let mut pending = PendingRelease {
+            locker: self,
+            state,
+            armed: true,
         };
-        match answer.await {
-            Ok(Ok(held)) => {
-                tracing::debug!(key = %state.key, fence = state.fence, held, "distributed_lock: released");
-                Ok(())
-            }
-            Ok(Err(error)) => Err(error),
-            Err(_) => Err(LockError::backend(
-                "the release task ended without an answer",
-            )),
+        let result = tokio::time::timeout(
+            RELEASE_PATIENCE,
+            self.inner.backend.release(&state.key, state.owner),
+        )
+        .await
+        .unwrap_or_else(|_| Err(release_timed_out()));
+        pending.armed = false;
+        self.inner.holdings.forget(state);
+        let held = result?;
+        tracing::debug!(key = %state.key, fence = state.fence, held, "distributed_lock: released");
+        Ok(())
+    }
+
+    /// Releases `state` for a shutdown, and waits for the store's answer. A body that finished
+    /// meanwhile may be releasing it too, from its own task, which a shutdown does not wait for:
+    /// the release is sent from here anyway (the owner check makes the second harmless), and
+    /// only the first reports an error.
+    async fn release_at_shutdown(&self, state: &Arc<LeaseState>) -> Result<(), LockError> {
+        let first = state.mark_released();
+        self.inner.watchdog.forget(state);
+        self.inner.holdings.forget(state);
+        let result = tokio::time::timeout(
+            RELEASE_PATIENCE,
+            self.inner.backend.release(&state.key, state.owner),
+        )
+        .await
+        .unwrap_or_else(|_| Err(release_timed_out()));
+        match result {
+            Err(error) if first => Err(error),
+            _ => Ok(()),
         }
     }
 
@@ -530,45 +557,33 @@ impl Locker {
         }
         self.inner.watchdog.forget(state);
         self.inner.holdings.forget(state);
-        drop(self.send_release(state.key.clone(), state.owner, queued));
+        self.send_release(state.key.clone(), state.owner, queued);
         tracing::debug!(key = %state.key, fence = state.fence, "distributed_lock: released on drop");
     }
 
     /// Releases `key` for `owner` without waiting, counted by a fresh queued-release guard.
     fn queue_release(&self, key: String, owner: Owner) {
         let queued = self.inner.holdings.queued_release();
-        drop(self.send_release(key, owner, queued));
+        self.send_release(key, owner, queued);
     }
 
-    /// Releases `key` for `owner`: at once where the store is in-process (`None`), else on the
-    /// background runtime, counted by `queued` until it is done, its answer on the receiver. An
-    /// answer nobody takes any more is logged when it is an error.
-    fn send_release(
-        &self,
-        key: String,
-        owner: Owner,
-        queued: QueuedRelease,
-    ) -> Option<oneshot::Receiver<Result<bool, LockError>>> {
+    /// Releases `key` for `owner` without waiting: at once where the store is in-process, else
+    /// on the background runtime, counted by `queued` until it is done.
+    fn send_release(&self, key: String, owner: Owner, queued: QueuedRelease) {
         if self.inner.backend.release_now(&key, owner) {
-            return None;
+            return;
         }
         let backend = self.inner.backend.clone();
-        let (answer, answered) = oneshot::channel();
         background::spawn(async move {
             let _queued = queued;
             // Bounded, so a store that never answers cannot hold a shutdown up for good.
             let result = tokio::time::timeout(RELEASE_PATIENCE, backend.release(&key, owner))
                 .await
-                .unwrap_or_else(|_| {
-                    Err(LockError::backend(format!(
-                        "the store did not answer a release within {RELEASE_PATIENCE:?}"
-                    )))
-                });
-            if let Err(Err(error)) = answer.send(result) {
+                .unwrap_or_else(|_| Err(release_timed_out()));
+            if let Err(error) = result {
                 tracing::warn!(%key, %error, "distributed_lock: queued release failed; the lease will expire");
             }
         });
-        Some(answered)
     }
 }
 
@@ -579,6 +594,12 @@ const RELEASE_PATIENCE: Duration = Duration::from_secs(10);
 /// How long shutdown waits for the acquisitions in flight to return: each returns at once when
 /// polled (it is stopped), so only a future nobody polls any more takes this long.
 const IN_FLIGHT_PATIENCE: Duration = Duration::from_secs(5);
+
+fn release_timed_out() -> LockError {
+    LockError::backend(format!(
+        "the store did not answer a release within {RELEASE_PATIENCE:?}"
+    ))
+}
 
 fn check_key_length(key: &str) -> Result<(), LockError> {
     if key.len() <= Locker::MAX_KEY_BYTES {

@@ -1,8 +1,8 @@
-//! The guard that finishes what a dropped acquisition started: the store may have granted it,
-//! so it is released from the background runtime. (A release needs no such guard: it runs on
-//! the background runtime from the start.)
+//! Guards that finish what a dropped future started: an acquisition the store may have granted,
+//! a release the caller stopped waiting for. Either is queued on the background runtime.
 
 use super::Locker;
+use crate::lease::LeaseState;
 use crate::Owner;
 
 /// Releases a key whose acquisition was abandoned mid-flight: the store may have granted it.
@@ -17,6 +17,23 @@ impl Drop for PendingAcquire<'_> {
     fn drop(&mut self) {
         if self.armed {
             self.locker.queue_release(self.key.to_owned(), self.owner);
+        }
+    }
+}
+
+/// Finishes a release whose caller stopped waiting for it.
+pub(super) struct PendingRelease<'a> {
+    pub(super) locker: &'a Locker,
+    pub(super) state: &'a LeaseState,
+    pub(super) armed: bool,
+}
+
+impl Drop for PendingRelease<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.locker
+                .queue_release(self.state.key.clone(), self.state.owner);
+            self.locker.inner.holdings.forget(self.state);
         }
     }
 }
