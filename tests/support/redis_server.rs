@@ -16,6 +16,8 @@ pub struct RedisServer {
     tls: Option<std::path::PathBuf>,
     /// For a persistent server: the directory of its append-only file.
     aof: Option<std::path::PathBuf>,
+    /// It ran once on its port: a restart must come back on the same one.
+    started_once: bool,
 }
 
 impl RedisServer {
@@ -42,6 +44,7 @@ impl RedisServer {
             child: None,
             tls: None,
             aof: Some(dir),
+            started_once: false,
         };
         server.spawn();
         server
@@ -54,6 +57,7 @@ impl RedisServer {
             child: None,
             tls: None,
             aof: None,
+            started_once: false,
         };
         server.spawn();
         server
@@ -130,6 +134,7 @@ impl RedisServer {
             child: None,
             tls: Some(dir),
             aof: None,
+            started_once: false,
         };
         server.spawn();
         server
@@ -174,7 +179,8 @@ impl RedisServer {
         self.spawn();
     }
 
-    fn spawn(&mut self) {
+    /// The command that starts this server on its port.
+    fn command(&self) -> Command {
         let port = self.port.to_string();
         let mut command = Command::new("redis-server");
         match &self.tls {
@@ -213,15 +219,19 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .stdin(Stdio::null());
+        command
+    }
+
+    fn spawn(&mut self) {
         let started = Instant::now();
-        // The port was free a moment ago, and is free again right after a kill; retry a few
-        // times in case the kernel takes a moment.
         loop {
-            let child = command
+            let child = self
+                .command()
                 .spawn()
                 .expect("cannot run redis-server: is it installed (apt-get install redis-server)?");
             self.child = Some(child);
             if self.wait_until_answering(Duration::from_secs(10)) {
+                self.started_once = true;
                 return;
             }
             self.stop();
@@ -230,7 +240,45 @@ impl RedisServer {
                 "redis-server on port {} did not start",
                 self.port
             );
+            if !self.started_once {
+                // Taken since `free_port` found it free: another port. (A restart keeps its
+                // port, which is free again right after a kill once the kernel lets it go.)
+                self.port = free_port();
+            }
         }
+    }
+
+    /// Whether the server answering on `stream` is the process this handle started: a server
+    /// that failed to bind its port (another test's took it between `free_port` and the spawn)
+    /// exits, while the other one answers in its place.
+    fn is_ours(&mut self, stream: &mut TcpStream) -> bool {
+        let Some(child) = self.child.as_mut() else {
+            return false;
+        };
+        let pid = child.id();
+        let mut request = String::new();
+        if let Some(password) = &self.password {
+            request.push_str(&format!("AUTH {password}\r\n"));
+        }
+        request.push_str("INFO server\r\n");
+        if stream.write_all(request.as_bytes()).is_err() {
+            return false;
+        }
+        let mut info = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            match stream.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => info.extend_from_slice(&chunk[..n]),
+            }
+            if String::from_utf8_lossy(&info).contains("tcp_port:") {
+                break;
+            }
+        }
+        let info = String::from_utf8_lossy(&info);
+        let ours = info.contains(&format!("process_id:{pid}\r\n"));
+        ours && matches!(child.try_wait(), Ok(None))
     }
 
     fn wait_until_answering(&mut self, patience: Duration) -> bool {
@@ -256,7 +304,8 @@ impl RedisServer {
                             && (reply[0] == b'+' || reply[0] == b'-')
                             && !reply[..n].starts_with(b"-LOADING")
                         {
-                            return true;
+                            // Ours, or another test's server on a port ours failed to take?
+                            return self.is_ours(&mut stream);
                         }
                     }
                 }
