@@ -1,1 +1,2 @@
 //! Nothing but tests: see `tests/ui.rs`.
+#![forbid(unsafe_code)]
