@@ -14,7 +14,7 @@ use super::cleanup::synced_listing;
 use super::node::{confirm_nodes, LockNode, Queued, Stage};
 use super::paths::sequence;
 use super::queue::list_or_empty;
-use super::session::{is_retryable, zk_error, Session};
+use super::session::{ends_session, is_retryable, zk_error, Session};
 use super::{Held, ZookeeperBackend, EPHEMERAL_SEQUENTIAL, PERSISTENT};
 use crate::backend::{AcquireRequest, Acquired};
 use crate::LockError;
@@ -26,6 +26,37 @@ const PARENT_RETRIES: usize = 16;
 /// The children of the parent as listed in the create's round trip, and when the create was
 /// sent.
 type ListedWithCreate = (Vec<String>, Instant);
+
+/// How often one acquisition tries again after an error that a retry may not meet: a few lost
+/// connections (the client reconnects by itself, often to another server), and one ended
+/// session (the backend opens a new one). Counted apart, so that the connection lost as a
+/// session ends does not use up the move to a new session.
+#[derive(Default)]
+struct Retries {
+    lost_connections: u8,
+    new_sessions: u8,
+}
+
+impl Retries {
+    const LOST_CONNECTIONS: u8 = 3;
+    const NEW_SESSIONS: u8 = 1;
+
+    /// Whether to try again after `error`, counting the try.
+    fn allow(&mut self, error: &ZkError) -> bool {
+        let (used, limit) = if ends_session(error) {
+            (&mut self.new_sessions, Self::NEW_SESSIONS)
+        } else if is_retryable(error) {
+            (&mut self.lost_connections, Self::LOST_CONNECTIONS)
+        } else {
+            return false;
+        };
+        if *used >= limit {
+            return false;
+        }
+        *used += 1;
+        true
+    }
+}
 
 impl ZookeeperBackend {
     /// One acquisition, bounded by its wait plus a session timeout (the ensemble may not
@@ -63,7 +94,7 @@ impl ZookeeperBackend {
         let deadline = now
             .checked_add(request.wait)
             .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
-        let mut retried = false;
+        let mut retries = Retries::default();
         let mut parent_missing = false;
         if request.wait.is_zero() {
             // A try that is sure to fail creates nothing: no churn of nodes and watches on a
@@ -78,8 +109,7 @@ impl ZookeeperBackend {
                         parent_missing = true;
                         break;
                     }
-                    Err(error) if !retried && is_retryable(&error) => {
-                        retried = true;
+                    Err(error) if retries.allow(&error) => {
                         session = self.session().await?;
                         self.check_ttl(request.ttl, &session)?;
                     }
@@ -92,8 +122,7 @@ impl ZookeeperBackend {
         loop {
             match self.contend(&mut node, deadline).await {
                 Ok(acquired) => return Ok(acquired),
-                Err(error) if !retried && is_retryable(&error) => {
-                    retried = true;
+                Err(error) if retries.allow(&error) => {
                     let fresh = self.session().await?;
                     if fresh.id != node.session {
                         // Our node, if any, went with the old session.
