@@ -13,6 +13,9 @@ use sqlx::mysql::MySqlPool;
 use sqlx::{AssertSqlSafe, Row};
 use support::mysql_url;
 
+#[path = "mysql/unclaimed.rs"]
+mod unclaimed;
+
 /// A lock table of this test's own; dropped with it.
 struct Mysql {
     table: String,

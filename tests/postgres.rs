@@ -12,6 +12,9 @@ use sqlx::postgres::PgPool;
 use sqlx::{AssertSqlSafe, Row};
 use support::postgres_url;
 
+#[path = "postgres/unclaimed.rs"]
+mod unclaimed;
+
 /// A lock table of this test's own; dropped with it.
 struct Postgres {
     table: String,
