@@ -29,7 +29,7 @@ mod waiting;
 use builder::quote_table;
 pub use builder::PostgresBuilder;
 use statements::Statements;
-use waiting::Waiting;
+use waiting::{Turn, Waiting};
 
 /// The longest key the store takes, in bytes. A primary-key entry of PostgreSQL's B-tree holds
 /// at most about 2,700 bytes; a release's notification carries the key hex-encoded, within the
@@ -130,8 +130,14 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 /// every process's head is woken by the same notification of every release (a release made
 /// here gives this process's own waiters no head start) and the first statement to arrive
 /// wins: no head is left asleep, but nothing bounds how many races in a row one process can
-/// lose; an order across processes would need a queue in the table. While the listening connection is down, the heads poll with
-/// jittered back-off (5 ms doubling to 250 ms) and the listener reconnects by itself.
+/// lose; an order across processes would need a queue in the table. While the listening
+/// connection is down, the heads poll with jittered back-off (5 ms doubling to 250 ms) and the
+/// listener reconnects by itself.
+///
+/// A head whose future is no longer polled (parked in a `select!`, its runtime stalled) cannot
+/// hold the others up: a head that has not started its try within 1 s of being woken (or of its
+/// own pause running out) is passed over by the waiter behind it, and is not counted by a
+/// caller that does not wait; polled again, it queues again at the back.
 ///
 /// # PgBouncer
 ///
@@ -395,12 +401,21 @@ impl Backend for PostgresBackend {
         let mut backoff = FIRST_BACKOFF;
         let mut jitter = Jitter::new(request.owner);
         loop {
-            if !place.is_head() {
+            if let Turn::Behind(head_lapses) = place.turn() {
+                // Woken when the head leaves or is woken itself, and at the time its turn
+                // lapses, to pass it over if it has not taken it.
+                let until = head_lapses.map_or(deadline, |lapses| lapses.min(deadline));
                 tokio::select! {
                     () = place.woken() => continue,
-                    () = tokio::time::sleep_until(deadline.into()) => return Ok(None),
+                    () = tokio::time::sleep_until(until.into()) => {
+                        if Instant::now() >= deadline {
+                            return Ok(None);
+                        }
+                        continue;
+                    }
                 }
             }
+            place.trying();
             let listening = self.shared.waiting.listening();
             let remaining = match self.try_acquire(key, &owner, ttl_us).await? {
                 Attempt::Granted { fence, sent_at } => return Ok(granted(fence, sent_at)),
@@ -421,9 +436,11 @@ impl Backend for PostgresBackend {
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 pause
             };
+            let until = (now + pause).min(deadline);
+            place.resting_until(until);
             tokio::select! {
                 () = place.woken() => {}
-                () = tokio::time::sleep_until((now + pause).min(deadline).into()) => {}
+                () = tokio::time::sleep_until(until.into()) => {}
             }
         }
     }
