@@ -1,11 +1,12 @@
 //! What the SQL stores (MySQL, PostgreSQL) share: their statements run on dlock's background
-//! runtime, are tried again after a failure that says nothing about the lock, are undone when
-//! the acquisition that sent them was abandoned, and their waiters back off with jitter.
+//! runtime, are tried again after a failure that says nothing about the lock, grant the key only
+//! to a caller that claims it (undone when nobody does), and their waiters back off with jitter.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::claim::Caller;
 use crate::cleanups::Cleanups;
 use crate::{background, LockError, Owner};
 
@@ -22,38 +23,63 @@ pub(super) async fn on_background<T: Send + 'static>(
 }
 
 /// Runs an acquisition's statement `work` in a task of its own on the background runtime, which
-/// a dropped caller does not stop, and hands its answer back. When nobody is left to take the
-/// answer (the caller stopped waiting), runs `undo` instead, after the statement: an undo the
-/// caller queued itself could reach the database before a statement still on its way, and the
-/// row that statement then writes would stay for the whole ttl, held by nobody. A caller
-/// dropped after taking the answer is covered by the locker's own release, which then runs
-/// after the statement too.
-pub(super) async fn unless_abandoned<T, Work, Undo, UndoFut>(
+/// a caller that stops polling or is dropped does not stop, and hands its answer back; a grant
+/// (an answer `is_grant` accepts) only once the caller claims it (see [`claim`](super::claim)):
+/// `Ok(None)` when the grant was withdrawn before the caller came back for it, which the caller
+/// treats as not granted.
+///
+/// The background side undoes what the statement did, after it, when nobody claims its grant
+/// within `window` (the caller was parked, its runtime stalled, or its future dropped), or when
+/// nobody takes any other answer (an error may leave it unknown whether the row was written):
+/// an undo the caller queued itself could reach the database before a statement still on its
+/// way, and the row that statement then writes would stay for the whole ttl, held by nobody. A
+/// claimed grant is the caller's lease, which the locker's own release undoes. The task is one
+/// of `cleanups`, which the store's `close` waits for: the undo must reach the store before the
+/// process ends.
+pub(super) async fn claimed<T, Work, Undo, UndoFut>(
     store: &'static str,
     cleanups: &Arc<Cleanups>,
+    window: Duration,
     work: Work,
+    is_grant: fn(&T) -> bool,
     undo: Undo,
-) -> Result<T, LockError>
+) -> Result<Option<T>, LockError>
 where
     T: Send + 'static,
     Work: Future<Output = Result<T, LockError>> + Send + 'static,
     Undo: FnOnce() -> UndoFut + Send + 'static,
     UndoFut: Future<Output = ()> + Send + 'static,
 {
+    let (caller, claim) = Caller::new();
     let (answer, answered) = tokio::sync::oneshot::channel();
-    // A clean-up, which the store's `close` waits for: the undo must reach the store before
-    // the process ends.
     cleanups.spawn(async move {
         let outcome = work.await;
-        if answer.send(outcome).is_err() {
-            // Whatever the outcome, even an error that leaves it unknown whether the row was
-            // written: the undo is owner-checked, so it is harmless where nothing was.
+        let granted = matches!(&outcome, Ok(done) if is_grant(done));
+        let unanswered = answer.send(outcome).is_err();
+        let withdrawn = if granted {
+            // A dropped caller withdrew it already; a parked one has the window to come back.
+            claim.withdrawn_after(window).await
+        } else {
+            // The undo is owner-checked, so it is harmless where nothing was written.
+            unanswered
+        };
+        if withdrawn {
+            if granted {
+                tracing::debug!(
+                    store,
+                    "distributed_lock: a grant was not claimed within the claim window; undone"
+                );
+            }
             undo().await;
         }
     });
-    answered
+    let outcome = answered
         .await
-        .map_err(|_| LockError::backend(format!("{store} task failed before answering")))?
+        .map_err(|_| LockError::backend(format!("{store} task failed before answering")))??;
+    if is_grant(&outcome) && !caller.claim() {
+        return Ok(None);
+    }
+    Ok(Some(outcome))
 }
 
 /// Runs `statement` again if it failed in a way that says nothing about the lock: once on a

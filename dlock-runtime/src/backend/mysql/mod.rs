@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use sqlx::mysql::MySqlPool;
 use sqlx::AssertSqlSafe;
 
+use super::claim::DEFAULT_CLAIM_WINDOW;
 use super::sql::{self, micros, Jitter};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
@@ -99,7 +100,12 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 ///   over only if it expired by the database's clock (or is already ours, which makes a retried
 ///   acquire idempotent). No `INSERT IGNORE`, which would hide real errors.
 ///   An acquisition whose caller stops waiting deletes its row itself, after the statement that
-///   wrote it, never before (a statement can wait on another transaction's row lock for long).
+///   wrote it, never before (a statement can wait on another transaction's row lock for long);
+///   so does a grant its caller does not claim within the *claim window* (3 s, or the ttl where
+///   shorter: the caller's future was parked in a `select!`, or its runtime stalled, while the
+///   statement was in flight), so the next caller waits that long at most, not the ttl. The
+///   caller, polled again, finds the grant withdrawn and keeps waiting for what is left of its
+///   wait.
 /// - **Release**: `DELETE … WHERE lock_key = ? AND owner = ?`; retried once if its reply is lost —
 ///   the goal is that the row is no longer ours, which a second delete achieves either way.
 /// - **Renewal**: one `UPDATE … WHERE lock_key IN (…) AND (lock_key, owner) IN (…)` for every
@@ -261,28 +267,33 @@ impl MysqlBackend {
     }
 
     /// One try at the key: its `INSERT`, and the take-over `UPDATE` if the row exists; run so
-    /// that a caller who stops waiting leaves no row behind (see [`sql::unless_abandoned`]: a
-    /// reader's gap lock delays an `INSERT`, not a `DELETE` of the absent row).
+    /// that a caller who stops waiting, or does not come back for its grant within the claim
+    /// window, leaves no row behind (see [`sql::claimed`]: a reader's gap lock delays an
+    /// `INSERT`, not a `DELETE` of the absent row); such a grant is busy.
     async fn try_acquire(
         &self,
         key: &str,
         owner: &str,
         ttl_us: u64,
+        ttl: Duration,
     ) -> Result<Option<(u64, Instant)>, LockError> {
         let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
         let (key, owner) = (key.as_bytes().to_vec(), owner.to_owned());
         let (undo_key, undo_owner) = (key.clone(), owner.clone());
-        sql::unless_abandoned(
+        let attempt = sql::claimed(
             "MySQL",
             &self.shared.cleanups,
+            DEFAULT_CLAIM_WINDOW.min(ttl),
             async move { acquire_row(&shared, &key, &owner, ttl_us).await },
+            Option::is_some,
             move || async move {
                 if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner).await {
                     tracing::warn!(%error, "distributed_lock: cannot undo an abandoned MySQL acquisition; its row expires with its ttl");
                 }
             },
         )
-        .await
+        .await?;
+        Ok(attempt.flatten())
     }
 }
 
@@ -360,7 +371,9 @@ impl Backend for MysqlBackend {
         let mut backoff = FIRST_BACKOFF;
         let mut jitter = Jitter::new(request.owner);
         loop {
-            if let Some((fence, valid_from)) = self.try_acquire(request.key, &owner, ttl_us).await?
+            if let Some((fence, valid_from)) = self
+                .try_acquire(request.key, &owner, ttl_us, request.ttl)
+                .await?
             {
                 return Ok(Some(Acquired { fence, valid_from }));
             }

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use sqlx::postgres::PgPool;
 use sqlx::{AssertSqlSafe, Row};
 
+use super::claim::DEFAULT_CLAIM_WINDOW;
 use super::sql::{self, micros, Jitter};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
@@ -101,7 +102,11 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 ///   `RETURNING fence`; no row back means busy. The same statement reads the holder's time left,
 ///   which a waiter sleeps for at most. A lease's validity is counted on the client from when
 ///   the statement was sent, after the wait for a pooled connection. An acquisition whose
-///   caller stops waiting deletes its row itself, after the statement that wrote it.
+///   caller stops waiting deletes its row itself, after the statement that wrote it; so does a
+///   grant its caller does not claim within the *claim window* (3 s, or the ttl where shorter:
+///   the caller's future was parked in a `select!`, or its runtime stalled, while the statement
+///   was in flight), so the next caller waits that long at most, not the ttl. The caller,
+///   polled again, finds the grant withdrawn and keeps waiting for what is left of its wait.
 /// - **Release**: `DELETE … WHERE lock_key = $1 AND owner = $2` and, in the same statement,
 ///   `pg_notify` on the table's channel with the key, sent when the deletion commits.
 /// - **Renewal**: one `UPDATE … FROM unnest($1::bytea[], $2::text[], $3::bigint[])` for every
@@ -298,28 +303,33 @@ impl PostgresBackend {
         self.shared.statements.load(Ordering::Relaxed)
     }
 
-    /// One try at the key, run so that a caller who stops waiting leaves no row behind (see
-    /// [`sql::unless_abandoned`]).
+    /// One try at the key, run so that a caller who stops waiting, or does not come back for
+    /// its grant within the claim window, leaves no row behind (see [`sql::claimed`]); such a
+    /// grant is busy, its holder's expiry unknown.
     async fn try_acquire(
         &self,
         key: &[u8],
         owner: &str,
         ttl_us: i64,
+        ttl: Duration,
     ) -> Result<Attempt, LockError> {
         let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
         let (key, owner) = (key.to_vec(), owner.to_owned());
         let (undo_key, undo_owner) = (key.clone(), owner.clone());
-        sql::unless_abandoned(
+        let attempt = sql::claimed(
             "PostgreSQL",
             &self.shared.cleanups,
+            DEFAULT_CLAIM_WINDOW.min(ttl),
             async move { acquire_row(&shared, &key, &owner, ttl_us).await },
+            |attempt| matches!(attempt, Attempt::Granted { .. }),
             move || async move {
                 if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner).await {
                     tracing::warn!(%error, "distributed_lock: cannot undo an abandoned PostgreSQL acquisition; its row expires with its ttl");
                 }
             },
         )
-        .await
+        .await?;
+        Ok(attempt.unwrap_or(Attempt::Busy { remaining: None }))
     }
 }
 
@@ -391,10 +401,12 @@ impl Backend for PostgresBackend {
             if self.shared.waiting.has_waiters(key) {
                 return Ok(None);
             }
-            return Ok(match self.try_acquire(key, &owner, ttl_us).await? {
-                Attempt::Granted { fence, sent_at } => granted(fence, sent_at),
-                Attempt::Busy { .. } => None,
-            });
+            return Ok(
+                match self.try_acquire(key, &owner, ttl_us, request.ttl).await? {
+                    Attempt::Granted { fence, sent_at } => granted(fence, sent_at),
+                    Attempt::Busy { .. } => None,
+                },
+            );
         }
         let deadline = Instant::now() + request.wait;
         let place = self.shared.waiting.join(key);
@@ -417,7 +429,7 @@ impl Backend for PostgresBackend {
             }
             place.trying();
             let listening = self.shared.waiting.listening();
-            let remaining = match self.try_acquire(key, &owner, ttl_us).await? {
+            let remaining = match self.try_acquire(key, &owner, ttl_us, request.ttl).await? {
                 Attempt::Granted { fence, sent_at } => return Ok(granted(fence, sent_at)),
                 Attempt::Busy { remaining } => remaining,
             };
