@@ -13,6 +13,8 @@ use sqlx::mysql::MySqlPool;
 use sqlx::{AssertSqlSafe, Row};
 use support::mysql_url;
 
+#[path = "mysql/row_locks.rs"]
+mod row_locks;
 #[path = "mysql/unclaimed.rs"]
 mod unclaimed;
 
