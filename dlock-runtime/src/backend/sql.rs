@@ -4,9 +4,11 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::claim::Caller;
+use tokio::sync::Semaphore;
+
+use super::claim::{Caller, DEFAULT_CLAIM_WINDOW};
 use crate::cleanups::Cleanups;
 use crate::{background, LockError, Owner};
 
@@ -36,10 +38,17 @@ pub(super) async fn on_background<T: Send + 'static>(
 /// claimed grant is the caller's lease, which the locker's own release undoes. The task is one
 /// of `cleanups`, which the store's `close` waits for: the undo must reach the store before the
 /// process ends.
+///
+/// A try ends for its caller after [`Limits::bound`] whatever the statement does (it can wait
+/// for as long as another transaction keeps the row locked): the caller takes it as not
+/// granted, and the background side undoes a grant that comes later. The statement and its undo
+/// each hold a permit of `tries` while they run, so that tries stuck on locked rows never take
+/// every pooled connection: renewals and releases keep one.
 pub(super) async fn claimed<T, Work, Undo, UndoFut>(
     store: &'static str,
     cleanups: &Arc<Cleanups>,
-    window: Duration,
+    tries: &Arc<Semaphore>,
+    limits: Limits,
     work: Work,
     is_grant: fn(&T) -> bool,
     undo: Undo,
@@ -52,13 +61,17 @@ where
 {
     let (caller, claim) = Caller::new();
     let (answer, answered) = tokio::sync::oneshot::channel();
+    let tries = Arc::clone(tries);
     cleanups.spawn(async move {
-        let outcome = work.await;
+        let outcome = match tries.acquire().await {
+            Ok(_permit) => work.await,
+            Err(_) => Err(LockError::backend(format!("{store} is shut down"))),
+        };
         let granted = matches!(&outcome, Ok(done) if is_grant(done));
         let unanswered = answer.send(outcome).is_err();
         let withdrawn = if granted {
             // A dropped caller withdrew it already; a parked one has the window to come back.
-            claim.withdrawn_after(window).await
+            claim.withdrawn_after(limits.window).await
         } else {
             // The undo is owner-checked, so it is harmless where nothing was written.
             unanswered
@@ -70,16 +83,54 @@ where
                     "distributed_lock: a grant was not claimed within the claim window; undone"
                 );
             }
+            let _permit = tries.acquire().await;
             undo().await;
         }
     });
+    let Ok(answered) = tokio::time::timeout(limits.bound, answered).await else {
+        // Dropping `caller` withdraws a grant that may still come.
+        return Ok(None);
+    };
     let outcome = answered
-        .await
         .map_err(|_| LockError::backend(format!("{store} task failed before answering")))??;
     if is_grant(&outcome) && !caller.claim() {
         return Ok(None);
     }
     Ok(Some(outcome))
+}
+
+/// How long a try's caller waits for its statement, and then for the grant to be claimed.
+pub(super) struct Limits {
+    /// How long a grant waits for its caller to claim it.
+    pub(super) window: Duration,
+    /// How long the caller waits for the statement's answer.
+    pub(super) bound: Duration,
+}
+
+impl Limits {
+    /// The limits of a try by a caller that waits until `deadline` (`None`: a wait too long to
+    /// add) for a lease of `ttl`: the claim window, or the ttl where shorter; and the time left,
+    /// but at least [`TRY_FLOOR`].
+    pub(super) fn new(deadline: Option<Instant>, ttl: Duration) -> Limits {
+        let left = deadline.map_or(Duration::MAX, |deadline| {
+            deadline.saturating_duration_since(Instant::now())
+        });
+        Limits {
+            window: DEFAULT_CLAIM_WINDOW.min(ttl),
+            bound: left.max(TRY_FLOOR),
+        }
+    }
+}
+
+/// The shortest time a try's caller waits for its statement, however short its wait: a caller
+/// that does not wait at all still needs one round trip.
+pub(super) const TRY_FLOOR: Duration = Duration::from_secs(1);
+
+/// The permits for tries of a pool of `max_connections`: one fewer, so one connection stays
+/// for renewals and releases (none fewer than one).
+pub(super) fn try_permits(max_connections: u32) -> Arc<Semaphore> {
+    let permits = usize::try_from(max_connections.saturating_sub(1).max(1)).unwrap_or(1);
+    Arc::new(Semaphore::new(permits))
 }
 
 /// Runs `statement` again if it failed in a way that says nothing about the lock: once on a

@@ -275,12 +275,14 @@ impl MysqlBuilder {
             release: Arc::from(format!("DELETE FROM {table} WHERE lock_key = ? AND owner = ?")),
             table,
         };
+        let tries = crate::backend::sql::try_permits(pool.options().get_max_connections());
         Ok(MysqlBackend {
             shared: Arc::new(Shared {
                 pool,
                 owns_pool,
                 sql,
                 cleanups: Arc::default(),
+                tries,
             }),
         })
     }

@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 use sqlx::mysql::MySqlPool;
 use sqlx::AssertSqlSafe;
 
-use super::claim::DEFAULT_CLAIM_WINDOW;
-use super::sql::{self, micros, Jitter};
+use super::sql::{self, micros, Jitter, Limits};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
 use crate::{LockError, Owner};
@@ -106,6 +105,11 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 ///   statement was in flight), so the next caller waits that long at most, not the ttl. The
 ///   caller, polled again, finds the grant withdrawn and keeps waiting for what is left of its
 ///   wait.
+///   A try lasts for the caller no longer than its wait (at least 1 s, for a caller that does
+///   not wait), even when the row is locked by another transaction (a `SELECT … FOR UPDATE` in
+///   a client makes the statement wait up to `innodb_lock_wait_timeout`, 50 s by default): the
+///   caller takes it as busy and a grant that comes later is undone. Tries use at most one
+///   connection fewer than the pool has, so renewals and releases always find one.
 /// - **Release**: `DELETE … WHERE lock_key = ? AND owner = ?`; retried once if its reply is lost —
 ///   the goal is that the row is no longer ours, which a second delete achieves either way.
 /// - **Renewal**: one `UPDATE … WHERE lock_key IN (…) AND (lock_key, owner) IN (…)` for every
@@ -134,6 +138,9 @@ struct Shared {
     sql: Statements,
     /// The acquisitions' statements, which may need their own undo: `close` waits for them.
     cleanups: Arc<Cleanups>,
+    /// Permits for the acquisitions' statements, one fewer than the pool's connections (see
+    /// [`sql::claimed`]).
+    tries: Arc<tokio::sync::Semaphore>,
 }
 
 /// The statements, with the table name filled in once. The table name is checked by
@@ -275,7 +282,7 @@ impl MysqlBackend {
         key: &str,
         owner: &str,
         ttl_us: u64,
-        ttl: Duration,
+        limits: Limits,
     ) -> Result<Option<(u64, Instant)>, LockError> {
         let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
         let (key, owner) = (key.as_bytes().to_vec(), owner.to_owned());
@@ -283,7 +290,8 @@ impl MysqlBackend {
         let attempt = sql::claimed(
             "MySQL",
             &self.shared.cleanups,
-            DEFAULT_CLAIM_WINDOW.min(ttl),
+            &self.shared.tries,
+            limits,
             async move { acquire_row(&shared, &key, &owner, ttl_us).await },
             Option::is_some,
             move || async move {
@@ -372,7 +380,12 @@ impl Backend for MysqlBackend {
         let mut jitter = Jitter::new(request.owner);
         loop {
             if let Some((fence, valid_from)) = self
-                .try_acquire(request.key, &owner, ttl_us, request.ttl)
+                .try_acquire(
+                    request.key,
+                    &owner,
+                    ttl_us,
+                    Limits::new(Some(deadline), request.ttl),
+                )
                 .await?
             {
                 return Ok(Some(Acquired { fence, valid_from }));

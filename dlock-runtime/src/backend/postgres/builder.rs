@@ -280,6 +280,7 @@ impl PostgresBuilder {
         waiting
             .start_listener(listen, channel.clone(), self.connect_timeout)
             .await;
+        let tries = crate::backend::sql::try_permits(pool.options().get_max_connections());
         Ok(PostgresBackend {
             shared: Arc::new(Shared {
                 pool,
@@ -288,6 +289,7 @@ impl PostgresBuilder {
                 waiting,
                 statements: Default::default(),
                 cleanups: Arc::default(),
+                tries,
             }),
         })
     }

@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 use sqlx::postgres::PgPool;
 use sqlx::{AssertSqlSafe, Row};
 
-use super::claim::DEFAULT_CLAIM_WINDOW;
-use super::sql::{self, micros, Jitter};
+use super::sql::{self, micros, Jitter, Limits};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
 use crate::{LockError, Owner};
@@ -107,6 +106,11 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 ///   the caller's future was parked in a `select!`, or its runtime stalled, while the statement
 ///   was in flight), so the next caller waits that long at most, not the ttl. The caller,
 ///   polled again, finds the grant withdrawn and keeps waiting for what is left of its wait.
+///   A try lasts for the caller no longer than its wait (at least 1 s, for a caller that does
+///   not wait), even when the row is locked by another transaction (a `SELECT … FOR UPDATE` in
+///   `psql` makes the statement wait for as long as that transaction lasts): the caller takes it
+///   as busy and a grant that comes later is undone. Tries use at most one connection fewer than
+///   the pool has, so renewals and releases always find one.
 /// - **Release**: `DELETE … WHERE lock_key = $1 AND owner = $2` and, in the same statement,
 ///   `pg_notify` on the table's channel with the key, sent when the deletion commits.
 /// - **Renewal**: one `UPDATE … FROM unnest($1::bytea[], $2::text[], $3::bigint[])` for every
@@ -170,6 +174,9 @@ struct Shared {
     statements: AtomicU64,
     /// The acquisitions' statements, which may need their own undo: `close` waits for them.
     cleanups: Arc<Cleanups>,
+    /// Permits for the acquisitions' statements, one fewer than the pool's connections (see
+    /// [`sql::claimed`]).
+    tries: Arc<tokio::sync::Semaphore>,
 }
 
 /// One acquire statement's answer.
@@ -311,7 +318,7 @@ impl PostgresBackend {
         key: &[u8],
         owner: &str,
         ttl_us: i64,
-        ttl: Duration,
+        limits: Limits,
     ) -> Result<Attempt, LockError> {
         let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
         let (key, owner) = (key.to_vec(), owner.to_owned());
@@ -319,7 +326,8 @@ impl PostgresBackend {
         let attempt = sql::claimed(
             "PostgreSQL",
             &self.shared.cleanups,
-            DEFAULT_CLAIM_WINDOW.min(ttl),
+            &self.shared.tries,
+            limits,
             async move { acquire_row(&shared, &key, &owner, ttl_us).await },
             |attempt| matches!(attempt, Attempt::Granted { .. }),
             move || async move {
@@ -401,12 +409,11 @@ impl Backend for PostgresBackend {
             if self.shared.waiting.has_waiters(key) {
                 return Ok(None);
             }
-            return Ok(
-                match self.try_acquire(key, &owner, ttl_us, request.ttl).await? {
-                    Attempt::Granted { fence, sent_at } => granted(fence, sent_at),
-                    Attempt::Busy { .. } => None,
-                },
-            );
+            let limits = Limits::new(Some(Instant::now()), request.ttl);
+            return Ok(match self.try_acquire(key, &owner, ttl_us, limits).await? {
+                Attempt::Granted { fence, sent_at } => granted(fence, sent_at),
+                Attempt::Busy { .. } => None,
+            });
         }
         let deadline = Instant::now() + request.wait;
         let place = self.shared.waiting.join(key);
@@ -429,7 +436,15 @@ impl Backend for PostgresBackend {
             }
             place.trying();
             let listening = self.shared.waiting.listening();
-            let remaining = match self.try_acquire(key, &owner, ttl_us, request.ttl).await? {
+            let remaining = match self
+                .try_acquire(
+                    key,
+                    &owner,
+                    ttl_us,
+                    Limits::new(Some(deadline), request.ttl),
+                )
+                .await?
+            {
                 Attempt::Granted { fence, sent_at } => return Ok(granted(fence, sent_at)),
                 Attempt::Busy { remaining } => remaining,
             };
