@@ -12,6 +12,8 @@ use sqlx::postgres::PgPool;
 use sqlx::{AssertSqlSafe, Row};
 use support::postgres_url;
 
+#[path = "postgres/channels.rs"]
+mod channels;
 #[path = "postgres/row_locks.rs"]
 mod row_locks;
 #[path = "postgres/unclaimed.rs"]
