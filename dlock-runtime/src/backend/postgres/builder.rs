@@ -6,6 +6,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::AssertSqlSafe;
 
+use super::statements::resolve_channel;
 use super::waiting::Waiting;
 use super::{backend_error, on_background, PostgresBackend, Shared, Statements};
 use crate::url::{duration_param, number_param, query_param, without_params};
@@ -118,7 +119,8 @@ impl PostgresBuilder {
 
 impl PostgresBuilder {
     /// The lock table's name (default `dlock_locks`): letters, digits and `_`, optionally
-    /// `schema.table`, at most 63 bytes (the table's name is also its notification channel's).
+    /// `schema.table`, at most 63 bytes. Spelled with or without its schema, one table is one
+    /// lock table with one notification channel (derived from the table the name resolves to).
     /// Checked by [`connect`](Self::connect).
     ///
     /// ```no_run
@@ -274,9 +276,12 @@ impl PostgresBuilder {
             None => listen.application_name("dlock listener"),
         };
         let waiting = Waiting::new();
-        // The channel is the table's name as given: one per table and database, short enough
-        // for a channel name (checked by `quote_table`).
-        let channel = self.table.clone();
+        // The channel is the table's, however its name is written: derived from the table it
+        // resolves to (see `resolve_channel`).
+        let channel = {
+            let (pool, table) = (pool.clone(), table.clone());
+            on_background(async move { resolve_channel(&pool, &table).await }).await?
+        };
         waiting
             .start_listener(listen, channel.clone(), self.connect_timeout)
             .await;

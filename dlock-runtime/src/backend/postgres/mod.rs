@@ -112,7 +112,10 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 ///   as busy and a grant that comes later is undone. Tries use at most one connection fewer than
 ///   the pool has, so renewals and releases always find one.
 /// - **Release**: `DELETE … WHERE lock_key = $1 AND owner = $2` and, in the same statement,
-///   `pg_notify` on the table's channel with the key, sent when the deletion commits.
+///   `pg_notify` on the table's channel with the key, sent when the deletion commits. The
+///   channel is `dlock_` and a hash of the schema and name the table resolves to when the
+///   backend connects, so every spelling of one table's name (`locks`, `public.locks`, another
+///   `search_path`) shares it.
 /// - **Renewal**: one `UPDATE … FROM unnest($1::bytea[], $2::text[], $3::bigint[])` for every
 ///   lease of the tick, each by its own ttl, `RETURNING` the (key, owner) pairs it renewed.
 ///
@@ -302,6 +305,12 @@ impl PostgresBackend {
     /// ```
     pub fn table(&self) -> &str {
         &self.shared.sql.table
+    }
+
+    #[doc(hidden)] // A hook for tests, not part of the API.
+    /// The notification channel of the lock table, which releases `NOTIFY`.
+    pub fn channel(&self) -> &str {
+        &self.shared.sql.channel
     }
 
     #[doc(hidden)] // A hook for tests, not part of the API.
