@@ -175,7 +175,7 @@ impl PostgresBuilder {
 
     /// Whether to create the table if it is missing (default `true`). Turn it off where the
     /// service's database user may not create tables, and have a DBA run
-    /// [`PostgresBackend::ddl`] ahead of time.
+    /// [`PostgresBackend::ddl`] ahead of time: the table must exist when the backend connects.
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
@@ -224,7 +224,9 @@ impl PostgresBuilder {
     ///
     /// [`LockError::InvalidOptions`] where the [table](Self::table) name cannot be used;
     /// [`LockError::Backend`] where the server cannot be reached within the connect timeout,
-    /// refuses the credentials, or refuses to create the table.
+    /// refuses the credentials, or refuses to create the table; or where the table does not
+    /// exist and [`create_table`](Self::create_table) is off (the table must exist to know its
+    /// notification channel).
     ///
     /// # Cancel safety
     ///
