@@ -126,6 +126,14 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// microsecond clock, which every earlier fence of the key stayed within a few counts of — also
 /// across a released row being deleted. (The one thing that could break it is the database's
 /// clock stepping back after a row was deleted.)
+///
+/// Precisely: a fence is greater than the fence of every acquisition of the key that was
+/// granted before this acquisition's statement began. A fresh row's clock floor is the
+/// statement's start time (`UTC_TIMESTAMP(6)` is fixed for a statement); an `INSERT` that then
+/// waits (on a gap lock, on a stalled connection) can write a fresh row with a fence below that
+/// of a holder granted and released meanwhile. Exclusion holds (the rows still follow one
+/// another), and a fenced resource that saw the meanwhile holder's fence refuses the late one's
+/// writes: safe, though the late holder's fenced writes fail.
 #[derive(Clone)]
 pub struct MysqlBackend {
     shared: Arc<Shared>,

@@ -110,7 +110,11 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 ///   not wait), even when the row is locked by another transaction (a `SELECT … FOR UPDATE` in
 ///   `psql` makes the statement wait for as long as that transaction lasts): the caller takes it
 ///   as busy and a grant that comes later is undone. Tries use at most one connection fewer than
-///   the pool has, so renewals and releases always find one.
+///   the pool has, so renewals and releases always find one. A process that dies while its
+///   statement waits on a row lock leaves the statement waiting on the server: PostgreSQL
+///   notices a client gone during a lock wait only with `client_connection_check_interval` set
+///   (PostgreSQL 14+), so otherwise the statement runs when the lock goes and writes a row held
+///   by nobody until its ttl runs out.
 /// - **Release**: `DELETE … WHERE lock_key = $1 AND owner = $2` and, in the same statement,
 ///   `pg_notify` on the table's channel with the key, sent when the deletion commits. The
 ///   channel is `dlock_` and a hash of the schema and name the table resolves to when the
@@ -130,6 +134,14 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 /// fail-over to a logical replica (sequences are not replicated logically); and it needs one more
 /// object, and grant, per table. (The one thing that could break the clock floor is the
 /// database's clock stepping back after a row was deleted.)
+///
+/// Precisely: a fence is greater than the fence of every acquisition of the key that was
+/// granted before this acquisition's statement began. A fresh row's clock floor is read as the
+/// statement's `VALUES` are evaluated, before the conflict check; a statement that then waits
+/// (on another statement's uncommitted row, on a stalled connection) can write a fresh row with
+/// a fence below that of a holder granted and released meanwhile. Exclusion holds (the rows
+/// still follow one another), and a fenced resource that saw the meanwhile holder's fence
+/// refuses the late one's writes: safe, though the late holder's fenced writes fail.
 ///
 /// # Waiting
 ///
