@@ -122,6 +122,14 @@ impl Limits {
     }
 }
 
+/// How long a statement on a backend's own connection waits for a row lock another
+/// transaction holds before the server gives up on it (PostgreSQL's `lock_timeout`, MySQL's
+/// `innodb_lock_wait_timeout`). A lock statement holds a row lock only for its own short run, so
+/// a longer wait is for someone else's transaction (a `SELECT … FOR UPDATE` left open): a try
+/// that gives up reads as busy, and hands its connection back rather than keep it, and its
+/// permit, for as long as that transaction lasts. Whole seconds, as MySQL takes it.
+pub(super) const ROW_LOCK_PATIENCE_S: u64 = 2;
+
 /// The shortest time a try's caller waits for its statement, however short its wait: a caller
 /// that does not wait at all still needs one round trip.
 pub(super) const TRY_FLOOR: Duration = Duration::from_secs(1);
@@ -136,7 +144,7 @@ pub(super) fn try_permits(max_connections: u32) -> Arc<Semaphore> {
 /// Runs `statement` again if it failed in a way that says nothing about the lock: once on a
 /// fresh connection if its connection broke (so the first call after a server restart
 /// succeeds), and up to three times where `is_conflict` says the server rolled it back for a
-/// conflict with another statement (a deadlock victim, a lock-wait time-out). Every lock
+/// conflict with another statement (a deadlock victim). Every lock
 /// statement is safe to repeat for its owner.
 pub(super) async fn retry_transient<T, F, Fut>(
     is_conflict: fn(&sqlx::Error) -> bool,

@@ -110,7 +110,12 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 ///   not wait), even when the row is locked by another transaction (a `SELECT … FOR UPDATE` in
 ///   a client makes the statement wait up to `innodb_lock_wait_timeout`, 50 s by default): the
 ///   caller takes it as busy and a grant that comes later is undone. Tries use at most one
-///   connection fewer than the pool has, so renewals and releases always find one.
+///   connection fewer than the pool has, so renewals and releases always find one; and the
+///   backend's own connections run with `innodb_lock_wait_timeout = 2`, so a statement stuck
+///   behind such a lock gives up (a try then reads as busy, never tried again) and hands its
+///   connection back. On a service's pool ([`with_pool`](Self::with_pool)) that setting is the
+///   service's: without it, stuck tries keep their connections, and every other key's tries
+///   wait, for up to its 50 s.
 /// - **Release**: `DELETE … WHERE lock_key = ? AND owner = ?`; retried once if its reply is lost —
 ///   the goal is that the row is no longer ours, which a second delete achieves either way.
 /// - **Renewal**: one `UPDATE … WHERE lock_key IN (…) AND (lock_key, owner) IN (…)` for every

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use sqlx::AssertSqlSafe;
 
-use super::retry::{backend_error, is_duplicate_key, retry_transient};
+use super::retry::{backend_error, is_duplicate_key, lock_timed_out, retry_transient};
 use super::{MysqlBackend, Shared};
 use crate::backend::sql::{self, Limits};
 use crate::LockError;
@@ -65,11 +65,13 @@ async fn acquire_row(
     .await;
     match insert {
         Ok((done, sent_at)) => return Ok(Some((done.last_insert_id(), sent_at))),
+        // The row stayed locked by another transaction for longer than the lock wait timeout.
+        Err(error) if lock_timed_out(&error) => return Ok(None),
         Err(error) if !is_duplicate_key(&error) => return Err(backend_error(error)),
         Err(_) => {}
     }
     // Held or expired? Take the row over only if it expired by the database's clock.
-    let (take_over, sent_at) = retry_transient(|| {
+    let take_over = retry_transient(|| {
         execute_timed(
             shared,
             sqlx::query(AssertSqlSafe(shared.sql.take_over.clone()))
@@ -79,8 +81,12 @@ async fn acquire_row(
                 .bind(owner),
         )
     })
-    .await
-    .map_err(backend_error)?;
+    .await;
+    let (take_over, sent_at) = match take_over {
+        Ok(answer) => answer,
+        Err(error) if lock_timed_out(&error) => return Ok(None),
+        Err(error) => return Err(backend_error(error)),
+    };
     Ok((take_over.rows_affected() == 1).then(|| (take_over.last_insert_id(), sent_at)))
 }
 

@@ -4,11 +4,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, Executor};
 
 use super::statements::resolve_channel;
 use super::waiting::Waiting;
 use super::{backend_error, on_background, PostgresBackend, Shared, Statements};
+use crate::backend::sql::ROW_LOCK_PATIENCE_S;
 use crate::url::{duration_param, number_param, query_param, without_params};
 use crate::LockError;
 
@@ -253,7 +254,18 @@ impl PostgresBuilder {
                 let pool_options = PgPoolOptions::new()
                     .max_connections(self.max_connections)
                     .min_connections(1)
-                    .acquire_timeout(self.connect_timeout);
+                    .acquire_timeout(self.connect_timeout)
+                    // A statement stuck behind someone else's row lock gives its connection
+                    // back (see `ROW_LOCK_PATIENCE_S`).
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            conn.execute(AssertSqlSafe(format!(
+                                "SET lock_timeout = '{ROW_LOCK_PATIENCE_S}s'"
+                            )))
+                            .await?;
+                            Ok(())
+                        })
+                    });
                 let pool = on_background(async move {
                     pool_options.connect_with(*options).await.map_err(|error| {
                         LockError::backend(format!("cannot connect to PostgreSQL: {error}"))

@@ -111,7 +111,11 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 ///   not wait), even when the row is locked by another transaction (a `SELECT … FOR UPDATE` in
 ///   `psql` makes the statement wait for as long as that transaction lasts): the caller takes it
 ///   as busy and a grant that comes later is undone. Tries use at most one connection fewer than
-///   the pool has, so renewals and releases always find one. A process that dies while its
+///   the pool has, so renewals and releases always find one; and the backend's own connections
+///   run with `lock_timeout = '2s'`, so a statement stuck behind such a lock gives up (a try
+///   then reads as busy) and hands its connection back. On a service's pool
+///   ([`with_pool`](Self::with_pool)) that setting is the service's: without it, stuck tries
+///   keep their connections, and every other key's tries wait, until that transaction ends. A process that dies while its
 ///   statement waits on a row lock leaves the statement waiting on the server: PostgreSQL
 ///   notices a client gone during a lock wait only with `client_connection_check_interval` set
 ///   (PostgreSQL 14+), so otherwise the statement runs when the lock goes and writes a row held
@@ -445,6 +449,15 @@ async fn on_background<T: Send + 'static>(
 fn is_conflict(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("40P01" | "40001")),
+        _ => false,
+    }
+}
+
+/// A row lock not granted within the connection's `lock_timeout` (55P03): the row is another
+/// transaction's for longer than a lock statement takes.
+fn lock_timed_out(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => db.code().as_deref() == Some("55P03"),
         _ => false,
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::{AssertSqlSafe, Row};
 
-use super::{backend_error, is_conflict, PostgresBackend, Shared};
+use super::{backend_error, is_conflict, lock_timed_out, PostgresBackend, Shared};
 use crate::backend::sql::{self, Limits};
 use crate::LockError;
 
@@ -62,7 +62,7 @@ async fn acquire_row(
     owner: &str,
     ttl_us: i64,
 ) -> Result<Attempt, LockError> {
-    let (row, sent_at) = sql::retry_transient(is_conflict, || async {
+    let answer = sql::retry_transient(is_conflict, || async {
         shared.statements.fetch_add(1, Ordering::Relaxed);
         let mut connection = shared.pool.acquire().await?;
         let sent_at = Instant::now();
@@ -74,8 +74,13 @@ async fn acquire_row(
             .await?;
         Ok((row, sent_at))
     })
-    .await
-    .map_err(backend_error)?;
+    .await;
+    let (row, sent_at) = match answer {
+        Ok(answer) => answer,
+        // The row stayed locked by another transaction for longer than the lock timeout.
+        Err(error) if lock_timed_out(&error) => return Ok(Attempt::Busy { remaining: None }),
+        Err(error) => return Err(backend_error(error)),
+    };
     let fence: Option<i64> = row.try_get(0).map_err(backend_error)?;
     let remaining_us: Option<i64> = row.try_get(1).map_err(backend_error)?;
     Ok(match fence {
