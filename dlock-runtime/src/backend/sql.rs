@@ -32,7 +32,7 @@ pub(super) async fn on_background<T: Send + 'static>(
 ///
 /// The background side undoes what the statement did, after it, when nobody claims its grant
 /// within `window` (the caller was parked, its runtime stalled, or its future dropped), or when
-/// nobody takes any other answer (an error may leave it unknown whether the row was written):
+/// nobody takes an error (which may leave it unknown whether the row was written):
 /// an undo the caller queued itself could reach the database before a statement still on its
 /// way, and the row that statement then writes would stay for the whole ttl, held by nobody. A
 /// claimed grant is the caller's lease, which the locker's own release undoes. The task is one
@@ -68,13 +68,15 @@ where
             Err(_) => Err(LockError::backend(format!("{store} is shut down"))),
         };
         let granted = matches!(&outcome, Ok(done) if is_grant(done));
+        let failed = outcome.is_err();
         let unanswered = answer.send(outcome).is_err();
         let withdrawn = if granted {
             // A dropped caller withdrew it already; a parked one has the window to come back.
             claim.withdrawn_after(limits.window).await
         } else {
-            // The undo is owner-checked, so it is harmless where nothing was written.
-            unanswered
+            // A busy answer wrote nothing; an error may leave it unknown whether the row was
+            // written, and the undo is owner-checked, so harmless where nothing was.
+            failed && unanswered
         };
         if withdrawn {
             if granted {
