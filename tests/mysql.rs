@@ -13,6 +13,11 @@ use sqlx::mysql::MySqlPool;
 use sqlx::{AssertSqlSafe, Row};
 use support::mysql_url;
 
+#[path = "mysql/row_locks.rs"]
+mod row_locks;
+#[path = "mysql/unclaimed.rs"]
+mod unclaimed;
+
 /// A lock table of this test's own; dropped with it.
 struct Mysql {
     table: String,

@@ -12,6 +12,13 @@ use sqlx::postgres::PgPool;
 use sqlx::{AssertSqlSafe, Row};
 use support::postgres_url;
 
+#[path = "postgres/channels.rs"]
+mod channels;
+#[path = "postgres/row_locks.rs"]
+mod row_locks;
+#[path = "postgres/unclaimed.rs"]
+mod unclaimed;
+
 /// A lock table of this test's own; dropped with it.
 struct Postgres {
     table: String,
@@ -202,7 +209,9 @@ async fn a_waiter_elsewhere_is_woken_by_the_release_without_polling() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_gets_in_after_the_listener_connection_was_killed() {
     let db = Postgres::fresh().await;
-    let (holder, waiter) = (db.locker().await, db.locker().await);
+    let backend = support::Store::backend(&db).await;
+    let channel = backend.channel().to_owned();
+    let (holder, waiter) = (Locker::with_backend(backend), db.locker().await);
     let key = support::unique_key("deaf");
     let lease = holder
         .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
@@ -222,7 +231,7 @@ async fn a_waiter_gets_in_after_the_listener_connection_was_killed() {
         "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity \
          WHERE application_name = 'dlock listener' AND query LIKE '%LISTEN%' AND query LIKE $1",
     )
-    .bind(format!("%{}%", db.table))
+    .bind(format!("%{channel}%"))
     .fetch_one(&db.admin)
     .await
     .unwrap()

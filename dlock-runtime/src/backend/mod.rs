@@ -36,6 +36,8 @@ use std::time::{Duration, Instant};
 
 use crate::{LockError, Owner};
 
+#[cfg(any(feature = "zookeeper", feature = "mysql", feature = "postgres"))]
+mod claim;
 #[cfg(feature = "memory")]
 mod memory;
 #[cfg(feature = "memory")]

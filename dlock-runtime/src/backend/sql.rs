@@ -1,11 +1,14 @@
 //! What the SQL stores (MySQL, PostgreSQL) share: their statements run on dlock's background
-//! runtime, are tried again after a failure that says nothing about the lock, are undone when
-//! the acquisition that sent them was abandoned, and their waiters back off with jitter.
+//! runtime, are tried again after a failure that says nothing about the lock, grant the key only
+//! to a caller that claims it (undone when nobody does), and their waiters back off with jitter.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use tokio::sync::Semaphore;
+
+use super::claim::{Caller, DEFAULT_CLAIM_WINDOW};
 use crate::cleanups::Cleanups;
 use crate::{background, LockError, Owner};
 
@@ -22,44 +25,128 @@ pub(super) async fn on_background<T: Send + 'static>(
 }
 
 /// Runs an acquisition's statement `work` in a task of its own on the background runtime, which
-/// a dropped caller does not stop, and hands its answer back. When nobody is left to take the
-/// answer (the caller stopped waiting), runs `undo` instead, after the statement: an undo the
-/// caller queued itself could reach the database before a statement still on its way, and the
-/// row that statement then writes would stay for the whole ttl, held by nobody. A caller
-/// dropped after taking the answer is covered by the locker's own release, which then runs
-/// after the statement too.
-pub(super) async fn unless_abandoned<T, Work, Undo, UndoFut>(
+/// a caller that stops polling or is dropped does not stop, and hands its answer back; a grant
+/// (an answer `is_grant` accepts) only once the caller claims it (see [`claim`](super::claim)):
+/// `Ok(None)` when the grant was withdrawn before the caller came back for it, which the caller
+/// treats as not granted.
+///
+/// The background side undoes what the statement did, after it, when nobody claims its grant
+/// within `window` (the caller was parked, its runtime stalled, or its future dropped), or when
+/// nobody takes an error (which may leave it unknown whether the row was written):
+/// an undo the caller queued itself could reach the database before a statement still on its
+/// way, and the row that statement then writes would stay for the whole ttl, held by nobody. A
+/// claimed grant is the caller's lease, which the locker's own release undoes. The task is one
+/// of `cleanups`, which the store's `close` waits for: the undo must reach the store before the
+/// process ends.
+///
+/// A try ends for its caller after [`Limits::bound`] whatever the statement does (it can wait
+/// for as long as another transaction keeps the row locked): the caller takes it as not
+/// granted, and the background side undoes a grant that comes later. The statement and its undo
+/// each hold a permit of `tries` while they run, so that tries stuck on locked rows never take
+/// every pooled connection: renewals and releases keep one.
+pub(super) async fn claimed<T, Work, Undo, UndoFut>(
     store: &'static str,
     cleanups: &Arc<Cleanups>,
+    tries: &Arc<Semaphore>,
+    limits: Limits,
     work: Work,
+    is_grant: fn(&T) -> bool,
     undo: Undo,
-) -> Result<T, LockError>
+) -> Result<Option<T>, LockError>
 where
     T: Send + 'static,
     Work: Future<Output = Result<T, LockError>> + Send + 'static,
     Undo: FnOnce() -> UndoFut + Send + 'static,
     UndoFut: Future<Output = ()> + Send + 'static,
 {
+    let (caller, claim) = Caller::new();
     let (answer, answered) = tokio::sync::oneshot::channel();
-    // A clean-up, which the store's `close` waits for: the undo must reach the store before
-    // the process ends.
+    let tries = Arc::clone(tries);
     cleanups.spawn(async move {
-        let outcome = work.await;
-        if answer.send(outcome).is_err() {
-            // Whatever the outcome, even an error that leaves it unknown whether the row was
-            // written: the undo is owner-checked, so it is harmless where nothing was.
+        let outcome = match tries.acquire().await {
+            Ok(_permit) => work.await,
+            Err(_) => Err(LockError::backend(format!("{store} is shut down"))),
+        };
+        let granted = matches!(&outcome, Ok(done) if is_grant(done));
+        let failed = outcome.is_err();
+        let unanswered = answer.send(outcome).is_err();
+        let withdrawn = if granted {
+            // A dropped caller withdrew it already; a parked one has the window to come back.
+            claim.withdrawn_after(limits.window).await
+        } else {
+            // A busy answer wrote nothing; an error may leave it unknown whether the row was
+            // written, and the undo is owner-checked, so harmless where nothing was.
+            failed && unanswered
+        };
+        if withdrawn {
+            if granted {
+                tracing::debug!(
+                    store,
+                    "distributed_lock: a grant was not claimed within the claim window; undone"
+                );
+            }
+            let _permit = tries.acquire().await;
             undo().await;
         }
     });
-    answered
-        .await
-        .map_err(|_| LockError::backend(format!("{store} task failed before answering")))?
+    let Ok(answered) = tokio::time::timeout(limits.bound, answered).await else {
+        // Dropping `caller` withdraws a grant that may still come.
+        return Ok(None);
+    };
+    let outcome = answered
+        .map_err(|_| LockError::backend(format!("{store} task failed before answering")))??;
+    if is_grant(&outcome) && !caller.claim() {
+        return Ok(None);
+    }
+    Ok(Some(outcome))
+}
+
+/// How long a try's caller waits for its statement, and then for the grant to be claimed.
+pub(super) struct Limits {
+    /// How long a grant waits for its caller to claim it.
+    pub(super) window: Duration,
+    /// How long the caller waits for the statement's answer.
+    pub(super) bound: Duration,
+}
+
+impl Limits {
+    /// The limits of a try by a caller that waits until `deadline` (`None`: a wait too long to
+    /// add) for a lease of `ttl`: the claim window, or the ttl where shorter; and the time left,
+    /// but at least [`TRY_FLOOR`].
+    pub(super) fn new(deadline: Option<Instant>, ttl: Duration) -> Limits {
+        let left = deadline.map_or(Duration::MAX, |deadline| {
+            deadline.saturating_duration_since(Instant::now())
+        });
+        Limits {
+            window: DEFAULT_CLAIM_WINDOW.min(ttl),
+            bound: left.max(TRY_FLOOR),
+        }
+    }
+}
+
+/// How long a statement on a backend's own connection waits for a row lock another
+/// transaction holds before the server gives up on it (PostgreSQL's `lock_timeout`, MySQL's
+/// `innodb_lock_wait_timeout`). A lock statement holds a row lock only for its own short run, so
+/// a longer wait is for someone else's transaction (a `SELECT … FOR UPDATE` left open): a try
+/// that gives up reads as busy, and hands its connection back rather than keep it, and its
+/// permit, for as long as that transaction lasts. Whole seconds, as MySQL takes it.
+pub(super) const ROW_LOCK_PATIENCE_S: u64 = 2;
+
+/// The shortest time a try's caller waits for its statement, however short its wait: a caller
+/// that does not wait at all still needs one round trip.
+pub(super) const TRY_FLOOR: Duration = Duration::from_secs(1);
+
+/// The permits for tries of a pool of `max_connections`: one fewer, so one connection stays
+/// for renewals and releases (none fewer than one).
+pub(super) fn try_permits(max_connections: u32) -> Arc<Semaphore> {
+    let permits = usize::try_from(max_connections.saturating_sub(1).max(1)).unwrap_or(1);
+    Arc::new(Semaphore::new(permits))
 }
 
 /// Runs `statement` again if it failed in a way that says nothing about the lock: once on a
 /// fresh connection if its connection broke (so the first call after a server restart
 /// succeeds), and up to three times where `is_conflict` says the server rolled it back for a
-/// conflict with another statement (a deadlock victim, a lock-wait time-out). Every lock
+/// conflict with another statement (a deadlock victim). Every lock
 /// statement is safe to repeat for its owner.
 pub(super) async fn retry_transient<T, F, Fut>(
     is_conflict: fn(&sqlx::Error) -> bool,

@@ -8,6 +8,7 @@ use sqlx::{AssertSqlSafe, Executor};
 
 use super::retry::{backend_error, on_background};
 use super::{MysqlBackend, Shared, Statements};
+use crate::backend::sql::ROW_LOCK_PATIENCE_S;
 use crate::url::{duration_param, number_param, query_param};
 use crate::LockError;
 
@@ -234,9 +235,14 @@ impl MysqlBuilder {
                     // Whatever the server's default (`autocommit = 0` in my.cnf), each lock
                     // statement must commit by itself: a row left in an open transaction would
                     // block others, and vanish in the rollback of a recycled connection.
+                    // A statement stuck behind someone else's row lock gives its connection
+                    // back (see `ROW_LOCK_PATIENCE_S`).
                     .after_connect(|conn, _| {
                         Box::pin(async move {
-                            conn.execute("SET autocommit = 1").await?;
+                            conn.execute(AssertSqlSafe(format!(
+                                "SET autocommit = 1, innodb_lock_wait_timeout = {ROW_LOCK_PATIENCE_S}"
+                            )))
+                            .await?;
                             Ok(())
                         })
                     });
@@ -275,12 +281,14 @@ impl MysqlBuilder {
             release: Arc::from(format!("DELETE FROM {table} WHERE lock_key = ? AND owner = ?")),
             table,
         };
+        let tries = crate::backend::sql::try_permits(pool.options().get_max_connections());
         Ok(MysqlBackend {
             shared: Arc::new(Shared {
                 pool,
                 owns_pool,
                 sql,
                 cleanups: Arc::default(),
+                tries,
             }),
         })
     }

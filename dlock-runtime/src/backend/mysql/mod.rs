@@ -13,9 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::mysql::MySqlPool;
-use sqlx::AssertSqlSafe;
 
-use super::sql::{self, micros, Jitter};
+use super::sql::{micros, Jitter, Limits};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
 use crate::{LockError, Owner};
@@ -23,11 +22,13 @@ use crate::{LockError, Owner};
 mod builder;
 mod renew;
 mod retry;
+mod rows;
 
 use builder::quote_table;
 pub use builder::MysqlBuilder;
 use renew::renew_chunk;
-use retry::{backend_error, is_duplicate_key, on_background, retry_transient};
+use retry::on_background;
+use rows::delete_row;
 
 /// The widest key the `lock_key` column holds. Longer keys are rejected, never truncated:
 /// truncation could merge two keys into one lock.
@@ -99,7 +100,22 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 ///   over only if it expired by the database's clock (or is already ours, which makes a retried
 ///   acquire idempotent). No `INSERT IGNORE`, which would hide real errors.
 ///   An acquisition whose caller stops waiting deletes its row itself, after the statement that
-///   wrote it, never before (a statement can wait on another transaction's row lock for long).
+///   wrote it, never before (a statement can wait on another transaction's row lock for long);
+///   so does a grant its caller does not claim within the *claim window* (3 s, or the ttl where
+///   shorter: the caller's future was parked in a `select!`, or its runtime stalled, while the
+///   statement was in flight), so the next caller waits that long at most, not the ttl. The
+///   caller, polled again, finds the grant withdrawn and keeps waiting for what is left of its
+///   wait.
+///   A try lasts for the caller no longer than its wait (at least 1 s, for a caller that does
+///   not wait), even when the row is locked by another transaction (a `SELECT … FOR UPDATE` in
+///   a client makes the statement wait up to `innodb_lock_wait_timeout`, 50 s by default): the
+///   caller takes it as busy and a grant that comes later is undone. Tries use at most one
+///   connection fewer than the pool has, so renewals and releases always find one; and the
+///   backend's own connections run with `innodb_lock_wait_timeout = 2`, so a statement stuck
+///   behind such a lock gives up (a try then reads as busy, never tried again) and hands its
+///   connection back. On a service's pool ([`with_pool`](Self::with_pool)) that setting is the
+///   service's: without it, stuck tries keep their connections, and every other key's tries
+///   wait, for up to its 50 s.
 /// - **Release**: `DELETE … WHERE lock_key = ? AND owner = ?`; retried once if its reply is lost —
 ///   the goal is that the row is no longer ours, which a second delete achieves either way.
 /// - **Renewal**: one `UPDATE … WHERE lock_key IN (…) AND (lock_key, owner) IN (…)` for every
@@ -116,6 +132,14 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// microsecond clock, which every earlier fence of the key stayed within a few counts of — also
 /// across a released row being deleted. (The one thing that could break it is the database's
 /// clock stepping back after a row was deleted.)
+///
+/// Precisely: a fence is greater than the fence of every acquisition of the key that was
+/// granted before this acquisition's statement began. A fresh row's clock floor is the
+/// statement's start time (`UTC_TIMESTAMP(6)` is fixed for a statement); an `INSERT` that then
+/// waits (on a gap lock, on a stalled connection) can write a fresh row with a fence below that
+/// of a holder granted and released meanwhile. Exclusion holds (the rows still follow one
+/// another), and a fenced resource that saw the meanwhile holder's fence refuses the late one's
+/// writes: safe, though the late holder's fenced writes fail.
 #[derive(Clone)]
 pub struct MysqlBackend {
     shared: Arc<Shared>,
@@ -128,6 +152,9 @@ struct Shared {
     sql: Statements,
     /// The acquisitions' statements, which may need their own undo: `close` waits for them.
     cleanups: Arc<Cleanups>,
+    /// Permits for the acquisitions' statements, one fewer than the pool's connections (see
+    /// [`claimed`](crate::backend::sql::claimed)).
+    tries: Arc<tokio::sync::Semaphore>,
 }
 
 /// The statements, with the table name filled in once. The table name is checked by
@@ -259,96 +286,6 @@ impl MysqlBackend {
     pub fn table(&self) -> &str {
         &self.shared.sql.table
     }
-
-    /// One try at the key: its `INSERT`, and the take-over `UPDATE` if the row exists; run so
-    /// that a caller who stops waiting leaves no row behind (see [`sql::unless_abandoned`]: a
-    /// reader's gap lock delays an `INSERT`, not a `DELETE` of the absent row).
-    async fn try_acquire(
-        &self,
-        key: &str,
-        owner: &str,
-        ttl_us: u64,
-    ) -> Result<Option<(u64, Instant)>, LockError> {
-        let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
-        let (key, owner) = (key.as_bytes().to_vec(), owner.to_owned());
-        let (undo_key, undo_owner) = (key.clone(), owner.clone());
-        sql::unless_abandoned(
-            "MySQL",
-            &self.shared.cleanups,
-            async move { acquire_row(&shared, &key, &owner, ttl_us).await },
-            move || async move {
-                if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner).await {
-                    tracing::warn!(%error, "distributed_lock: cannot undo an abandoned MySQL acquisition; its row expires with its ttl");
-                }
-            },
-        )
-        .await
-    }
-}
-
-/// `INSERT`s the row of `key` for `owner`, or takes an expired (or already ours) row over;
-/// `Some((fence, sent_at))` when the key is ours, `sent_at` being when the statement that made
-/// it ours left on a connection of its own: the row's ttl starts no earlier. Measured after the
-/// wait for a pooled connection, which on a busy pool would otherwise eat into the lease.
-async fn acquire_row(
-    shared: &Shared,
-    key: &[u8],
-    owner: &str,
-    ttl_us: u64,
-) -> Result<Option<(u64, Instant)>, LockError> {
-    let insert = retry_transient(|| {
-        execute_timed(
-            shared,
-            sqlx::query(AssertSqlSafe(shared.sql.insert.clone()))
-                .bind(key)
-                .bind(owner)
-                .bind(ttl_us),
-        )
-    })
-    .await;
-    match insert {
-        Ok((done, sent_at)) => return Ok(Some((done.last_insert_id(), sent_at))),
-        Err(error) if !is_duplicate_key(&error) => return Err(backend_error(error)),
-        Err(_) => {}
-    }
-    // Held or expired? Take the row over only if it expired by the database's clock.
-    let (take_over, sent_at) = retry_transient(|| {
-        execute_timed(
-            shared,
-            sqlx::query(AssertSqlSafe(shared.sql.take_over.clone()))
-                .bind(owner)
-                .bind(ttl_us)
-                .bind(key)
-                .bind(owner),
-        )
-    })
-    .await
-    .map_err(backend_error)?;
-    Ok((take_over.rows_affected() == 1).then(|| (take_over.last_insert_id(), sent_at)))
-}
-
-/// Runs `query` on a connection of its own from the pool, and says when it was sent: after the
-/// wait for the connection.
-async fn execute_timed(
-    shared: &Shared,
-    query: sqlx::query::Query<'_, sqlx::MySql, sqlx::mysql::MySqlArguments>,
-) -> Result<(sqlx::mysql::MySqlQueryResult, Instant), sqlx::Error> {
-    let mut connection = shared.pool.acquire().await?;
-    let sent_at = Instant::now();
-    Ok((query.execute(&mut *connection).await?, sent_at))
-}
-
-/// Deletes the row of `key` where `owner` holds it; whether it did.
-async fn delete_row(shared: &Shared, key: &[u8], owner: &str) -> Result<bool, LockError> {
-    let done = retry_transient(|| {
-        sqlx::query(AssertSqlSafe(shared.sql.release.clone()))
-            .bind(key)
-            .bind(owner)
-            .execute(&shared.pool)
-    })
-    .await
-    .map_err(backend_error)?;
-    Ok(done.rows_affected() == 1)
 }
 
 impl Backend for MysqlBackend {
@@ -360,7 +297,14 @@ impl Backend for MysqlBackend {
         let mut backoff = FIRST_BACKOFF;
         let mut jitter = Jitter::new(request.owner);
         loop {
-            if let Some((fence, valid_from)) = self.try_acquire(request.key, &owner, ttl_us).await?
+            if let Some((fence, valid_from)) = self
+                .try_acquire(
+                    request.key,
+                    &owner,
+                    ttl_us,
+                    Limits::new(Some(deadline), request.ttl),
+                )
+                .await?
             {
                 return Ok(Some(Acquired { fence, valid_from }));
             }

@@ -27,12 +27,24 @@ where
     sql::retry_transient(is_lock_conflict, statement).await
 }
 
-/// A deadlock (1213) or a row-lock wait time-out (1205).
+/// A deadlock (1213). Not a row-lock wait time-out (1205): the row is another transaction's for
+/// longer than a lock statement takes, which trying again would only wait out again.
 fn is_lock_conflict(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Database(db) => db
             .try_downcast_ref::<MySqlDatabaseError>()
-            .is_some_and(|e| matches!(e.number(), 1205 | 1213)),
+            .is_some_and(|e| e.number() == 1213),
+        _ => false,
+    }
+}
+
+/// A row-lock wait time-out (1205): the row stayed another transaction's for longer than
+/// `innodb_lock_wait_timeout`.
+pub(super) fn lock_timed_out(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .is_some_and(|e| e.number() == 1205),
         _ => false,
     }
 }

@@ -4,10 +4,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, Executor};
 
+use super::statements::resolve_channel;
 use super::waiting::Waiting;
 use super::{backend_error, on_background, PostgresBackend, Shared, Statements};
+use crate::backend::sql::ROW_LOCK_PATIENCE_S;
 use crate::url::{duration_param, number_param, query_param, without_params};
 use crate::LockError;
 
@@ -118,7 +120,8 @@ impl PostgresBuilder {
 
 impl PostgresBuilder {
     /// The lock table's name (default `dlock_locks`): letters, digits and `_`, optionally
-    /// `schema.table`, at most 63 bytes (the table's name is also its notification channel's).
+    /// `schema.table`, at most 63 bytes. Spelled with or without its schema, one table is one
+    /// lock table with one notification channel (derived from the table the name resolves to).
     /// Checked by [`connect`](Self::connect).
     ///
     /// ```no_run
@@ -173,7 +176,7 @@ impl PostgresBuilder {
 
     /// Whether to create the table if it is missing (default `true`). Turn it off where the
     /// service's database user may not create tables, and have a DBA run
-    /// [`PostgresBackend::ddl`] ahead of time.
+    /// [`PostgresBackend::ddl`] ahead of time: the table must exist when the backend connects.
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
@@ -222,7 +225,9 @@ impl PostgresBuilder {
     ///
     /// [`LockError::InvalidOptions`] where the [table](Self::table) name cannot be used;
     /// [`LockError::Backend`] where the server cannot be reached within the connect timeout,
-    /// refuses the credentials, or refuses to create the table.
+    /// refuses the credentials, or refuses to create the table; or where the table does not
+    /// exist and [`create_table`](Self::create_table) is off (the table must exist to know its
+    /// notification channel).
     ///
     /// # Cancel safety
     ///
@@ -249,7 +254,18 @@ impl PostgresBuilder {
                 let pool_options = PgPoolOptions::new()
                     .max_connections(self.max_connections)
                     .min_connections(1)
-                    .acquire_timeout(self.connect_timeout);
+                    .acquire_timeout(self.connect_timeout)
+                    // A statement stuck behind someone else's row lock gives its connection
+                    // back (see `ROW_LOCK_PATIENCE_S`).
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            conn.execute(AssertSqlSafe(format!(
+                                "SET lock_timeout = '{ROW_LOCK_PATIENCE_S}s'"
+                            )))
+                            .await?;
+                            Ok(())
+                        })
+                    });
                 let pool = on_background(async move {
                     pool_options.connect_with(*options).await.map_err(|error| {
                         LockError::backend(format!("cannot connect to PostgreSQL: {error}"))
@@ -274,12 +290,16 @@ impl PostgresBuilder {
             None => listen.application_name("dlock listener"),
         };
         let waiting = Waiting::new();
-        // The channel is the table's name as given: one per table and database, short enough
-        // for a channel name (checked by `quote_table`).
-        let channel = self.table.clone();
+        // The channel is the table's, however its name is written: derived from the table it
+        // resolves to (see `resolve_channel`).
+        let channel = {
+            let (pool, table) = (pool.clone(), table.clone());
+            on_background(async move { resolve_channel(&pool, &table).await }).await?
+        };
         waiting
             .start_listener(listen, channel.clone(), self.connect_timeout)
             .await;
+        let tries = crate::backend::sql::try_permits(pool.options().get_max_connections());
         Ok(PostgresBackend {
             shared: Arc::new(Shared {
                 pool,
@@ -288,6 +308,7 @@ impl PostgresBuilder {
                 waiting,
                 statements: Default::default(),
                 cleanups: Arc::default(),
+                tries,
             }),
         })
     }

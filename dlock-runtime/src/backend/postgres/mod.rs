@@ -14,22 +14,23 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgPool;
-use sqlx::{AssertSqlSafe, Row};
 
-use super::sql::{self, micros, Jitter};
+use super::sql::{self, micros, Jitter, Limits};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
 use crate::{LockError, Owner};
 
 mod builder;
 mod renew;
+mod rows;
 mod statements;
 mod waiting;
 
 use builder::quote_table;
 pub use builder::PostgresBuilder;
+use rows::{delete_row, Attempt};
 use statements::Statements;
-use waiting::Waiting;
+use waiting::{Turn, Waiting};
 
 /// The longest key the store takes, in bytes. A primary-key entry of PostgreSQL's B-tree holds
 /// at most about 2,700 bytes; a release's notification carries the key hex-encoded, within the
@@ -101,9 +102,29 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 ///   `RETURNING fence`; no row back means busy. The same statement reads the holder's time left,
 ///   which a waiter sleeps for at most. A lease's validity is counted on the client from when
 ///   the statement was sent, after the wait for a pooled connection. An acquisition whose
-///   caller stops waiting deletes its row itself, after the statement that wrote it.
+///   caller stops waiting deletes its row itself, after the statement that wrote it; so does a
+///   grant its caller does not claim within the *claim window* (3 s, or the ttl where shorter:
+///   the caller's future was parked in a `select!`, or its runtime stalled, while the statement
+///   was in flight), so the next caller waits that long at most, not the ttl. The caller,
+///   polled again, finds the grant withdrawn and keeps waiting for what is left of its wait.
+///   A try lasts for the caller no longer than its wait (at least 1 s, for a caller that does
+///   not wait), even when the row is locked by another transaction (a `SELECT … FOR UPDATE` in
+///   `psql` makes the statement wait for as long as that transaction lasts): the caller takes it
+///   as busy and a grant that comes later is undone. Tries use at most one connection fewer than
+///   the pool has, so renewals and releases always find one; and the backend's own connections
+///   run with `lock_timeout = '2s'`, so a statement stuck behind such a lock gives up (a try
+///   then reads as busy) and hands its connection back. On a service's pool
+///   ([`with_pool`](Self::with_pool)) that setting is the service's: without it, stuck tries
+///   keep their connections, and every other key's tries wait, until that transaction ends. A process that dies while its
+///   statement waits on a row lock leaves the statement waiting on the server: PostgreSQL
+///   notices a client gone during a lock wait only with `client_connection_check_interval` set
+///   (PostgreSQL 14+), so otherwise the statement runs when the lock goes and writes a row held
+///   by nobody until its ttl runs out.
 /// - **Release**: `DELETE … WHERE lock_key = $1 AND owner = $2` and, in the same statement,
-///   `pg_notify` on the table's channel with the key, sent when the deletion commits.
+///   `pg_notify` on the table's channel with the key, sent when the deletion commits. The
+///   channel is `dlock_` and a hash of the schema and name the table resolves to when the
+///   backend connects, so every spelling of one table's name (`locks`, `public.locks`, another
+///   `search_path`) shares it.
 /// - **Renewal**: one `UPDATE … FROM unnest($1::bytea[], $2::text[], $3::bigint[])` for every
 ///   lease of the tick, each by its own ttl, `RETURNING` the (key, owner) pairs it renewed.
 ///
@@ -119,6 +140,14 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 /// object, and grant, per table. (The one thing that could break the clock floor is the
 /// database's clock stepping back after a row was deleted.)
 ///
+/// Precisely: a fence is greater than the fence of every acquisition of the key that was
+/// granted before this acquisition's statement began. A fresh row's clock floor is read as the
+/// statement's `VALUES` are evaluated, before the conflict check; a statement that then waits
+/// (on another statement's uncommitted row, on a stalled connection) can write a fresh row with
+/// a fence below that of a holder granted and released meanwhile. Exclusion holds (the rows
+/// still follow one another), and a fenced resource that saw the meanwhile holder's fence
+/// refuses the late one's writes: safe, though the late holder's fenced writes fail.
+///
 /// # Waiting
 ///
 /// A waiter does not poll. The backend keeps one connection that `LISTEN`s on the table's
@@ -130,8 +159,14 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 /// every process's head is woken by the same notification of every release (a release made
 /// here gives this process's own waiters no head start) and the first statement to arrive
 /// wins: no head is left asleep, but nothing bounds how many races in a row one process can
-/// lose; an order across processes would need a queue in the table. While the listening connection is down, the heads poll with
-/// jittered back-off (5 ms doubling to 250 ms) and the listener reconnects by itself.
+/// lose; an order across processes would need a queue in the table. While the listening
+/// connection is down, the heads poll with jittered back-off (5 ms doubling to 250 ms) and the
+/// listener reconnects by itself.
+///
+/// A head whose future is no longer polled (parked in a `select!`, its runtime stalled) cannot
+/// hold the others up: a head that has not started its try within 1 s of being woken (or of its
+/// own pause running out) is passed over by the waiter behind it, and is not counted by a
+/// caller that does not wait; polled again, it queues again at the back.
 ///
 /// # PgBouncer
 ///
@@ -159,18 +194,9 @@ struct Shared {
     statements: AtomicU64,
     /// The acquisitions' statements, which may need their own undo: `close` waits for them.
     cleanups: Arc<Cleanups>,
-}
-
-/// One acquire statement's answer.
-enum Attempt {
-    Granted {
-        fence: u64,
-        sent_at: Instant,
-    },
-    /// The holder's time left, where the statement could read it.
-    Busy {
-        remaining: Option<Duration>,
-    },
+    /// Permits for the acquisitions' statements, one fewer than the pool's connections (see
+    /// [`claimed`](crate::backend::sql::claimed)).
+    tries: Arc<tokio::sync::Semaphore>,
 }
 
 impl PostgresBackend {
@@ -287,85 +313,16 @@ impl PostgresBackend {
     }
 
     #[doc(hidden)] // A hook for tests, not part of the API.
+    /// The notification channel of the lock table, which releases `NOTIFY`.
+    pub fn channel(&self) -> &str {
+        &self.shared.sql.channel
+    }
+
+    #[doc(hidden)] // A hook for tests, not part of the API.
     /// How many statements this backend sent (its listener's aside).
     pub fn statements(&self) -> u64 {
         self.shared.statements.load(Ordering::Relaxed)
     }
-
-    /// One try at the key, run so that a caller who stops waiting leaves no row behind (see
-    /// [`sql::unless_abandoned`]).
-    async fn try_acquire(
-        &self,
-        key: &[u8],
-        owner: &str,
-        ttl_us: i64,
-    ) -> Result<Attempt, LockError> {
-        let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
-        let (key, owner) = (key.to_vec(), owner.to_owned());
-        let (undo_key, undo_owner) = (key.clone(), owner.clone());
-        sql::unless_abandoned(
-            "PostgreSQL",
-            &self.shared.cleanups,
-            async move { acquire_row(&shared, &key, &owner, ttl_us).await },
-            move || async move {
-                if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner).await {
-                    tracing::warn!(%error, "distributed_lock: cannot undo an abandoned PostgreSQL acquisition; its row expires with its ttl");
-                }
-            },
-        )
-        .await
-    }
-}
-
-/// Sends the acquire statement on a connection of its own from the pool; `sent_at` is measured
-/// after the wait for the connection, which on a busy pool would otherwise eat into the lease.
-async fn acquire_row(
-    shared: &Shared,
-    key: &[u8],
-    owner: &str,
-    ttl_us: i64,
-) -> Result<Attempt, LockError> {
-    let (row, sent_at) = sql::retry_transient(is_conflict, || async {
-        shared.statements.fetch_add(1, Ordering::Relaxed);
-        let mut connection = shared.pool.acquire().await?;
-        let sent_at = Instant::now();
-        let row = sqlx::query(AssertSqlSafe(shared.sql.acquire.clone()))
-            .bind(key)
-            .bind(owner)
-            .bind(ttl_us)
-            .fetch_one(&mut *connection)
-            .await?;
-        Ok((row, sent_at))
-    })
-    .await
-    .map_err(backend_error)?;
-    let fence: Option<i64> = row.try_get(0).map_err(backend_error)?;
-    let remaining_us: Option<i64> = row.try_get(1).map_err(backend_error)?;
-    Ok(match fence {
-        Some(fence) => Attempt::Granted {
-            fence: fence as u64,
-            sent_at,
-        },
-        None => Attempt::Busy {
-            remaining: remaining_us.map(|us| Duration::from_micros(us.max(0) as u64)),
-        },
-    })
-}
-
-/// Deletes the row of `key` where `owner` holds it, announcing the release; whether it did.
-async fn delete_row(shared: &Shared, key: &[u8], owner: &str) -> Result<bool, LockError> {
-    let rows = sql::retry_transient(is_conflict, || {
-        shared.statements.fetch_add(1, Ordering::Relaxed);
-        sqlx::query(AssertSqlSafe(shared.sql.release.clone()))
-            .bind(key)
-            .bind(owner)
-            .fetch_all(&shared.pool)
-    })
-    .await
-    .map_err(backend_error)?;
-    // This backend's waiters are woken by the release's notification, as every other backend's
-    // are: waking them here first would let one process's waiters keep the key from others.
-    Ok(!rows.is_empty())
 }
 
 impl Backend for PostgresBackend {
@@ -385,7 +342,8 @@ impl Backend for PostgresBackend {
             if self.shared.waiting.has_waiters(key) {
                 return Ok(None);
             }
-            return Ok(match self.try_acquire(key, &owner, ttl_us).await? {
+            let limits = Limits::new(Some(Instant::now()), request.ttl);
+            return Ok(match self.try_acquire(key, &owner, ttl_us, limits).await? {
                 Attempt::Granted { fence, sent_at } => granted(fence, sent_at),
                 Attempt::Busy { .. } => None,
             });
@@ -395,14 +353,31 @@ impl Backend for PostgresBackend {
         let mut backoff = FIRST_BACKOFF;
         let mut jitter = Jitter::new(request.owner);
         loop {
-            if !place.is_head() {
+            if let Turn::Behind(head_lapses) = place.turn() {
+                // Woken when the head leaves or is woken itself, and at the time its turn
+                // lapses, to pass it over if it has not taken it.
+                let until = head_lapses.map_or(deadline, |lapses| lapses.min(deadline));
                 tokio::select! {
                     () = place.woken() => continue,
-                    () = tokio::time::sleep_until(deadline.into()) => return Ok(None),
+                    () = tokio::time::sleep_until(until.into()) => {
+                        if Instant::now() >= deadline {
+                            return Ok(None);
+                        }
+                        continue;
+                    }
                 }
             }
+            place.trying();
             let listening = self.shared.waiting.listening();
-            let remaining = match self.try_acquire(key, &owner, ttl_us).await? {
+            let remaining = match self
+                .try_acquire(
+                    key,
+                    &owner,
+                    ttl_us,
+                    Limits::new(Some(deadline), request.ttl),
+                )
+                .await?
+            {
                 Attempt::Granted { fence, sent_at } => return Ok(granted(fence, sent_at)),
                 Attempt::Busy { remaining } => remaining,
             };
@@ -421,9 +396,11 @@ impl Backend for PostgresBackend {
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 pause
             };
+            let until = (now + pause).min(deadline);
+            place.resting_until(until);
             tokio::select! {
                 () = place.woken() => {}
-                () = tokio::time::sleep_until((now + pause).min(deadline).into()) => {}
+                () = tokio::time::sleep_until(until.into()) => {}
             }
         }
     }
@@ -474,6 +451,15 @@ async fn on_background<T: Send + 'static>(
 fn is_conflict(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("40P01" | "40001")),
+        _ => false,
+    }
+}
+
+/// A row lock not granted within the connection's `lock_timeout` (55P03): the row is another
+/// transaction's for longer than a lock statement takes.
+fn lock_timed_out(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => db.code().as_deref() == Some("55P03"),
         _ => false,
     }
 }

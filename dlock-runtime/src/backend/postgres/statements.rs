@@ -2,14 +2,21 @@
 
 use std::sync::Arc;
 
+use sqlx::postgres::PgPool;
+use sqlx::Row;
+
+use crate::LockError;
+
 /// The database's clock in microseconds since the epoch: the floor of a fresh row's fence.
 const NOW_US: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
 
 /// The statements of one table. Its name is checked by `quote_table` before it is spliced in,
-/// and the channel is that name (letters, digits, `_`, `.`), which is what makes them safe to
-/// assert as SQL.
+/// and the channel is `dlock_` and hex digits (see [`resolve_channel`]), which is what makes
+/// them safe to assert as SQL.
 pub(super) struct Statements {
     pub(super) table: String,
+    /// The channel releases are announced on.
+    pub(super) channel: String,
     /// `$1` key, `$2` owner, `$3` ttl in µs → (fence if granted, holder's µs left if busy).
     pub(super) acquire: Arc<str>,
     /// `$1` key, `$2` owner → one row where it released (and notified).
@@ -51,6 +58,62 @@ impl Statements {
             release: Arc::from(release),
             renew: Arc::from(renew),
             table,
+            channel: channel.to_owned(),
         }
+    }
+}
+
+/// The notification channel of the lock table `table` (quoted) names: `dlock_` and a hash of
+/// the schema and name it resolves to, so that `locks`, `public.locks` and a `search_path` that
+/// finds the same table all share one channel, whatever the length of the names. The hash is
+/// computed here (FNV-1a), not by the server: the same in every process and version, and
+/// available where a server's `md5` is not (FIPS mode).
+pub(super) async fn resolve_channel(pool: &PgPool, table: &str) -> Result<String, LockError> {
+    let resolved = sqlx::query(
+        "SELECT n.nspname::text, c.relname::text FROM pg_class c \
+         JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)",
+    )
+    .bind(table)
+    .fetch_optional(pool)
+    .await
+    .map_err(super::backend_error)?;
+    let Some(row) = resolved else {
+        return Err(LockError::backend(format!(
+            "PostgreSQL: the lock table {table} does not exist (create it with `PostgresBackend::ddl`, or let `connect` create it)"
+        )));
+    };
+    let schema: String = row.try_get(0).map_err(super::backend_error)?;
+    let name: String = row.try_get(1).map_err(super::backend_error)?;
+    Ok(channel_of(&schema, &name))
+}
+
+/// The channel of the table `name` in `schema`.
+fn channel_of(schema: &str, name: &str) -> String {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let hash = schema
+        .bytes()
+        .chain([0])
+        .chain(name.bytes())
+        .fold(OFFSET, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(PRIME)
+        });
+    format!("dlock_{hash:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::channel_of;
+
+    #[test]
+    fn a_channel_is_a_short_identifier_of_schema_and_name() {
+        let channel = channel_of("public", "dlock_locks");
+        assert_eq!(channel, channel_of("public", "dlock_locks"));
+        assert!(
+            channel.len() == 22 && channel.starts_with("dlock_"),
+            "{channel}"
+        );
+        assert_ne!(channel, channel_of("other", "dlock_locks"));
+        assert_ne!(channel_of("ab", "c"), channel_of("a", "bc"));
     }
 }

@@ -2,6 +2,12 @@
 //! release of the table is announced, and a first-come first-served queue per key of this
 //! backend's waiters, whose head alone asks the database.
 //!
+//! A head's turn lapses: a head woken (or due to look again) that has not started its try within
+//! [`HEAD_TURN`] is taken to be a waiter whose future is no longer polled (parked in a
+//! `select!`, its runtime stalled). The next waiter passes it over and asks the database itself,
+//! and a try-once acquisition no longer counts it as a waiter; the passed-over waiter, polled
+//! again, queues again at the back.
+//!
 //! A release's statement `NOTIFY`s the table's channel with the key (hex-encoded) as payload;
 //! the listener wakes the head of that key's queue, which tries again. A release made through
 //! this backend wakes its own waiters the same way, so they get no head start on other
@@ -11,7 +17,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::Notify;
@@ -20,6 +26,11 @@ use tokio::task::AbortHandle;
 use crate::backend::sql::Jitter;
 use crate::background;
 use crate::Owner;
+
+/// How long a head may take to start its try after it was woken (or its own pause ran out)
+/// before the next waiter passes it over. A polled head starts at once: only a future nobody
+/// polls takes this long.
+pub(super) const HEAD_TURN: Duration = Duration::from_secs(1);
 
 /// The longest pause between two tries of a listener that cannot connect.
 const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(2);
@@ -40,24 +51,66 @@ struct Shared {
 #[derive(Default)]
 struct State {
     /// Each key's waiters of this backend, in arrival order; the first is the head.
-    queues: HashMap<Vec<u8>, VecDeque<Arc<Notify>>>,
+    queues: HashMap<Vec<u8>, VecDeque<Waiter>>,
     /// The generation of the listening connection while it listens; `None` while it does not.
     listening: Option<u64>,
     generation: u64,
 }
 
+/// One waiter in its key's queue.
+struct Waiter {
+    wake: Arc<Notify>,
+    /// While it is the head and not trying: when it is due to start its next try (it was
+    /// woken, or its own pause runs out then). `None` while a try is under way.
+    due: Option<Instant>,
+}
+
+impl Waiter {
+    fn is(&self, wake: &Arc<Notify>) -> bool {
+        Arc::ptr_eq(&self.wake, wake)
+    }
+
+    /// Whether this head let its turn lapse: due for longer than [`HEAD_TURN`] by `now`.
+    fn lapsed(&self, now: Instant) -> bool {
+        self.due.is_some_and(|due| now >= due + HEAD_TURN)
+    }
+}
+
 impl State {
-    fn wake_head(&self, key: &[u8]) {
-        if let Some(head) = self.queues.get(key).and_then(VecDeque::front) {
-            head.notify_one();
+    fn wake_head(&mut self, key: &[u8]) {
+        if let Some(queue) = self.queues.get_mut(key) {
+            wake_front(queue, Instant::now());
         }
     }
 
-    fn wake_every_head(&self) {
-        for head in self.queues.values().filter_map(VecDeque::front) {
-            head.notify_one();
+    fn wake_every_head(&mut self) {
+        let now = Instant::now();
+        for queue in self.queues.values_mut() {
+            wake_front(queue, now);
         }
     }
+}
+
+/// Wakes `queue`'s head, which is due to try from `now`, and the waiter behind it, which then
+/// looks again at when the head's turn lapses.
+fn wake_front(queue: &mut VecDeque<Waiter>, now: Instant) {
+    let Some(head) = queue.front_mut() else {
+        return;
+    };
+    head.due = Some(head.due.map_or(now, |due| due.min(now)));
+    head.wake.notify_one();
+    if let Some(next) = queue.get(1) {
+        next.wake.notify_one();
+    }
+}
+
+/// Where a waiter stands.
+pub(super) enum Turn {
+    /// At the head: it asks the database.
+    Head,
+    /// Behind another waiter, whose turn lapses at the given time (`None`: not while it tries
+    /// or sleeps as it should).
+    Behind(Option<Instant>),
 }
 
 impl Shared {
@@ -88,18 +141,22 @@ impl Waiting {
         }
     }
 
-    /// Whether some waiter of this backend is queued for `key`: a try-once acquisition then
-    /// finds the key busy rather than overtake them.
+    /// Whether some waiter of this backend is queued for `key` and its head has not let its
+    /// turn lapse: a try-once acquisition then finds the key busy rather than overtake them.
     pub(super) fn has_waiters(&self, key: &[u8]) -> bool {
-        self.shared.state().queues.contains_key(key)
+        let now = Instant::now();
+        self.shared
+            .state()
+            .queues
+            .get(key)
+            .and_then(VecDeque::front)
+            .is_some_and(|head| !head.lapsed(now))
     }
 
     /// Queues a waiter for `key`, last. Dropping the place leaves the queue.
     pub(super) fn join(&self, key: &[u8]) -> Place {
         let wake = Arc::new(Notify::new());
-        let mut state = self.shared.state();
-        let queue = state.queues.entry(key.to_vec()).or_default();
-        queue.push_back(wake.clone());
+        enqueue(&mut self.shared.state(), key, &wake);
         Place {
             shared: self.shared.clone(),
             key: key.to_vec(),
@@ -157,6 +214,16 @@ impl Waiting {
     }
 }
 
+/// Queues `wake` last for `key`; at the head at once, it is due to try now.
+fn enqueue(state: &mut State, key: &[u8], wake: &Arc<Notify>) {
+    let queue = state.queues.entry(key.to_vec()).or_default();
+    let due = queue.is_empty().then(Instant::now);
+    queue.push_back(Waiter {
+        wake: wake.clone(),
+        due,
+    });
+}
+
 /// A waiter's place in its key's queue.
 pub(super) struct Place {
     shared: Arc<Shared>,
@@ -165,14 +232,61 @@ pub(super) struct Place {
 }
 
 impl Place {
-    /// Whether this waiter is the head of its queue: the one that asks the database.
-    pub(super) fn is_head(&self) -> bool {
-        let state = self.shared.state();
-        state
+    /// Where this waiter stands. A waiter right behind a head that let its turn lapse passes
+    /// it over and is the head; a waiter that was passed over queues again, last.
+    pub(super) fn turn(&self) -> Turn {
+        let now = Instant::now();
+        let mut state = self.shared.state();
+        let queued = state
             .queues
             .get(&self.key)
-            .and_then(VecDeque::front)
-            .is_some_and(|head| Arc::ptr_eq(head, &self.wake))
+            .is_some_and(|queue| queue.iter().any(|waiter| waiter.is(&self.wake)));
+        if !queued {
+            enqueue(&mut state, &self.key, &self.wake);
+        }
+        let Some(queue) = state.queues.get_mut(&self.key) else {
+            return Turn::Head; // Unreachable: it was just queued.
+        };
+        if queue.front().is_some_and(|head| head.is(&self.wake)) {
+            return Turn::Head;
+        }
+        if queue.front().is_some_and(|head| head.lapsed(now)) {
+            tracing::debug!(
+                "distributed_lock: a PostgreSQL waiter did not take its turn; passed over"
+            );
+            queue.pop_front();
+            if queue.front().is_some_and(|head| head.is(&self.wake)) {
+                return Turn::Head;
+            }
+            wake_front(queue, now);
+        }
+        Turn::Behind(
+            queue
+                .front()
+                .and_then(|head| head.due)
+                .map(|due| due + HEAD_TURN),
+        )
+    }
+
+    /// Says this head is starting a try.
+    pub(super) fn trying(&self) {
+        self.set_due(|_| None);
+    }
+
+    /// Says this head, its try done, is due to try again at `until` at the latest.
+    pub(super) fn resting_until(&self, until: Instant) {
+        self.set_due(|due| Some(due.map_or(until, |due| due.min(until))));
+    }
+
+    fn set_due(&self, change: impl FnOnce(Option<Instant>) -> Option<Instant>) {
+        let mut state = self.shared.state();
+        if let Some(waiter) = state
+            .queues
+            .get_mut(&self.key)
+            .and_then(|queue| queue.iter_mut().find(|waiter| waiter.is(&self.wake)))
+        {
+            waiter.due = change(waiter.due);
+        }
     }
 
     /// Resolves when this waiter should look again: it became the head, the key was released,
@@ -188,10 +302,8 @@ impl Drop for Place {
         let Some(queue) = state.queues.get_mut(&self.key) else {
             return;
         };
-        let was_head = queue
-            .front()
-            .is_some_and(|head| Arc::ptr_eq(head, &self.wake));
-        queue.retain(|waiter| !Arc::ptr_eq(waiter, &self.wake));
+        let was_head = queue.front().is_some_and(|head| head.is(&self.wake));
+        queue.retain(|waiter| !waiter.is(&self.wake));
         if queue.is_empty() {
             state.queues.remove(&self.key);
         } else if was_head {
@@ -278,7 +390,11 @@ fn decode_hex(payload: &str) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{decode_hex, Waiting};
+    use super::{decode_hex, Place, Turn, Waiting};
+
+    fn is_head(place: &Place) -> bool {
+        matches!(place.turn(), Turn::Head)
+    }
 
     #[test]
     fn payloads_are_hex_encoded_keys() {
@@ -295,13 +411,13 @@ mod tests {
         let first = waiting.join(b"k");
         let second = waiting.join(b"k");
         let third = waiting.join(b"k");
-        assert!(first.is_head() && !second.is_head() && !third.is_head());
+        assert!(is_head(&first) && !is_head(&second) && !is_head(&third));
         assert!(waiting.has_waiters(b"k") && !waiting.has_waiters(b"other"));
         // A waiter that leaves from the middle hands nothing on; the head's leaving does.
         drop(second);
-        assert!(first.is_head() && !third.is_head());
+        assert!(is_head(&first) && !is_head(&third));
         drop(first);
-        assert!(third.is_head());
+        assert!(is_head(&third));
         tokio::time::timeout(std::time::Duration::from_secs(1), third.woken())
             .await
             .expect("the new head was not woken");

@@ -8,31 +8,23 @@
 //! no more) would keep its node, and once the nodes ahead went, the key would be held by nobody
 //! for as long as the caller stays away, while the session lives on dlock's background runtime.
 //!
-//! The caller and the background task share one [`Claim`]: pending, then claimed by the caller
-//! or withdrawn by the background task (the window passed after the grant) or by the caller's
-//! future as it is dropped. Whoever moves it off pending decides, once: a claimed grant is the
-//! caller's lease, which its release deletes; a withdrawn one's node is deleted by the
-//! background task alone. A caller that comes back to a withdrawn grant queues again, with what
-//! is left of its wait, under a node name of its own (see
+//! The caller and the background task share one [`Claim`](crate::backend::claim) (see there):
+//! a claimed grant is the caller's lease, which its release deletes; a withdrawn one's node is
+//! deleted by the background task alone. A caller that comes back to a withdrawn grant queues
+//! again, with what is left of its wait, under a node name of its own (see
 //! [`attempt_prefix`](super::node::attempt_prefix)).
 
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::oneshot;
 use zookeeper_client::Client;
 
 use super::cleanup::delete_until_confirmed;
 use super::{Held, ZookeeperBackend};
+use crate::backend::claim::{Caller, Claim};
 use crate::backend::{AcquireRequest, Acquired};
 use crate::{LockError, Owner};
-
-/// How long a grant waits for its caller, unless [`ZookeeperBuilder::claim_window`] says
-/// otherwise.
-///
-/// [`ZookeeperBuilder::claim_window`]: super::ZookeeperBuilder::claim_window
-pub const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(3);
 
 /// The shortest claim window: below it, a caller that is polled promptly could lose its grants
 /// to the time its runtime takes to wake it.
@@ -44,63 +36,6 @@ pub(super) struct Grant {
     pub(super) held: Held,
     /// The client of the node's session, for deleting it if the grant is withdrawn.
     pub(super) client: Client,
-}
-
-const PENDING: u8 = 0;
-const CLAIMED: u8 = 1;
-const WITHDRAWN: u8 = 2;
-
-/// What became of one acquisition's grant: pending, then claimed or withdrawn, once.
-struct Claim {
-    state: AtomicU8,
-    /// Notified as the state leaves pending.
-    settled: Notify,
-}
-
-impl Claim {
-    fn new() -> Self {
-        Claim {
-            state: AtomicU8::new(PENDING),
-            settled: Notify::new(),
-        }
-    }
-
-    /// Moves a pending claim to `to`; false when it was settled already.
-    fn settle(&self, to: u8) -> bool {
-        let moved = self
-            .state
-            .compare_exchange(PENDING, to, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok();
-        if moved {
-            self.settled.notify_one();
-        }
-        moved
-    }
-
-    /// Withdraws the grant unless the caller claimed it; true when it is withdrawn.
-    fn withdraw(&self) -> bool {
-        self.settle(WITHDRAWN);
-        self.state.load(Ordering::Acquire) == WITHDRAWN
-    }
-
-    /// Returns once the claim is settled.
-    async fn until_settled(&self) {
-        // `notify_one` keeps a permit when nobody waits yet, so a settlement between the load
-        // and the wait is not missed.
-        while self.state.load(Ordering::Acquire) == PENDING {
-            self.settled.notified().await;
-        }
-    }
-}
-
-/// The caller's hold on a [`Claim`]: dropped unclaimed (the caller's future was dropped), it
-/// withdraws the grant, and the background task deletes whatever the acquisition made.
-struct Caller(Arc<Claim>);
-
-impl Drop for Caller {
-    fn drop(&mut self) {
-        self.0.settle(WITHDRAWN);
-    }
 }
 
 /// What a background acquisition answers its caller.
@@ -118,7 +53,7 @@ impl ZookeeperBackend {
         let deadline = Instant::now().checked_add(request.wait);
         let mut wait = request.wait;
         loop {
-            let caller = Caller(Arc::new(Claim::new()));
+            let (caller, claim) = Caller::new();
             let (answer, outcome) = oneshot::channel();
             // Counted as a clean-up from the start: a caller dropped before the grant leaves its
             // node to this task's guard, which `close` must wait for.
@@ -127,7 +62,7 @@ impl ZookeeperBackend {
                 request.owner,
                 request.ttl,
                 wait,
-                Arc::clone(&caller.0),
+                claim,
                 answer,
             ));
             let Some(grant) = outcome.await.unwrap_or_else(|_| {
@@ -138,7 +73,7 @@ impl ZookeeperBackend {
             else {
                 return Ok(None);
             };
-            if caller.0.settle(CLAIMED) {
+            if caller.claim() {
                 self.shared.held().insert(request.owner, grant.held);
                 return Ok(Some(grant.acquired));
             }
@@ -190,49 +125,11 @@ impl ZookeeperBackend {
         // Sent or not (the caller's future may be gone), the claim says who has the node.
         let _ = answer.send(Ok(Some(grant)));
         let window = self.shared.claim_window.min(ttl);
-        let _ = tokio::time::timeout(window, claim.until_settled()).await;
-        if claim.withdraw() {
+        if claim.withdrawn_after(window).await {
             tracing::debug!(%key, %path, "distributed_lock: ZooKeeper grant not claimed within the claim window; withdrawn");
             self.shared
                 .cleanups
                 .spawn(delete_until_confirmed(client, path, parent));
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use super::{Caller, Claim, CLAIMED, WITHDRAWN};
-
-    #[test]
-    fn the_first_to_settle_a_claim_decides() {
-        let claim = Claim::new();
-        assert!(claim.settle(CLAIMED));
-        assert!(!claim.withdraw(), "a claimed grant was withdrawn");
-        let claim = Claim::new();
-        assert!(claim.withdraw());
-        assert!(!claim.settle(CLAIMED), "a withdrawn grant was claimed");
-    }
-
-    #[tokio::test]
-    async fn a_dropped_caller_withdraws_and_wakes_the_background_side() {
-        let claim = Arc::new(Claim::new());
-        let caller = Caller(Arc::clone(&claim));
-        let waiting = tokio::spawn({
-            let claim = Arc::clone(&claim);
-            async move { claim.until_settled().await }
-        });
-        drop(caller);
-        tokio::time::timeout(Duration::from_secs(5), waiting)
-            .await
-            .expect("the background side was not woken")
-            .unwrap();
-        assert_eq!(
-            claim.state.load(std::sync::atomic::Ordering::Acquire),
-            WITHDRAWN
-        );
     }
 }

@@ -157,12 +157,12 @@ use std::time::Duration;
 use zookeeper_client::{Acls, CreateMode, CreateOptions, SessionId};
 
 pub use self::builder::ZookeeperBuilder;
-pub use self::claim::DEFAULT_CLAIM_WINDOW;
 use self::cleanup::delete_until_confirmed;
 use self::node::{confirm_nodes, delete_node};
 use self::paths::parent_path;
 pub use self::paths::MAX_PATH_BYTES;
 use self::session::{ends_session, safe_ttl, zk_error, Session};
+pub use super::claim::DEFAULT_CLAIM_WINDOW;
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
 use crate::{LockError, Owner};

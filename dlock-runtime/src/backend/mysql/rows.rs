@@ -1,0 +1,119 @@
+//! One try at a key, and the deletion of a row: the statements an acquisition sends, run on the
+//! background runtime so that a grant nobody claims is undone after the statement that made it.
+
+use std::time::Instant;
+
+use sqlx::AssertSqlSafe;
+
+use super::retry::{backend_error, is_duplicate_key, lock_timed_out, retry_transient};
+use super::{MysqlBackend, Shared};
+use crate::backend::sql::{self, Limits};
+use crate::LockError;
+
+impl MysqlBackend {
+    /// One try at the key: its `INSERT`, and the take-over `UPDATE` if the row exists; run so
+    /// that a caller who stops waiting, or does not come back for its grant within the claim
+    /// window, leaves no row behind (see [`sql::claimed`]: a reader's gap lock delays an
+    /// `INSERT`, not a `DELETE` of the absent row); such a grant is busy.
+    pub(super) async fn try_acquire(
+        &self,
+        key: &str,
+        owner: &str,
+        ttl_us: u64,
+        limits: Limits,
+    ) -> Result<Option<(u64, Instant)>, LockError> {
+        let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
+        let (key, owner) = (key.as_bytes().to_vec(), owner.to_owned());
+        let (undo_key, undo_owner) = (key.clone(), owner.clone());
+        let attempt = sql::claimed(
+            "MySQL",
+            &self.shared.cleanups,
+            &self.shared.tries,
+            limits,
+            async move { acquire_row(&shared, &key, &owner, ttl_us).await },
+            Option::is_some,
+            move || async move {
+                if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner).await {
+                    tracing::warn!(%error, "distributed_lock: cannot undo an abandoned MySQL acquisition; its row expires with its ttl");
+                }
+            },
+        )
+        .await?;
+        Ok(attempt.flatten())
+    }
+}
+
+/// `INSERT`s the row of `key` for `owner`, or takes an expired (or already ours) row over;
+/// `Some((fence, sent_at))` when the key is ours, `sent_at` being when the statement that made
+/// it ours left on a connection of its own: the row's ttl starts no earlier. Measured after the
+/// wait for a pooled connection, which on a busy pool would otherwise eat into the lease.
+async fn acquire_row(
+    shared: &Shared,
+    key: &[u8],
+    owner: &str,
+    ttl_us: u64,
+) -> Result<Option<(u64, Instant)>, LockError> {
+    let insert = retry_transient(|| {
+        execute_timed(
+            shared,
+            sqlx::query(AssertSqlSafe(shared.sql.insert.clone()))
+                .bind(key)
+                .bind(owner)
+                .bind(ttl_us),
+        )
+    })
+    .await;
+    match insert {
+        Ok((done, sent_at)) => return Ok(Some((done.last_insert_id(), sent_at))),
+        // The row stayed locked by another transaction for longer than the lock wait timeout.
+        Err(error) if lock_timed_out(&error) => return Ok(None),
+        Err(error) if !is_duplicate_key(&error) => return Err(backend_error(error)),
+        Err(_) => {}
+    }
+    // Held or expired? Take the row over only if it expired by the database's clock.
+    let take_over = retry_transient(|| {
+        execute_timed(
+            shared,
+            sqlx::query(AssertSqlSafe(shared.sql.take_over.clone()))
+                .bind(owner)
+                .bind(ttl_us)
+                .bind(key)
+                .bind(owner),
+        )
+    })
+    .await;
+    let (take_over, sent_at) = match take_over {
+        Ok(answer) => answer,
+        Err(error) if lock_timed_out(&error) => return Ok(None),
+        Err(error) => return Err(backend_error(error)),
+    };
+    Ok((take_over.rows_affected() == 1).then(|| (take_over.last_insert_id(), sent_at)))
+}
+
+/// Runs `query` on a connection of its own from the pool, and says when it was sent: after the
+/// wait for the connection.
+async fn execute_timed(
+    shared: &Shared,
+    query: sqlx::query::Query<'_, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+) -> Result<(sqlx::mysql::MySqlQueryResult, Instant), sqlx::Error> {
+    let mut connection = shared.pool.acquire().await?;
+    let sent_at = Instant::now();
+    Ok((query.execute(&mut *connection).await?, sent_at))
+}
+
+/// Deletes the row of `key` where `owner` holds it; whether it did.
+pub(super) async fn delete_row(
+    shared: &Shared,
+    key: &[u8],
+    owner: &str,
+) -> Result<bool, LockError> {
+    let done = retry_transient(|| {
+        sqlx::query(AssertSqlSafe(shared.sql.release.clone()))
+            .bind(key)
+            .bind(owner)
+            .execute(&shared.pool)
+    })
+    .await
+    .map_err(backend_error)?;
+    Ok(done.rows_affected() == 1)
+}

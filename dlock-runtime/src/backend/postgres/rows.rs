@@ -1,0 +1,115 @@
+//! One try at a key, and the deletion of a row: the statements an acquisition sends, run on the
+//! background runtime so that a grant nobody claims is undone after the statement that made it.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use sqlx::{AssertSqlSafe, Row};
+
+use super::{backend_error, is_conflict, lock_timed_out, PostgresBackend, Shared};
+use crate::backend::sql::{self, Limits};
+use crate::LockError;
+
+/// One acquire statement's answer.
+pub(super) enum Attempt {
+    Granted {
+        fence: u64,
+        sent_at: Instant,
+    },
+    /// The holder's time left, where the statement could read it.
+    Busy {
+        remaining: Option<Duration>,
+    },
+}
+
+impl PostgresBackend {
+    /// One try at the key, run so that a caller who stops waiting, or does not come back for
+    /// its grant within the claim window, leaves no row behind (see [`sql::claimed`]); such a
+    /// grant is busy, its holder's expiry unknown.
+    pub(super) async fn try_acquire(
+        &self,
+        key: &[u8],
+        owner: &str,
+        ttl_us: i64,
+        limits: Limits,
+    ) -> Result<Attempt, LockError> {
+        let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
+        let (key, owner) = (key.to_vec(), owner.to_owned());
+        let (undo_key, undo_owner) = (key.clone(), owner.clone());
+        let attempt = sql::claimed(
+            "PostgreSQL",
+            &self.shared.cleanups,
+            &self.shared.tries,
+            limits,
+            async move { acquire_row(&shared, &key, &owner, ttl_us).await },
+            |attempt| matches!(attempt, Attempt::Granted { .. }),
+            move || async move {
+                if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner).await {
+                    tracing::warn!(%error, "distributed_lock: cannot undo an abandoned PostgreSQL acquisition; its row expires with its ttl");
+                }
+            },
+        )
+        .await?;
+        Ok(attempt.unwrap_or(Attempt::Busy { remaining: None }))
+    }
+}
+
+/// Sends the acquire statement on a connection of its own from the pool; `sent_at` is measured
+/// after the wait for the connection, which on a busy pool would otherwise eat into the lease.
+async fn acquire_row(
+    shared: &Shared,
+    key: &[u8],
+    owner: &str,
+    ttl_us: i64,
+) -> Result<Attempt, LockError> {
+    let answer = sql::retry_transient(is_conflict, || async {
+        shared.statements.fetch_add(1, Ordering::Relaxed);
+        let mut connection = shared.pool.acquire().await?;
+        let sent_at = Instant::now();
+        let row = sqlx::query(AssertSqlSafe(shared.sql.acquire.clone()))
+            .bind(key)
+            .bind(owner)
+            .bind(ttl_us)
+            .fetch_one(&mut *connection)
+            .await?;
+        Ok((row, sent_at))
+    })
+    .await;
+    let (row, sent_at) = match answer {
+        Ok(answer) => answer,
+        // The row stayed locked by another transaction for longer than the lock timeout.
+        Err(error) if lock_timed_out(&error) => return Ok(Attempt::Busy { remaining: None }),
+        Err(error) => return Err(backend_error(error)),
+    };
+    let fence: Option<i64> = row.try_get(0).map_err(backend_error)?;
+    let remaining_us: Option<i64> = row.try_get(1).map_err(backend_error)?;
+    Ok(match fence {
+        Some(fence) => Attempt::Granted {
+            fence: fence as u64,
+            sent_at,
+        },
+        None => Attempt::Busy {
+            remaining: remaining_us.map(|us| Duration::from_micros(us.max(0) as u64)),
+        },
+    })
+}
+
+/// Deletes the row of `key` where `owner` holds it, announcing the release; whether it did.
+pub(super) async fn delete_row(
+    shared: &Shared,
+    key: &[u8],
+    owner: &str,
+) -> Result<bool, LockError> {
+    let rows = sql::retry_transient(is_conflict, || {
+        shared.statements.fetch_add(1, Ordering::Relaxed);
+        sqlx::query(AssertSqlSafe(shared.sql.release.clone()))
+            .bind(key)
+            .bind(owner)
+            .fetch_all(&shared.pool)
+    })
+    .await
+    .map_err(backend_error)?;
+    // This backend's waiters are woken by the release's notification, as every other backend's
+    // are: waking them here first would let one process's waiters keep the key from others.
+    Ok(!rows.is_empty())
+}
