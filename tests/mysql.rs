@@ -13,10 +13,32 @@ use sqlx::mysql::MySqlPool;
 use sqlx::{AssertSqlSafe, Row};
 use support::mysql_url;
 
-#[path = "mysql/row_locks.rs"]
-mod row_locks;
-#[path = "mysql/unclaimed.rs"]
-mod unclaimed;
+/// The scenarios MySQL shares with PostgreSQL (`support::sql_store`).
+mod sql_scenarios {
+    use crate::support::sql_store as scenario;
+    use crate::Mysql;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_row_locked_by_another_transaction_neither_holds_up_tries_nor_starves_renewals() {
+        scenario::a_row_locked_by_another_transaction_neither_holds_up_tries_nor_starves_renewals::<
+            Mysql,
+        >()
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tries_stuck_on_a_locked_row_do_not_keep_other_keys_from_being_locked() {
+        scenario::tries_stuck_on_a_locked_row_do_not_keep_other_keys_from_being_locked::<Mysql>()
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_grant_its_caller_never_came_back_for_is_undone_after_the_claim_window() {
+        scenario::a_grant_its_caller_never_came_back_for_is_undone_after_the_claim_window::<Mysql>(
+        )
+        .await;
+    }
+}
 
 /// A lock table of this test's own; dropped with it.
 struct Mysql {
@@ -43,6 +65,63 @@ impl Mysql {
             .await
             .unwrap()
             .rows_affected()
+    }
+}
+
+impl support::sql_store::SqlStore for Mysql {
+    async fn fresh() -> Mysql {
+        Mysql::fresh().await
+    }
+
+    fn url() -> String {
+        mysql_url()
+    }
+
+    async fn locker_at(&self, url: &str) -> Locker {
+        let backend = MysqlBackend::builder(url)
+            .unwrap()
+            .table(&self.table)
+            .connect()
+            .await
+            .unwrap();
+        Locker::with_backend(backend)
+    }
+
+    async fn rows(&self, key: &str) -> i64 {
+        let sql = format!("SELECT COUNT(*) FROM `{}` WHERE lock_key = ?", self.table);
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(key.as_bytes())
+            .fetch_one(&self.admin)
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    async fn insert_expired_row(&self, key: &str) {
+        let sql = format!(
+            "INSERT INTO `{}` VALUES (?, 'stranger', 1, UTC_TIMESTAMP(6) - INTERVAL 1 SECOND, \
+             UTC_TIMESTAMP(6))",
+            self.table
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(key.as_bytes())
+            .execute(&self.admin)
+            .await
+            .unwrap();
+    }
+
+    async fn lock_row(&self, key: &str) -> support::sql_store::RowLock {
+        let mut transaction = self.admin.begin().await.unwrap();
+        let sql = format!(
+            "SELECT * FROM `{}` WHERE lock_key = ? FOR UPDATE",
+            self.table
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(key.as_bytes())
+            .fetch_all(&mut *transaction)
+            .await
+            .unwrap();
+        Box::new(transaction)
     }
 }
 

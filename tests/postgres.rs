@@ -14,10 +14,37 @@ use support::postgres_url;
 
 #[path = "postgres/channels.rs"]
 mod channels;
-#[path = "postgres/row_locks.rs"]
-mod row_locks;
 #[path = "postgres/unclaimed.rs"]
 mod unclaimed;
+
+/// The scenarios PostgreSQL shares with MySQL (`support::sql_store`).
+mod sql_scenarios {
+    use crate::support::sql_store as scenario;
+    use crate::Postgres;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_row_locked_by_another_transaction_neither_holds_up_tries_nor_starves_renewals() {
+        scenario::a_row_locked_by_another_transaction_neither_holds_up_tries_nor_starves_renewals::<
+            Postgres,
+        >()
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tries_stuck_on_a_locked_row_do_not_keep_other_keys_from_being_locked() {
+        scenario::tries_stuck_on_a_locked_row_do_not_keep_other_keys_from_being_locked::<Postgres>(
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_grant_its_caller_never_came_back_for_is_undone_after_the_claim_window() {
+        scenario::a_grant_its_caller_never_came_back_for_is_undone_after_the_claim_window::<
+            Postgres,
+        >()
+        .await;
+    }
+}
 
 /// A lock table of this test's own; dropped with it.
 struct Postgres {
@@ -60,6 +87,53 @@ impl Postgres {
             .await
             .unwrap()
             .get(0)
+    }
+}
+
+impl support::sql_store::SqlStore for Postgres {
+    async fn fresh() -> Postgres {
+        Postgres::fresh().await
+    }
+
+    fn url() -> String {
+        postgres_url()
+    }
+
+    async fn locker_at(&self, url: &str) -> Locker {
+        let backend = PostgresBackend::builder(url)
+            .unwrap()
+            .table(&self.table)
+            .connect()
+            .await
+            .unwrap();
+        Locker::with_backend(backend)
+    }
+
+    async fn rows(&self, key: &str) -> i64 {
+        Postgres::rows(self, key).await
+    }
+
+    async fn insert_expired_row(&self, key: &str) {
+        let sql = format!(
+            "INSERT INTO \"{}\" VALUES ($1, 'stranger', 1, clock_timestamp() - interval '1 second', \
+             clock_timestamp())",
+            self.table
+        );
+        self.execute_on(sql, key).await;
+    }
+
+    async fn lock_row(&self, key: &str) -> support::sql_store::RowLock {
+        let mut transaction = self.admin.begin().await.unwrap();
+        let sql = format!(
+            "SELECT * FROM \"{}\" WHERE lock_key = $1 FOR UPDATE",
+            self.table
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(key.as_bytes())
+            .fetch_all(&mut *transaction)
+            .await
+            .unwrap();
+        Box::new(transaction)
     }
 }
 

@@ -8,6 +8,7 @@ pub mod history;
 pub mod properties;
 pub mod redis_commands;
 pub mod redis_server;
+pub mod sql_store;
 pub mod zk_server;
 
 use std::future::Future;

@@ -1,0 +1,201 @@
+//! What the SQL stores' tests share: a lock table of the test's own ([`SqlStore`]), and the
+//! scenarios that go the same way on MySQL and PostgreSQL, run by each store's test binary:
+//!
+//! - a lock row held by a transaction that is not dlock's (a `SELECT … FOR UPDATE` in a
+//!   client, a report that joins the table with a locking clause) makes a statement on that row
+//!   wait for the transaction; that wait must bound neither a caller's call nor the backend's
+//!   other work;
+//! - a grant its caller never came back for (the caller's future parked while the statement was
+//!   in flight, or its runtime stalled) is undone after the claim window: it costs the next
+//!   caller that window, not the lease's ttl.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use dlock::{LockOptions, Locker};
+
+use super::fault_proxy::{Direction, FaultProxy};
+use super::{unique_key, Store};
+
+/// A lock table of a test's own on a SQL store, and what the scenarios do to it from outside.
+pub trait SqlStore: Store + Sized {
+    /// A store on a fresh table (created by the first locker).
+    fn fresh() -> impl Future<Output = Self> + Send;
+    /// The database's URL, for a proxy in front of it.
+    fn url() -> String;
+    /// A locker on this table through `url`, with a pool of its own.
+    fn locker_at(&self, url: &str) -> impl Future<Output = Locker> + Send;
+    /// How many rows the table holds for `key`.
+    fn rows(&self, key: &str) -> impl Future<Output = i64> + Send;
+    /// Writes an expired row of `key`, owned by a stranger.
+    fn insert_expired_row(&self, key: &str) -> impl Future<Output = ()> + Send;
+    /// Locks `key`'s row in a transaction of another client's (`SELECT … FOR UPDATE`), rolled
+    /// back when the returned guard is dropped.
+    fn lock_row(&self, key: &str) -> impl Future<Output = RowLock> + Send;
+
+    /// A locker on this table with the store's test pool (four connections).
+    fn locker(&self) -> impl Future<Output = Locker> + Send {
+        async { Locker::with_backend(self.backend().await) }
+    }
+}
+
+/// A transaction holding a row lock; dropped, it rolls back.
+pub type RowLock = Box<dyn Send>;
+
+/// A caller that does not wait gets its answer within this, whatever the row's transaction does.
+const TRY_BOUND: Duration = Duration::from_secs(2);
+
+/// How long the backend's own connections wait for another transaction's row lock.
+const ROW_LOCK_PATIENCE: Duration = Duration::from_secs(2);
+
+/// Tries on a row another transaction locks end with the caller's wait, and never take the
+/// connection renewals need: a lease on another key stays held meanwhile.
+pub async fn a_row_locked_by_another_transaction_neither_holds_up_tries_nor_starves_renewals<
+    S: SqlStore,
+>() {
+    let db = S::fresh().await;
+    // Four connections (see `Store::backend`), as many as the tries below.
+    let locker = db.locker().await;
+    let (locked, renewed) = (unique_key("row-locked"), unique_key("renewed"));
+    db.insert_expired_row(&locked).await;
+    let row_lock = db.lock_row(&locked).await;
+
+    // Renewed every few hundred milliseconds: a renewal that cannot get a connection loses it.
+    let lease = locker
+        .lock(&*renewed, LockOptions::new().ttl(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let mut tries = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (locker, locked) = (locker.clone(), locked.clone());
+        tries.spawn(async move {
+            let asked = Instant::now();
+            let answer = tokio::time::timeout(
+                Duration::from_secs(5),
+                locker.lock(&*locked, LockOptions::new().ttl(Duration::from_secs(60))),
+            )
+            .await;
+            (
+                asked.elapsed(),
+                answer.map(|got| got.map(|lease| lease.fence())),
+            )
+        });
+    }
+    let mut answers = Vec::new();
+    while let Some(answer) = tries.join_next().await {
+        answers.push(answer.unwrap());
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = lease.is_held();
+    drop(row_lock);
+    assert!(
+        answers
+            .iter()
+            .all(|(took, answer)| *took < TRY_BOUND && matches!(answer, Ok(Err(_)))),
+        "tries of a row another transaction locks: {answers:?} (a lease on another key still held: {held})"
+    );
+    assert!(
+        held,
+        "a lease on another key was lost while tries waited on the locked row"
+    );
+    lease.release().await.unwrap();
+}
+
+/// Tries stuck on a row another transaction keeps locked give their connections back after the
+/// row-lock patience: they do not keep every other key from being locked for as long as that
+/// transaction lasts.
+pub async fn tries_stuck_on_a_locked_row_do_not_keep_other_keys_from_being_locked<S: SqlStore>() {
+    let db = S::fresh().await;
+    let locker = db.locker().await;
+    let (locked, other) = (unique_key("row-locked-long"), unique_key("other"));
+    db.insert_expired_row(&locked).await;
+    let row_lock = db.lock_row(&locked).await;
+    let started = Instant::now();
+    let mut tries = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (locker, locked) = (locker.clone(), locked.clone());
+        tries.spawn(async move {
+            let _ = locker
+                .lock(&*locked, LockOptions::new().ttl(Duration::from_secs(60)))
+                .await;
+        });
+    }
+    while tries.join_next().await.is_some() {}
+    tokio::time::sleep(
+        (ROW_LOCK_PATIENCE + Duration::from_secs(1)).saturating_sub(started.elapsed()),
+    )
+    .await;
+    let got = locker
+        .lock(&*other, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await;
+    drop(row_lock);
+    assert!(
+        got.is_ok(),
+        "another key could not be locked while a transaction kept a row locked: {:?}",
+        got.err()
+    );
+    got.unwrap().release().await.unwrap();
+}
+
+/// How long a grant waits for its caller to claim it, and what the test allows on top of it.
+const CLAIM_WINDOW: Duration = Duration::from_secs(3);
+const SLACK: Duration = Duration::from_secs(2);
+/// The delay the proxy puts on the slowed-down locker's answers: its grant reaches it that much
+/// after the row was written, and the window starts then; its undo's connection check takes a
+/// round trip of it.
+const LATENCY: Duration = Duration::from_millis(500);
+
+fn held(ttl_s: u64) -> LockOptions {
+    LockOptions::new()
+        .ttl(Duration::from_secs(ttl_s))
+        .renew(false)
+}
+
+/// A grant its caller never came back for is undone after the claim window, and the caller,
+/// polled again, finds it withdrawn.
+pub async fn a_grant_its_caller_never_came_back_for_is_undone_after_the_claim_window<
+    S: SqlStore,
+>() {
+    let db = S::fresh().await;
+    let (proxy, url) = FaultProxy::in_front_of(&S::url());
+    let slow = db.locker_at(&url).await;
+    let key = unique_key("unclaimed-grant");
+    // Prepared on the pool's connection first, so the slowed-down statement is executed at
+    // once and only its answer is late.
+    slow.lock(&*key, held(60))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    proxy.set_latency(Direction::ToClient, LATENCY);
+    // A wait of its own, so that the statement's slow answer is not the end of the try.
+    let mut parked = Box::pin(slow.lock(key.clone(), held(60).wait(Duration::from_secs(30))));
+    // Polled until its statement wrote the row, then parked with the answer on its way.
+    tokio::select! {
+        got = &mut parked => panic!("the slowed-down statement answered at once: {:?}", got.map(|l| l.fence())),
+        () = async { while db.rows(&key).await == 0 { tokio::time::sleep(Duration::from_millis(10)).await } } => {}
+    }
+    let rival = db.locker().await;
+    let asked = Instant::now();
+    let got = rival
+        .lock(&*key, held(60).wait(Duration::from_secs(10)))
+        .await;
+    let waited = asked.elapsed();
+    assert!(
+        got.is_ok() && waited < CLAIM_WINDOW + 2 * LATENCY + SLACK,
+        "the key went to the rival only after {waited:?} ({:?}): a grant nobody claimed was held for its ttl",
+        got.as_ref().err()
+    );
+    let lease = got.unwrap();
+    // Polled again, the parked caller finds its grant withdrawn and waits for the key, held.
+    proxy.set_latency(Direction::ToClient, Duration::ZERO);
+    let late = tokio::time::timeout(Duration::from_secs(2), &mut parked).await;
+    assert!(
+        !matches!(late, Ok(Ok(_))),
+        "two holders at once: the withdrawn grant was claimed"
+    );
+    drop(parked);
+    lease.release().await.unwrap();
+    assert_eq!(db.rows(&key).await, 0, "a row outlived every holder");
+}
