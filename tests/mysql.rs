@@ -38,6 +38,11 @@ mod sql_scenarios {
         )
         .await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_acquisition_abandoned_while_its_insert_waits_leaves_no_row() {
+        scenario::an_acquisition_abandoned_while_its_insert_waits_leaves_no_row::<Mysql>().await;
+    }
 }
 
 /// A lock table of this test's own; dropped with it.
@@ -108,6 +113,12 @@ impl support::sql_store::SqlStore for Mysql {
             .execute(&self.admin)
             .await
             .unwrap();
+    }
+
+    async fn hold_up_inserts_of(&self, key: &str) -> support::sql_store::RowLock {
+        // A reader's `SELECT … FOR UPDATE` on the absent key holds a gap lock: an `INSERT` of
+        // the key waits for its transaction, while a `DELETE` of the absent row does not.
+        self.lock_row(key).await
     }
 
     async fn lock_row(&self, key: &str) -> support::sql_store::RowLock {
@@ -429,71 +440,6 @@ async fn a_waiter_polls_within_its_wait_and_gets_in_after_the_release() {
         .await
         .expect("the waiter did not get in");
     assert!(got.unwrap().is_ok());
-}
-
-/// An acquisition abandoned while its `INSERT` waits on a row lock leaves no row behind once the
-/// `INSERT` goes through: the undo runs after the statement it undoes, so the key is free at
-/// once, not after the abandoned lease's ttl.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn abandoned_acquire_leaves_no_row_after_its_delayed_insert() {
-    let db = Mysql::fresh().await;
-    let (abandoner, rival) = (db.locker().await, db.locker().await);
-    let key = support::unique_key("ghost");
-    let rows = || async {
-        sqlx::query(AssertSqlSafe(format!(
-            "SELECT COUNT(*) FROM `{}` WHERE lock_key = ?",
-            db.table
-        )))
-        .bind(key.as_bytes())
-        .fetch_one(&db.admin)
-        .await
-        .unwrap()
-        .get::<i64, _>(0)
-    };
-
-    // A reader's `SELECT … FOR UPDATE` on the absent key holds a gap lock: an `INSERT` of the
-    // key waits for its transaction, while a `DELETE` of the absent row does not.
-    let mut gap = db.admin.begin().await.unwrap();
-    sqlx::query(AssertSqlSafe(format!(
-        "SELECT * FROM `{}` WHERE lock_key = ? FOR UPDATE",
-        db.table
-    )))
-    .bind(key.as_bytes())
-    .fetch_all(&mut *gap)
-    .await
-    .unwrap();
-
-    let ttl = Duration::from_secs(60);
-    let abandoned = tokio::time::timeout(
-        Duration::from_millis(500),
-        abandoner.lock(&*key, LockOptions::new().ttl(ttl).renew(false)),
-    )
-    .await;
-    assert!(
-        abandoned.is_err(),
-        "the acquisition should have waited on the gap lock"
-    );
-    // Time for whatever the abandoned acquisition queued to run while the insert still waits.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    gap.commit().await.unwrap();
-
-    let started = Instant::now();
-    let taken = rival
-        .lock(
-            &*key,
-            LockOptions::new()
-                .ttl(Duration::from_secs(5))
-                .wait(Duration::from_secs(5)),
-        )
-        .await;
-    assert!(
-        taken.is_ok(),
-        "the key stayed held by nobody after the abandoned acquisition ({:?} later, ttl {ttl:?}): {:?}",
-        started.elapsed(),
-        taken.err()
-    );
-    taken.unwrap().release().await.unwrap();
-    assert_eq!(rows().await, 0, "a row outlived every holder");
 }
 
 /// A service pool whose connections turn autocommit off would keep each lock row inside a

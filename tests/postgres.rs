@@ -44,6 +44,11 @@ mod sql_scenarios {
         >()
         .await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_acquisition_abandoned_while_its_insert_waits_leaves_no_row() {
+        scenario::an_acquisition_abandoned_while_its_insert_waits_leaves_no_row::<Postgres>().await;
+    }
 }
 
 /// A lock table of this test's own; dropped with it.
@@ -120,6 +125,22 @@ impl support::sql_store::SqlStore for Postgres {
             self.table
         );
         self.execute_on(sql, key).await;
+    }
+
+    async fn hold_up_inserts_of(&self, key: &str) -> support::sql_store::RowLock {
+        // An uncommitted insert of the key: a second insert of it waits for that transaction.
+        let mut transaction = self.admin.begin().await.unwrap();
+        let sql = format!(
+            "INSERT INTO \"{}\" VALUES ($1, 'blocker', 1, clock_timestamp() - interval '1 second', \
+             clock_timestamp())",
+            self.table
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(key.as_bytes())
+            .execute(&mut *transaction)
+            .await
+            .unwrap();
+        Box::new(transaction)
     }
 
     async fn lock_row(&self, key: &str) -> support::sql_store::RowLock {
@@ -318,58 +339,6 @@ async fn a_waiter_gets_in_after_the_listener_connection_was_killed() {
         .expect("the waiter did not get in after the release");
     assert!(taken.unwrap().is_ok());
     assert!(released_at.elapsed() < Duration::from_secs(3));
-}
-
-/// An acquisition abandoned while its statement waits on another transaction's row leaves no
-/// row behind once the statement goes through: the undo runs after the statement it undoes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_acquire_future_leaves_no_row() {
-    let db = Postgres::fresh().await;
-    let (abandoner, rival) = (db.locker().await, db.locker().await);
-    let key = support::unique_key("ghost");
-
-    // An uncommitted insert of the key: a second insert of it waits for that transaction.
-    let mut blocker = db.admin.begin().await.unwrap();
-    sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO \"{}\" VALUES ($1, 'blocker', 1, clock_timestamp() - interval '1 second', clock_timestamp())",
-        db.table
-    )))
-    .bind(key.as_bytes())
-    .execute(&mut *blocker)
-    .await
-    .unwrap();
-
-    let ttl = Duration::from_secs(60);
-    let abandoned = tokio::time::timeout(
-        Duration::from_millis(500),
-        abandoner.lock(&*key, LockOptions::new().ttl(ttl).renew(false)),
-    )
-    .await;
-    assert!(
-        abandoned.is_err(),
-        "the acquisition should have waited on the blocker"
-    );
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // The blocker goes: the waiting insert now writes its row.
-    blocker.rollback().await.unwrap();
-
-    let started = Instant::now();
-    let taken = rival
-        .lock(
-            &*key,
-            LockOptions::new()
-                .ttl(Duration::from_secs(5))
-                .wait(Duration::from_secs(5)),
-        )
-        .await;
-    assert!(
-        taken.is_ok(),
-        "the key stayed held by nobody after the abandoned acquisition ({:?} later, ttl {ttl:?}): {:?}",
-        started.elapsed(),
-        taken.err()
-    );
-    taken.unwrap().release().await.unwrap();
-    assert_eq!(db.rows(&key).await, 0, "a row outlived every holder");
 }
 
 /// Renewing many leases, of different ttls and owners, is one statement, which answers for each

@@ -5,6 +5,8 @@
 //!   client, a report that joins the table with a locking clause) makes a statement on that row
 //!   wait for the transaction; that wait must bound neither a caller's call nor the backend's
 //!   other work;
+//! - an acquisition abandoned while its statement waits on such a transaction leaves no row
+//!   behind once the statement goes through: the undo runs after the statement it undoes;
 //! - a grant its caller never came back for (the caller's future parked while the statement was
 //!   in flight, or its runtime stalled) is undone after the claim window: it costs the next
 //!   caller that window, not the lease's ttl.
@@ -29,6 +31,9 @@ pub trait SqlStore: Store + Sized {
     fn rows(&self, key: &str) -> impl Future<Output = i64> + Send;
     /// Writes an expired row of `key`, owned by a stranger.
     fn insert_expired_row(&self, key: &str) -> impl Future<Output = ()> + Send;
+    /// Makes an `INSERT` of `key` wait, in a transaction of another client's that ends when the
+    /// returned guard is dropped (a gap lock on MySQL, an uncommitted insert on PostgreSQL).
+    fn hold_up_inserts_of(&self, key: &str) -> impl Future<Output = RowLock> + Send;
     /// Locks `key`'s row in a transaction of another client's (`SELECT … FOR UPDATE`), rolled
     /// back when the returned guard is dropped.
     fn lock_row(&self, key: &str) -> impl Future<Output = RowLock> + Send;
@@ -197,5 +202,47 @@ pub async fn a_grant_its_caller_never_came_back_for_is_undone_after_the_claim_wi
     );
     drop(parked);
     lease.release().await.unwrap();
+    assert_eq!(db.rows(&key).await, 0, "a row outlived every holder");
+}
+
+/// An acquisition abandoned while its `INSERT` waits on another transaction leaves no row
+/// behind once the `INSERT` goes through: the undo runs after the statement it undoes, so the
+/// key is free at once, not after the abandoned lease's ttl.
+pub async fn an_acquisition_abandoned_while_its_insert_waits_leaves_no_row<S: SqlStore>() {
+    let db = S::fresh().await;
+    let (abandoner, rival) = (db.locker().await, db.locker().await);
+    let key = unique_key("ghost");
+    let blocker = db.hold_up_inserts_of(&key).await;
+
+    let ttl = Duration::from_secs(60);
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(500),
+        abandoner.lock(&*key, LockOptions::new().ttl(ttl).renew(false)),
+    )
+    .await;
+    assert!(
+        abandoned.is_err(),
+        "the acquisition should have waited on the other transaction"
+    );
+    // Time for whatever the abandoned acquisition queued to run while the insert still waits.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(blocker);
+
+    let started = Instant::now();
+    let taken = rival
+        .lock(
+            &*key,
+            LockOptions::new()
+                .ttl(Duration::from_secs(5))
+                .wait(Duration::from_secs(5)),
+        )
+        .await;
+    assert!(
+        taken.is_ok(),
+        "the key stayed held by nobody after the abandoned acquisition ({:?} later, ttl {ttl:?}): {:?}",
+        started.elapsed(),
+        taken.err()
+    );
+    taken.unwrap().release().await.unwrap();
     assert_eq!(db.rows(&key).await, 0, "a row outlived every holder");
 }
