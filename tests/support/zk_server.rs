@@ -151,21 +151,30 @@ impl ZkServer {
     /// Waits until the server whose JVM is `pid` serves clients; panics with its log if it dies
     /// or takes longer than [`START_TIMEOUT`].
     fn wait_until_serving(&self, pid: &str) {
+        if let Err(failure) = self.serving_within(pid, START_TIMEOUT) {
+            panic!("{failure}");
+        }
+    }
+
+    /// Waits until the server whose JVM is `pid` serves clients, for up to `patience`; what went
+    /// wrong, with its log, if it died or took longer.
+    fn serving_within(&self, pid: &str, patience: Duration) -> Result<(), String> {
         let started = Instant::now();
         while !self.is_serving() {
             let alive = Path::new(&format!("/proc/{pid}")).exists();
-            if !alive || started.elapsed() > START_TIMEOUT {
+            if !alive || started.elapsed() > patience {
                 let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
-                panic!(
+                return Err(format!(
                     "ZooKeeper on port {} did not start within {:?} (alive: {alive}; `srvr` \
                      answers {:?}):\n{log}",
                     self.port,
                     started.elapsed(),
                     self.srvr()
-                );
+                ));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        Ok(())
     }
 
     /// Kills the server (as a crash would: no goodbye to its clients) and waits until it is
@@ -313,7 +322,29 @@ pub struct ZkEnsemble {
 impl ZkEnsemble {
     /// Starts the three servers and waits until all serve: the first is a follower then, as a
     /// fresh ensemble elects the server with the highest id.
+    ///
+    /// A fresh ensemble on this loaded machine has, now and then, stayed without a leader for
+    /// well over a minute (its members alive, none serving): such a start is given up after
+    /// 40 s and made again on fresh ports, up to three times.
     pub fn start() -> ZkEnsemble {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match Self::try_start(Duration::from_secs(40)) {
+                Ok(ensemble) => return ensemble,
+                Err(failure) => {
+                    eprintln!("a ZooKeeper ensemble did not start; starting another: {failure}");
+                    failures.push(failure);
+                }
+            }
+        }
+        panic!(
+            "no ZooKeeper ensemble started in three tries:\n{}",
+            failures.join("\n")
+        );
+    }
+
+    /// One try of [`start`](Self::start), each server given `patience`.
+    fn try_start(patience: Duration) -> Result<ZkEnsemble, String> {
         let client: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let quorum: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let election: Vec<u16> = (0..3).map(|_| free_port()).collect();
@@ -373,13 +404,14 @@ impl ZkEnsemble {
         }
         let pids: Vec<String> = servers.iter_mut().map(ZkServer::spawn).collect();
         for (server, pid) in servers.iter().zip(&pids) {
-            server.wait_until_serving(pid);
+            // Dropped on failure, the servers are killed and their directories removed.
+            server.serving_within(pid, patience)?;
         }
         let mut links = vec![first_seen.0, first_seen.1];
         for (q, e) in others_seen {
             links.extend([q, e]);
         }
-        ZkEnsemble { servers, links }
+        Ok(ZkEnsemble { servers, links })
     }
 
     /// The server `index` (0, 1 or 2).
