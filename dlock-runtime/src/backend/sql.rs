@@ -176,16 +176,49 @@ pub(super) fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
+/// The pauses of an exponential back-off with full jitter: each a random share of the current
+/// step (half of it to all of it, so waiters spread out), the step doubling up to a cap.
+pub(super) struct Backoff {
+    first: Duration,
+    step: Duration,
+    cap: Duration,
+    jitter: Jitter,
+}
+
+impl Backoff {
+    /// Steps from `first` up to `cap`, the jitter started from `owner`'s token.
+    pub(super) fn new(first: Duration, cap: Duration, owner: Owner) -> Self {
+        Backoff {
+            first,
+            step: first,
+            cap,
+            jitter: Jitter::new(owner),
+        }
+    }
+
+    /// The next pause; the step after it is twice as long, up to the cap.
+    pub(super) fn next_pause(&mut self) -> Duration {
+        let pause = self.jitter.between(self.step / 2, self.step);
+        self.step = (self.step * 2).min(self.cap);
+        pause
+    }
+
+    /// Starts again from the first step.
+    pub(super) fn reset(&mut self) {
+        self.step = self.first;
+    }
+}
+
 /// A small xorshift generator for back-off jitter, started from the owner token.
-pub(super) struct Jitter(u64);
+struct Jitter(u64);
 
 impl Jitter {
-    pub(super) fn new(owner: Owner) -> Self {
+    fn new(owner: Owner) -> Self {
         Jitter((owner.as_u128() as u64) | 1)
     }
 
     /// A random duration in `low..high` (full jitter between them, so waiters spread out).
-    pub(super) fn between(&mut self, low: Duration, high: Duration) -> Duration {
+    fn between(&mut self, low: Duration, high: Duration) -> Duration {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -198,8 +231,23 @@ impl Jitter {
 mod tests {
     use std::time::Duration;
 
-    use super::Jitter;
+    use super::{Backoff, Jitter};
     use crate::Owner;
+
+    #[test]
+    fn backoff_steps_double_up_to_the_cap_and_start_again_on_reset() {
+        let ms = Duration::from_millis;
+        let mut backoff = Backoff::new(ms(5), ms(40), Owner::random());
+        for step in [5, 10, 20, 40, 40, 40] {
+            let pause = backoff.next_pause();
+            assert!(
+                pause >= ms(step) / 2 && pause < ms(step),
+                "{pause:?} for a step of {step} ms"
+            );
+        }
+        backoff.reset();
+        assert!(backoff.next_pause() < ms(5));
+    }
 
     #[test]
     fn jitter_stays_within_its_bounds() {

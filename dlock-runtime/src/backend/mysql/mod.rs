@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::mysql::MySqlPool;
 
-use super::sql::{micros, Jitter, Limits};
+use super::sql::{micros, Backoff, Limits};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
 use crate::{LockError, Owner};
@@ -294,8 +294,7 @@ impl Backend for MysqlBackend {
         let owner = request.owner.to_string();
         let ttl_us = micros(request.ttl);
         let deadline = Instant::now() + request.wait;
-        let mut backoff = FIRST_BACKOFF;
-        let mut jitter = Jitter::new(request.owner);
+        let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF, request.owner);
         loop {
             if let Some((fence, valid_from)) = self
                 .try_acquire(
@@ -312,10 +311,7 @@ impl Backend for MysqlBackend {
             if now >= deadline {
                 return Ok(None);
             }
-            // Full jitter: a random share of the current step, so waiters spread out.
-            let pause = jitter.between(backoff / 2, backoff).min(deadline - now);
-            tokio::time::sleep(pause).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            tokio::time::sleep(backoff.next_pause().min(deadline - now)).await;
         }
     }
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgPool;
 
-use super::sql::{self, micros, Jitter, Limits};
+use super::sql::{self, micros, Backoff, Limits};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
 use crate::{LockError, Owner};
@@ -350,8 +350,7 @@ impl Backend for PostgresBackend {
         }
         let deadline = Instant::now() + request.wait;
         let place = self.shared.waiting.join(key);
-        let mut backoff = FIRST_BACKOFF;
-        let mut jitter = Jitter::new(request.owner);
+        let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF, request.owner);
         loop {
             if let Turn::Behind(head_lapses) = place.turn() {
                 // Woken when the head leaves or is woken itself, and at the time its turn
@@ -392,9 +391,7 @@ impl Backend for PostgresBackend {
                 })
             } else {
                 // Nobody listened for the whole try: a release may go unannounced.
-                let pause = jitter.between(backoff / 2, backoff);
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-                pause
+                backoff.next_pause()
             };
             let until = (now + pause).min(deadline);
             place.resting_until(until);

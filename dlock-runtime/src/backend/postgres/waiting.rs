@@ -23,7 +23,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
-use crate::backend::sql::Jitter;
+use crate::backend::sql::Backoff;
 use crate::background;
 use crate::Owner;
 
@@ -324,8 +324,11 @@ async fn listen(weak: Weak<Shared>, options: PgConnectOptions, channel: String, 
         .idle_timeout(None)
         .acquire_timeout(timeout)
         .connect_lazy_with(options);
-    let mut jitter = Jitter::new(Owner::random());
-    let mut pause = Duration::from_millis(50);
+    let mut backoff = Backoff::new(
+        Duration::from_millis(50),
+        MAX_RECONNECT_PAUSE,
+        Owner::random(),
+    );
     loop {
         match connect(&pool, &channel).await {
             Ok(mut listener) => {
@@ -339,7 +342,7 @@ async fn listen(weak: Weak<Shared>, options: PgConnectOptions, channel: String, 
                 }
                 shared.listening_changed.notify_waiters();
                 drop(shared);
-                pause = Duration::from_millis(50);
+                backoff.reset();
                 // `Ok(None)`: the connection was lost; `Err`: it failed otherwise.
                 while let Ok(Some(notification)) = listener.try_recv().await {
                     let Some(shared) = weak.upgrade() else { return };
@@ -360,8 +363,7 @@ async fn listen(weak: Weak<Shared>, options: PgConnectOptions, channel: String, 
             state.wake_every_head();
         }
         drop(shared);
-        tokio::time::sleep(jitter.between(pause / 2, pause)).await;
-        pause = (pause * 2).min(MAX_RECONNECT_PAUSE);
+        tokio::time::sleep(backoff.next_pause()).await;
     }
 }
 
