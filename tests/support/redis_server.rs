@@ -355,44 +355,59 @@ impl RedisCluster {
             dir,
         };
         for _ in 0..3 * (1 + replicas) {
-            let (port, bus) = (free_port(), free_port());
-            let child = Command::new("redis-server")
-                .args([
-                    "--port",
-                    &port.to_string(),
-                    "--cluster-port",
-                    &bus.to_string(),
-                    "--bind",
-                    "127.0.0.1",
-                ])
-                .args([
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    &format!("nodes-{port}.conf"),
-                ])
-                .args([
-                    "--repl-diskless-sync-delay",
-                    "0",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    &cluster.dir.to_string_lossy(),
-                ])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("cannot run redis-server: is it installed (apt-get install redis-server)?");
-            cluster.nodes.push(child);
-            cluster.ports.push(port);
-        }
-        for &port in &cluster.ports {
-            assert!(
-                answers(port, b"PING\r\n", b"+PONG", Duration::from_secs(10)),
-                "cluster node {port} did not start"
-            );
+            // A port found free can be taken before the node binds it, by another test's
+            // server, which would then answer in its place: a node counts as started once the
+            // server answering on its port is its own process, else it starts again elsewhere.
+            let mut tries = 0;
+            loop {
+                let (port, bus) = (free_port(), free_port());
+                let mut child = Command::new("redis-server")
+                    .args([
+                        "--port",
+                        &port.to_string(),
+                        "--cluster-port",
+                        &bus.to_string(),
+                        "--bind",
+                        "127.0.0.1",
+                    ])
+                    .args([
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        &format!("nodes-{port}.conf"),
+                    ])
+                    .args([
+                        "--repl-diskless-sync-delay",
+                        "0",
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                        "--dir",
+                        &cluster.dir.to_string_lossy(),
+                    ])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect(
+                        "cannot run redis-server: is it installed (apt-get install redis-server)?",
+                    );
+                let its_own = format!("process_id:{}\r\n", child.id());
+                if answers(
+                    port,
+                    b"INFO server\r\n",
+                    its_own.as_bytes(),
+                    Duration::from_secs(10),
+                ) {
+                    cluster.nodes.push(child);
+                    cluster.ports.push(port);
+                    break;
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+                tries += 1;
+                assert!(tries < 3, "cluster node on port {port} did not start");
+            }
         }
         let addresses: Vec<String> = cluster
             .ports
