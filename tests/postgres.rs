@@ -14,6 +14,8 @@ use support::postgres_url;
 
 #[path = "postgres/channels.rs"]
 mod channels;
+#[path = "postgres/line.rs"]
+mod line;
 #[path = "postgres/unclaimed.rs"]
 mod unclaimed;
 
@@ -92,6 +94,40 @@ impl Postgres {
             .await
             .unwrap()
             .get(0)
+    }
+
+    /// Writes `key`'s row for a holder that died: it expires `left` from now, and nobody will
+    /// release it (so no release is announced).
+    async fn insert_row_of_a_dead_holder(&self, key: &str, left: Duration) {
+        let sql = format!(
+            "INSERT INTO \"{}\" VALUES ($1, 'dead', 1, clock_timestamp() + interval '{} milliseconds', \
+             clock_timestamp())",
+            self.table,
+            left.as_millis()
+        );
+        self.execute_on(sql, key).await;
+    }
+
+    /// Makes every `DELETE` of the lock table sleep `pause` before it looks for its rows (a
+    /// statement-level trigger, which takes no row lock while it sleeps).
+    async fn slow_down_deletes(&self, pause: Duration) {
+        let table = &self.table;
+        for sql in [
+            format!(
+                "CREATE FUNCTION \"{table}_pause\"() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN PERFORM pg_sleep({}); RETURN NULL; END $$",
+                pause.as_secs_f64()
+            ),
+            format!(
+                "CREATE TRIGGER \"{table}_pause\" BEFORE DELETE ON \"{table}\" \
+                 FOR EACH STATEMENT EXECUTE FUNCTION \"{table}_pause\"()"
+            ),
+        ] {
+            sqlx::query(AssertSqlSafe(sql))
+                .execute(&self.admin)
+                .await
+                .unwrap();
+        }
     }
 }
 

@@ -83,3 +83,104 @@ async fn a_parked_head_does_not_keep_the_key_from_a_caller_that_does_not_wait() 
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A head whose future is parked while its try is in flight, behind a holder that dies (its
+/// row expires; no release is ever announced), costs the waiters behind it a short window, not
+/// their whole wait: the waiter behind passes it over and takes the expired key, and other
+/// processes are not kept out either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_parked_mid_try_does_not_keep_an_expired_key_from_anyone() {
+    use support::fault_proxy::{Direction, FaultProxy};
+
+    let db = Postgres::fresh().await;
+    let (proxy, url) = FaultProxy::in_front_of(&support::postgres_url());
+    let locker = support::sql_store::SqlStore::locker_at(&db, &url).await;
+    let key = support::unique_key("parked-mid-try");
+    // A holder that died: its row runs out in 3 s, and nobody announces it.
+    db.insert_row_of_a_dead_holder(&key, Duration::from_secs(3))
+        .await;
+    let ghost_expires = Instant::now() + Duration::from_secs(3);
+    // The head's try is in flight (its answer slowed down) when its future is parked.
+    proxy.set_latency(Direction::ToClient, Duration::from_millis(500));
+    let mut parked = Box::pin(locker.lock(key.clone(), held(60).wait(Duration::from_secs(60))));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), &mut parked)
+            .await
+            .is_err(),
+        "the head got a held key"
+    );
+    proxy.set_latency(Direction::ToClient, Duration::ZERO);
+    let got = locker
+        .lock(&*key, held(60).wait(Duration::from_secs(20)))
+        .await;
+    let late = Instant::now().saturating_duration_since(ghost_expires);
+    assert!(
+        got.is_ok() && late < HEAD_TURN + SLACK + Duration::from_secs(2),
+        "a live waiter got {:?} {late:?} after the key expired, behind a head parked mid-try",
+        got.as_ref().map(|lease| lease.fence())
+    );
+    got.unwrap().release().await.unwrap();
+    // Another process's caller that does not wait finds the key free too.
+    let elsewhere = db.locker().await;
+    let asked = Instant::now();
+    loop {
+        match elsewhere.lock(&*key, held(60)).await {
+            Ok(lease) => break lease.release().await.unwrap(),
+            Err(error) => assert!(
+                asked.elapsed() < Duration::from_secs(3) + SLACK,
+                "another process still got `{error}` after {:?}, the key free but for a parked head",
+                asked.elapsed()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(parked);
+}
+
+/// The undo of a grant its caller did not claim in time deletes that grant only: the caller,
+/// polled again, may have got the key anew (the same owner, a later grant) before the undo's
+/// `DELETE` ran, and that lease must stay. The undo is held up here by a trigger that sleeps
+/// before each `DELETE` of the table, as a slow or re-sent statement would be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undo_late_for_a_withdrawn_grant_leaves_the_next_grant_alone() {
+    use support::fault_proxy::{Direction, FaultProxy};
+
+    let db = Postgres::fresh().await;
+    let (proxy, url) = FaultProxy::in_front_of(&support::postgres_url());
+    let slow = support::sql_store::SqlStore::locker_at(&db, &url).await;
+    let key = support::unique_key("late-undo");
+    // Prepared on the pool's connection first, so the slowed-down statement runs at once and
+    // only its answer is late.
+    slow.lock(&*key, held(60))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    db.slow_down_deletes(Duration::from_millis(1_500)).await;
+    proxy.set_latency(Direction::ToClient, Duration::from_millis(500));
+    let mut parked = Box::pin(slow.lock(key.clone(), held(60).wait(Duration::from_secs(30))));
+    tokio::select! {
+        got = &mut parked => panic!("the slowed-down statement answered at once: {:?}", got.map(|l| l.fence())),
+        () = async { while db.rows(&key).await == 0 { tokio::time::sleep(Duration::from_millis(10)).await } } => {}
+    }
+    // Past the claim window (3 s, counted from the late answer): the grant is withdrawn and
+    // its undo is asleep in the trigger.
+    tokio::time::sleep(Duration::from_millis(3_800)).await;
+    proxy.set_latency(Direction::ToClient, Duration::ZERO);
+    let lease = tokio::time::timeout(Duration::from_secs(10), &mut parked)
+        .await
+        .expect("the caller did not get the key again")
+        .expect("the caller did not get the key again");
+    // The undo's DELETE has woken from the trigger by now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rival = db.locker().await;
+    let rival_got = rival.lock(&*key, held(60)).await;
+    assert!(
+        lease.is_held() && rival_got.is_err() && db.rows(&key).await == 1,
+        "two holders at once: the late undo deleted the caller's next grant (rows: {}, rival: {:?})",
+        db.rows(&key).await,
+        rival_got.as_ref().map(|lease| lease.fence())
+    );
+    lease.release().await.unwrap();
+}

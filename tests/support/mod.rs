@@ -81,10 +81,16 @@ pub fn postgres_url() -> String {
 
 /// Drops `table` from [`postgres_url`]'s database, from any context.
 pub fn drop_postgres_table(table: &str) {
-    let drop_table = format!("DROP TABLE IF EXISTS \"{table}\"");
+    // The lock table and its waiters table.
+    let drop_table = format!("DROP TABLE IF EXISTS \"{table}\", \"{table}_waiters\" CASCADE");
+    let drop_function = format!("DROP FUNCTION IF EXISTS \"{table}_pause\"()");
     on_a_runtime_of_its_own(async move {
         if let Ok(admin) = sqlx::postgres::PgPool::connect(&postgres_url()).await {
             let _ = sqlx::query(sqlx::AssertSqlSafe(drop_table))
+                .execute(&admin)
+                .await;
+            // The function of a test that slowed the table's deletes down, if any.
+            let _ = sqlx::query(sqlx::AssertSqlSafe(drop_function))
                 .execute(&admin)
                 .await;
         }

@@ -26,7 +26,7 @@ pub(super) async fn on_background<T: Send + 'static>(
 
 /// Runs an acquisition's statement `work` in a task of its own on the background runtime, which
 /// a caller that stops polling or is dropped does not stop, and hands its answer back; a grant
-/// (an answer `is_grant` accepts) only once the caller claims it (see [`claim`](super::claim)):
+/// (an answer `fence_of` finds a fence in) only once the caller claims it (see [`claim`](super::claim)):
 /// `Ok(None)` when the grant was withdrawn before the caller came back for it, which the caller
 /// treats as not granted.
 ///
@@ -35,7 +35,14 @@ pub(super) async fn on_background<T: Send + 'static>(
 /// nobody takes an error (which may leave it unknown whether the row was written):
 /// an undo the caller queued itself could reach the database before a statement still on its
 /// way, and the row that statement then writes would stay for the whole ttl, held by nobody. A
-/// claimed grant is the caller's lease, which the locker's own release undoes. The task is one
+/// claimed grant is the caller's lease, which the locker's own release undoes.
+///
+/// `undo` is given the fence of the grant it undoes (`None` after an error), and must delete
+/// that grant only: a caller that finds its grant withdrawn tries again as the same owner, and
+/// may be granted the key anew before a slow undo (waiting for a connection, or sent again after
+/// a broken one) reaches the database, whose `DELETE` by owner alone would then take the new
+/// lease from under its holder. After an error the caller is gone (nobody took the answer), so
+/// the owner tries no more. The task is one
 /// of `cleanups`, which the store's `close` waits for: the undo must reach the store before the
 /// process ends.
 ///
@@ -50,13 +57,13 @@ pub(super) async fn claimed<T, Work, Undo, UndoFut>(
     tries: &Arc<Semaphore>,
     limits: Limits,
     work: Work,
-    is_grant: fn(&T) -> bool,
+    fence_of: fn(&T) -> Option<u64>,
     undo: Undo,
 ) -> Result<Option<T>, LockError>
 where
     T: Send + 'static,
     Work: Future<Output = Result<T, LockError>> + Send + 'static,
-    Undo: FnOnce() -> UndoFut + Send + 'static,
+    Undo: FnOnce(Option<u64>) -> UndoFut + Send + 'static,
     UndoFut: Future<Output = ()> + Send + 'static,
 {
     let (caller, claim) = Caller::new();
@@ -67,10 +74,10 @@ where
             Ok(_permit) => work.await,
             Err(_) => Err(LockError::backend(format!("{store} is shut down"))),
         };
-        let granted = matches!(&outcome, Ok(done) if is_grant(done));
+        let granted = outcome.as_ref().ok().and_then(fence_of);
         let failed = outcome.is_err();
         let unanswered = answer.send(outcome).is_err();
-        let withdrawn = if granted {
+        let withdrawn = if granted.is_some() {
             // A dropped caller withdrew it already; a parked one has the window to come back.
             claim.withdrawn_after(limits.window).await
         } else {
@@ -79,14 +86,14 @@ where
             failed && unanswered
         };
         if withdrawn {
-            if granted {
+            if granted.is_some() {
                 tracing::debug!(
                     store,
                     "distributed_lock: a grant was not claimed within the claim window; undone"
                 );
             }
             let _permit = tries.acquire().await;
-            undo().await;
+            undo(granted).await;
         }
     });
     let Ok(answered) = tokio::time::timeout(limits.bound, answered).await else {
@@ -95,7 +102,7 @@ where
     };
     let outcome = answered
         .map_err(|_| LockError::backend(format!("{store} task failed before answering")))??;
-    if is_grant(&outcome) && !caller.claim() {
+    if fence_of(&outcome).is_some() && !caller.claim() {
         return Ok(None);
     }
     Ok(Some(outcome))

@@ -278,7 +278,9 @@ impl MysqlBuilder {
                  expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, created_at = UTC_TIMESTAMP(6) \
                  WHERE lock_key = ? AND (expires_at <= UTC_TIMESTAMP(6) OR owner = ?)"
             )),
-            release: Arc::from(format!("DELETE FROM {table} WHERE lock_key = ? AND owner = ?")),
+            release: Arc::from(format!(
+                "DELETE FROM {table} WHERE lock_key = ? AND owner = ? AND (? IS NULL OR fence = ?)"
+            )),
             table,
         };
         let tries = crate::backend::sql::try_permits(pool.options().get_max_connections());

@@ -116,7 +116,8 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 ///   connection back. On a service's pool ([`with_pool`](Self::with_pool)) that setting is the
 ///   service's: without it, stuck tries keep their connections, and every other key's tries
 ///   wait, for up to its 50 s.
-/// - **Release**: `DELETE … WHERE lock_key = ? AND owner = ?`; retried once if its reply is lost —
+/// - **Release**: `DELETE … WHERE lock_key = ? AND owner = ?` (and, undoing a grant nobody
+///   claimed, `AND fence = ?`: that grant only, not a later one of the same owner); retried once if its reply is lost —
 ///   the goal is that the row is no longer ours, which a second delete achieves either way.
 /// - **Renewal**: one `UPDATE … WHERE lock_key IN (…) AND (lock_key, owner) IN (…)` for every
 ///   lease of the tick (in chunks of 1,000); only when fewer rows changed than leases were sent
@@ -318,7 +319,7 @@ impl Backend for MysqlBackend {
     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
         let shared = self.shared.clone();
         let (key, owner) = (key.as_bytes().to_vec(), owner.to_string());
-        on_background(async move { delete_row(&shared, &key, &owner).await }).await
+        on_background(async move { delete_row(&shared, &key, &owner, None).await }).await
     }
 
     async fn close(&self) {

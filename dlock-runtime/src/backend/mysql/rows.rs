@@ -31,9 +31,9 @@ impl MysqlBackend {
             &self.shared.tries,
             limits,
             async move { acquire_row(&shared, &key, &owner, ttl_us).await },
-            Option::is_some,
-            move || async move {
-                if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner).await {
+            |attempt| attempt.map(|(fence, _)| fence),
+            move |fence| async move {
+                if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner, fence).await {
                     tracing::warn!(%error, "distributed_lock: cannot undo an abandoned MySQL acquisition; its row expires with its ttl");
                 }
             },
@@ -101,16 +101,20 @@ async fn execute_timed(
     Ok((query.execute(&mut *connection).await?, sent_at))
 }
 
-/// Deletes the row of `key` where `owner` holds it; whether it did.
+/// Deletes the row of `key` where `owner` holds it (by the grant of `fence` only, where given);
+/// whether it did.
 pub(super) async fn delete_row(
     shared: &Shared,
     key: &[u8],
     owner: &str,
+    fence: Option<u64>,
 ) -> Result<bool, LockError> {
     let done = retry_transient(|| {
         sqlx::query(AssertSqlSafe(shared.sql.release.clone()))
             .bind(key)
             .bind(owner)
+            .bind(fence)
+            .bind(fence)
             .execute(&shared.pool)
     })
     .await

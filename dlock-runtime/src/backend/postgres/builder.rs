@@ -8,10 +8,10 @@ use sqlx::{AssertSqlSafe, Executor};
 
 use super::statements::resolve_channel;
 use super::waiting::Waiting;
-use super::{backend_error, on_background, PostgresBackend, Shared, Statements};
+use super::{backend_error, line, on_background, PostgresBackend, Shared, Statements};
 use crate::backend::sql::ROW_LOCK_PATIENCE_S;
 use crate::url::{duration_param, number_param, query_param, without_params};
-use crate::LockError;
+use crate::{LockError, Owner};
 
 /// The URL settings that are dlock's, taken out before the driver reads the rest.
 const SETTINGS: [&str; 3] = ["table", "connect_timeout", "max_connections"];
@@ -247,7 +247,8 @@ impl PostgresBuilder {
     /// # Ok(()) }
     /// ```
     pub async fn connect(self) -> Result<PostgresBackend, LockError> {
-        let table = quote_table(&self.table)?;
+        let table = quote_table(&self.table, "")?;
+        let waiters = quote_table(&self.table, WAITERS_SUFFIX)?;
         let ddl = PostgresBackend::ddl(&self.table)?;
         let (pool, owns_pool) = match self.source {
             Source::Url(options) => {
@@ -293,61 +294,74 @@ impl PostgresBuilder {
         // The channel is the table's, however its name is written: derived from the table it
         // resolves to (see `resolve_channel`).
         let channel = {
-            let (pool, table) = (pool.clone(), table.clone());
-            on_background(async move { resolve_channel(&pool, &table).await }).await?
+            let (pool, table, waiters) = (pool.clone(), table.clone(), waiters.clone());
+            on_background(async move { resolve_channel(&pool, &table, &waiters).await }).await?
         };
         waiting
             .start_listener(listen, channel.clone(), self.connect_timeout)
             .await;
         let tries = crate::backend::sql::try_permits(pool.options().get_max_connections());
-        Ok(PostgresBackend {
-            shared: Arc::new(Shared {
-                pool,
-                owns_pool,
-                sql: Statements::new(table, &channel),
-                waiting,
-                statements: Default::default(),
-                cleanups: Arc::default(),
-                tries,
-            }),
-        })
+        let shared = Arc::new(Shared {
+            pool,
+            owns_pool,
+            sql: Statements::new(table, &waiters, &channel),
+            waiting,
+            waiter: Owner::random().to_string(),
+            statements: Default::default(),
+            cleanups: Arc::default(),
+            tries,
+        });
+        crate::background::handle().spawn(line::keep_places(Arc::downgrade(&shared)));
+        Ok(PostgresBackend { shared })
     }
 }
 
-/// Runs the `CREATE TABLE IF NOT EXISTS`. Two of them at once for one new table can both pass
+/// Runs the `CREATE TABLE IF NOT EXISTS` of each table. Two of them at once for one new table can both pass
 /// the "if not exists" and collide in the catalog (a unique violation on the table's row type,
 /// or "already exists"): the table then exists, which is what was asked.
 async fn create_table(pool: &PgPool, ddl: String) -> Result<(), LockError> {
-    match sqlx::query(AssertSqlSafe(ddl)).execute(pool).await {
-        Ok(_) => Ok(()),
-        Err(sqlx::Error::Database(db))
-            if matches!(db.code().as_deref(), Some("23505" | "42P07")) =>
+    for statement in ddl.split(';').filter(|s| !s.trim().is_empty()) {
+        match sqlx::query(AssertSqlSafe(statement.to_owned()))
+            .execute(pool)
+            .await
         {
-            Ok(())
+            Ok(_) => {}
+            Err(sqlx::Error::Database(db))
+                if matches!(db.code().as_deref(), Some("23505" | "42P07")) => {}
+            Err(error) => return Err(backend_error(error)),
         }
-        Err(error) => Err(backend_error(error)),
     }
+    Ok(())
 }
 
-/// Accepts `name` or `schema.name` made of letters, digits and `_`, at most 63 bytes in all,
-/// and quotes it.
-pub(super) fn quote_table(name: &str) -> Result<String, LockError> {
-    let valid_part = |part: &str| {
-        !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+/// What the waiters table's name adds to the lock table's.
+pub(super) const WAITERS_SUFFIX: &str = "_waiters";
+
+/// Accepts `name` or `schema.name` made of letters, digits and `_`, the schema at most 63 bytes
+/// and the name at most 55 (PostgreSQL's 63 less [`WAITERS_SUFFIX`], which the waiters table's
+/// name adds), and quotes it with `suffix` added to the name.
+pub(super) fn quote_table(name: &str, suffix: &str) -> Result<String, LockError> {
+    let valid_part = |part: &str, longest: usize| {
+        !part.is_empty()
+            && part.len() <= longest
+            && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
     };
-    let parts: Vec<&str> = name.split('.').collect();
-    if parts.len() > 2 || !parts.iter().all(|p| valid_part(p)) || name.len() > 63 {
+    let longest_name = 63 - WAITERS_SUFFIX.len();
+    let (schema, table) = match name.split_once('.') {
+        Some((schema, table)) => (Some(schema), table),
+        None => (None, name),
+    };
+    if !schema.is_none_or(|schema| valid_part(schema, 63)) || !valid_part(table, longest_name) {
         return Err(LockError::InvalidOptions {
             reason: format!(
-                "table name `{name}` must be letters, digits and `_` (optionally `schema.table`), at most 63 bytes"
+                "table name `{name}` must be letters, digits and `_` (optionally `schema.table`), the table's at most {longest_name} bytes"
             ),
         });
     }
-    Ok(parts
-        .iter()
-        .map(|p| format!("\"{p}\""))
-        .collect::<Vec<_>>()
-        .join("."))
+    Ok(match schema {
+        Some(schema) => format!("\"{schema}\".\"{table}{suffix}\""),
+        None => format!("\"{table}{suffix}\""),
+    })
 }
 
 #[cfg(test)]
@@ -356,8 +370,12 @@ mod tests {
 
     #[test]
     fn table_names_are_checked_and_quoted() {
-        assert_eq!(quote_table("dlock_locks").unwrap(), "\"dlock_locks\"");
-        assert_eq!(quote_table("app.locks").unwrap(), "\"app\".\"locks\"");
+        assert_eq!(quote_table("dlock_locks", "").unwrap(), "\"dlock_locks\"");
+        assert_eq!(
+            quote_table("app.locks", "_waiters").unwrap(),
+            "\"app\".\"locks_waiters\""
+        );
+        assert!(quote_table(&"t".repeat(55), "_waiters").is_ok());
         for bad in [
             "",
             "a;b",
@@ -365,9 +383,10 @@ mod tests {
             "a.b.c",
             "a.",
             "lock table",
-            &"t".repeat(64),
+            &"t".repeat(56),
+            &format!("{}.t", "s".repeat(64)),
         ] {
-            assert!(quote_table(bad).is_err(), "{bad:?}");
+            assert!(quote_table(bad, "").is_err(), "{bad:?}");
         }
     }
 

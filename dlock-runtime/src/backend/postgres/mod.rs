@@ -21,6 +21,7 @@ use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
 use crate::{LockError, Owner};
 
 mod builder;
+mod line;
 mod renew;
 mod rows;
 mod statements;
@@ -73,10 +74,12 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 /// # Ok(()) }
 /// ```
 ///
-/// # The table
+/// # The tables
 ///
-/// One row per held key, created if missing (name configurable, default `dlock_locks`); a DBA can
-/// create it ahead with [`PostgresBackend::ddl`]:
+/// One row per held key, created if missing (name configurable, default `dlock_locks`), and
+/// beside it the waiters table (the name with `_waiters` added): one row per process waiting
+/// for a key, its place in line (see "Waiting"). A DBA can create both ahead with
+/// [`PostgresBackend::ddl`]:
 ///
 /// ```sql
 /// CREATE TABLE IF NOT EXISTS "dlock_locks" (
@@ -85,7 +88,14 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 ///   fence      BIGINT      NOT NULL,             -- fencing token of the current acquisition
 ///   expires_at TIMESTAMPTZ NOT NULL,             -- lease expiry, by the database's clock
 ///   created_at TIMESTAMPTZ NOT NULL              -- when the current holder acquired
-/// )
+/// );
+/// CREATE TABLE IF NOT EXISTS "dlock_locks_waiters" (
+///   lock_key   BYTEA       NOT NULL,             -- the key waited for
+///   waiter     TEXT        NOT NULL,             -- the waiting backend (one per process)
+///   ticket     BIGINT      NOT NULL,             -- its place: the database's µs when it came
+///   expires_at TIMESTAMPTZ NOT NULL,             -- kept while it waits; lapses after
+///   PRIMARY KEY (lock_key, waiter)
+/// );
 /// ```
 ///
 /// `BYTEA` because a key is bytes: no collation can make two keys one lock, and no database
@@ -99,7 +109,9 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 ///
 /// - **Acquire**: one `INSERT … ON CONFLICT (lock_key) DO UPDATE … WHERE` the row expired by the
 ///   database's clock (or is already this owner's, which makes a retried acquire idempotent)
-///   `RETURNING fence`; no row back means busy. The same statement reads the holder's time left,
+///   `RETURNING fence`; no row back means busy. The same statement checks the line across
+///   processes (no other process's place earlier than this one's), takes or keeps this
+///   process's place when busy and gives it up when granted, and reads the holder's time left,
 ///   which a waiter sleeps for at most. A lease's validity is counted on the client from when
 ///   the statement was sent, after the wait for a pooled connection. An acquisition whose
 ///   caller stops waiting deletes its row itself, after the statement that wrote it; so does a
@@ -120,7 +132,9 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 ///   notices a client gone during a lock wait only with `client_connection_check_interval` set
 ///   (PostgreSQL 14+), so otherwise the statement runs when the lock goes and writes a row held
 ///   by nobody until its ttl runs out.
-/// - **Release**: `DELETE … WHERE lock_key = $1 AND owner = $2` and, in the same statement,
+/// - **Release**: `DELETE … WHERE lock_key = $1 AND owner = $2` (and, undoing a grant nobody
+///   claimed, `AND fence = $3`: that grant only, never a later one of the same owner, whose
+///   caller came back and tried again while the undo was on its way) and, in the same statement,
 ///   `pg_notify` on the table's channel with the key, sent when the deletion commits. The
 ///   channel is `dlock_` and a hash of the schema and name the table resolves to when the
 ///   backend connects, so every spelling of one table's name (`locks`, `public.locks`, another
@@ -157,9 +171,14 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 /// announced or the holder's lease runs out by its expiry (which nobody announces), then tries
 /// again. So within one process waiters are served first come, first served. Across processes,
 /// every process's head is woken by the same notification of every release (a release made
-/// here gives this process's own waiters no head start) and the first statement to arrive
-/// wins: no head is left asleep, but nothing bounds how many races in a row one process can
-/// lose; an order across processes would need a queue in the table. While the listening
+/// here gives this process's own waiters no head start), and a line in the database decides:
+/// a process waiting for a key holds one place in the *waiters table* (`<table>_waiters`),
+/// taken by its first busy try, its ticket the database's clock then, and kept alive every
+/// second while its head waits; a try at a free key is refused while another process's live
+/// place is earlier, and the try that gets the key gives its process's place up. So a process
+/// whose statements arrive later than another's (farther from the database, or busier) is not
+/// overtaken for ever. A place its process stops keeping (the process died, or its head is
+/// parked) lapses 3 s later, which is what it costs the processes behind it. While the listening
 /// connection is down, the heads poll with jittered back-off (5 ms doubling to 250 ms) and the
 /// listener reconnects by itself.
 ///
@@ -190,6 +209,8 @@ struct Shared {
     owns_pool: bool,
     sql: Statements,
     waiting: Waiting,
+    /// This backend's name in the waiters table.
+    waiter: String,
     /// Statements sent, for tests that check a waiter does not poll and a renewal is one.
     statements: AtomicU64,
     /// The acquisitions' statements, which may need their own undo: `close` waits for them.
@@ -269,20 +290,24 @@ impl PostgresBackend {
         PostgresBuilder::with_pool(pool)
     }
 
-    /// The `CREATE TABLE` statement for `table`, for a DBA to run ahead of time (then connect
-    /// with [`create_table(false)`](PostgresBuilder::create_table)).
+    /// The `CREATE TABLE` statements for `table` and its waiters table (`table` with
+    /// `_waiters` added), for a DBA to run ahead of time (then connect with
+    /// [`create_table(false)`](PostgresBuilder::create_table)).
     ///
     /// # Errors
     ///
     /// [`LockError::InvalidOptions`] where `table` is not letters, digits and `_`, optionally
-    /// `schema.table`, at most 63 bytes.
+    /// `schema.table`, the table's name at most 55 bytes (so that its waiters table's fits in
+    /// PostgreSQL's 63).
     ///
     /// ```
     /// let ddl = dlock::backend::PostgresBackend::ddl("dlock_locks").unwrap();
     /// assert!(ddl.contains("lock_key   BYTEA       NOT NULL PRIMARY KEY"));
+    /// assert!(ddl.contains("CREATE TABLE IF NOT EXISTS \"dlock_locks_waiters\""));
     /// ```
     pub fn ddl(table: &str) -> Result<String, LockError> {
-        let table = quote_table(table)?;
+        let waiters = quote_table(table, builder::WAITERS_SUFFIX)?;
+        let table = quote_table(table, "")?;
         Ok(format!(
             "CREATE TABLE IF NOT EXISTS {table} (\n\
              \x20 lock_key   BYTEA       NOT NULL PRIMARY KEY,\n\
@@ -290,7 +315,14 @@ impl PostgresBackend {
              \x20 fence      BIGINT      NOT NULL,\n\
              \x20 expires_at TIMESTAMPTZ NOT NULL,\n\
              \x20 created_at TIMESTAMPTZ NOT NULL\n\
-             )"
+             );\n\
+             CREATE TABLE IF NOT EXISTS {waiters} (\n\
+             \x20 lock_key   BYTEA       NOT NULL,\n\
+             \x20 waiter     TEXT        NOT NULL,\n\
+             \x20 ticket     BIGINT      NOT NULL,\n\
+             \x20 expires_at TIMESTAMPTZ NOT NULL,\n\
+             \x20 PRIMARY KEY (lock_key, waiter)\n\
+             );"
         ))
     }
 
@@ -343,10 +375,12 @@ impl Backend for PostgresBackend {
                 return Ok(None);
             }
             let limits = Limits::new(Some(Instant::now()), request.ttl);
-            return Ok(match self.try_acquire(key, &owner, ttl_us, limits).await? {
-                Attempt::Granted { fence, sent_at } => granted(fence, sent_at),
-                Attempt::Busy { .. } => None,
-            });
+            return Ok(
+                match self.try_acquire(key, &owner, ttl_us, false, limits).await? {
+                    Attempt::Granted { fence, sent_at } => granted(fence, sent_at),
+                    Attempt::Busy { .. } => None,
+                },
+            );
         }
         let deadline = Instant::now() + request.wait;
         let place = self.shared.waiting.join(key);
@@ -373,19 +407,27 @@ impl Backend for PostgresBackend {
                     key,
                     &owner,
                     ttl_us,
+                    true,
                     Limits::new(Some(deadline), request.ttl),
                 )
                 .await?
             {
-                Attempt::Granted { fence, sent_at } => return Ok(granted(fence, sent_at)),
-                Attempt::Busy { remaining } => remaining,
+                Attempt::Granted { fence, sent_at } => {
+                    self.shared.waiting.in_line(key, false);
+                    return Ok(granted(fence, sent_at));
+                }
+                Attempt::Busy { remaining } => {
+                    self.shared.waiting.in_line(key, true);
+                    remaining
+                }
             };
             let now = Instant::now();
             if now >= deadline {
                 return Ok(None);
             }
             let pause = if listening.is_some() && listening == self.shared.waiting.listening() {
-                // A release is announced; the holder's expiry is not, so look again then.
+                // A release is announced; the holder's expiry is not, nor a place in line
+                // ahead lapsing, so look again then.
                 remaining.map_or(UNKNOWN_EXPIRY_RECHECK, |left| {
                     left + Duration::from_millis(1)
                 })
@@ -405,7 +447,7 @@ impl Backend for PostgresBackend {
     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
         let shared = self.shared.clone();
         let (key, owner) = (key.as_bytes().to_vec(), owner.to_string());
-        on_background(async move { delete_row(&shared, &key, &owner).await }).await
+        on_background(async move { delete_row(&shared, &key, &owner, None).await }).await
     }
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {

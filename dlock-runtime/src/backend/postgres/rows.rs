@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 
 use sqlx::{AssertSqlSafe, Row};
 
+use super::line::PLACE_LIFETIME;
 use super::{backend_error, is_conflict, lock_timed_out, PostgresBackend, Shared};
-use crate::backend::sql::{self, Limits};
+use crate::backend::sql::{self, micros, Limits};
 use crate::LockError;
 
 /// One acquire statement's answer.
@@ -16,7 +17,9 @@ pub(super) enum Attempt {
         fence: u64,
         sent_at: Instant,
     },
-    /// The holder's time left, where the statement could read it.
+    /// How long until the key may be free: the holder's time left, or where nobody holds it,
+    /// until the first place in line ahead of this backend lapses; `None` where the statement
+    /// could read neither.
     Busy {
         remaining: Option<Duration>,
     },
@@ -25,12 +28,14 @@ pub(super) enum Attempt {
 impl PostgresBackend {
     /// One try at the key, run so that a caller who stops waiting, or does not come back for
     /// its grant within the claim window, leaves no row behind (see [`sql::claimed`]); such a
-    /// grant is busy, its holder's expiry unknown.
+    /// grant is busy, its holder's expiry unknown. `in_line`: a busy try takes (or keeps) this
+    /// backend's place in the line across processes.
     pub(super) async fn try_acquire(
         &self,
         key: &[u8],
         owner: &str,
         ttl_us: i64,
+        in_line: bool,
         limits: Limits,
     ) -> Result<Attempt, LockError> {
         let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
@@ -41,10 +46,13 @@ impl PostgresBackend {
             &self.shared.cleanups,
             &self.shared.tries,
             limits,
-            async move { acquire_row(&shared, &key, &owner, ttl_us).await },
-            |attempt| matches!(attempt, Attempt::Granted { .. }),
-            move || async move {
-                if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner).await {
+            async move { acquire_row(&shared, &key, &owner, ttl_us, in_line).await },
+            |attempt| match attempt {
+                Attempt::Granted { fence, .. } => Some(*fence),
+                Attempt::Busy { .. } => None,
+            },
+            move |fence| async move {
+                if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner, fence).await {
                     tracing::warn!(%error, "distributed_lock: cannot undo an abandoned PostgreSQL acquisition; its row expires with its ttl");
                 }
             },
@@ -61,7 +69,9 @@ async fn acquire_row(
     key: &[u8],
     owner: &str,
     ttl_us: i64,
+    in_line: bool,
 ) -> Result<Attempt, LockError> {
+    let place_us = i64::try_from(micros(PLACE_LIFETIME)).unwrap_or(i64::MAX);
     let answer = sql::retry_transient(is_conflict, || async {
         shared.statements.fetch_add(1, Ordering::Relaxed);
         let mut connection = shared.pool.acquire().await?;
@@ -70,6 +80,9 @@ async fn acquire_row(
             .bind(key)
             .bind(owner)
             .bind(ttl_us)
+            .bind(&shared.waiter)
+            .bind(in_line)
+            .bind(place_us)
             .fetch_one(&mut *connection)
             .await?;
         Ok((row, sent_at))
@@ -82,29 +95,36 @@ async fn acquire_row(
         Err(error) => return Err(backend_error(error)),
     };
     let fence: Option<i64> = row.try_get(0).map_err(backend_error)?;
-    let remaining_us: Option<i64> = row.try_get(1).map_err(backend_error)?;
+    let holder_us: Option<i64> = row.try_get(1).map_err(backend_error)?;
+    let ahead_us: Option<i64> = row.try_get(2).map_err(backend_error)?;
+    // An expired holder's row keeps nobody out: a place ahead does, until it lapses.
+    let free_in_us = holder_us.filter(|&us| us > 0).or(ahead_us);
     Ok(match fence {
         Some(fence) => Attempt::Granted {
             fence: fence as u64,
             sent_at,
         },
         None => Attempt::Busy {
-            remaining: remaining_us.map(|us| Duration::from_micros(us.max(0) as u64)),
+            remaining: free_in_us.map(|us| Duration::from_micros(us.max(0) as u64)),
         },
     })
 }
 
-/// Deletes the row of `key` where `owner` holds it, announcing the release; whether it did.
+/// Deletes the row of `key` where `owner` holds it (by the grant of `fence` only, where given),
+/// announcing the release; whether it did.
 pub(super) async fn delete_row(
     shared: &Shared,
     key: &[u8],
     owner: &str,
+    fence: Option<u64>,
 ) -> Result<bool, LockError> {
+    let fence = fence.map(|fence| fence as i64);
     let rows = sql::retry_transient(is_conflict, || {
         shared.statements.fetch_add(1, Ordering::Relaxed);
         sqlx::query(AssertSqlSafe(shared.sql.release.clone()))
             .bind(key)
             .bind(owner)
+            .bind(fence)
             .fetch_all(&shared.pool)
     })
     .await

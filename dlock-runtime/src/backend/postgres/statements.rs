@@ -10,40 +10,84 @@ use crate::LockError;
 /// The database's clock in microseconds since the epoch: the floor of a fresh row's fence.
 const NOW_US: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
 
-/// The statements of one table. Its name is checked by `quote_table` before it is spliced in,
-/// and the channel is `dlock_` and hex digits (see [`resolve_channel`]), which is what makes
-/// them safe to assert as SQL.
+/// The statements of one table and its waiters table. Their names are checked by
+/// `quote_table` before they are spliced in, and the channel is `dlock_` and hex digits (see
+/// [`resolve_channel`]), which is what makes them safe to assert as SQL.
 pub(super) struct Statements {
     pub(super) table: String,
     /// The channel releases are announced on.
     pub(super) channel: String,
-    /// `$1` key, `$2` owner, `$3` ttl in µs → (fence if granted, holder's µs left if busy).
+    /// `$1` key, `$2` owner, `$3` ttl in µs, `$4` this backend's waiter name, `$5` whether to
+    /// take (or keep) a place in line when busy, `$6` how long that place lasts in µs →
+    /// (fence if granted; if busy: the holder's µs left, the µs until the first waiter ahead
+    /// lets its place lapse).
     pub(super) acquire: Arc<str>,
-    /// `$1` key, `$2` owner → one row where it released (and notified).
+    /// `$1` key, `$2` owner, `$3` fence or null → one row where it released (and notified).
     pub(super) release: Arc<str>,
     /// `$1` keys, `$2` owners, `$3` ttls in µs → the (key, owner) pairs renewed.
     pub(super) renew: Arc<str>,
+    /// `$1` waiter name, `$2` keys, `$3` how long the places last in µs: keeps this backend's
+    /// places in line (those not lapsed meanwhile).
+    pub(super) keep_places: Arc<str>,
+    /// `$1` key, `$2` waiter name: gives up this backend's place in line.
+    pub(super) leave: Arc<str>,
 }
 
 impl Statements {
-    pub(super) fn new(table: String, channel: &str) -> Statements {
-        // The outer query reads the row as it was before the statement: the holder's, when the
-        // key was busy. (Data-modifying parts of a statement are invisible to its other parts.)
+    /// The statements of `table` and `waiters`, its waiters table: one row per backend waiting
+    /// for a key, its place in the line across processes (see `line`).
+    pub(super) fn new(table: String, waiters: &str, channel: &str) -> Statements {
+        // Every part of a statement reads the tables as they were before it: `holder` is the
+        // row of the holder when the key was busy. (Data-modifying parts of a statement are
+        // invisible to its other parts.)
+        //
+        // The line across processes: a waiter of another backend whose place is live and
+        // earlier than this backend's (or any such, where this backend has none) is `ahead`,
+        // and keeps a free key from this try. Only the grant and the place are written; the
+        // line never grants anything, so exclusion rests on the row alone, as before. A retried
+        // acquire whose grant's answer was lost finds its own row and is granted again, whoever
+        // queued meanwhile.
         let acquire = format!(
-            "WITH attempt AS ( \
+            "WITH mine AS ( \
+               SELECT ticket FROM {waiters} \
+               WHERE lock_key = $1 AND waiter = $4 AND expires_at > clock_timestamp()), \
+             ahead AS ( \
+               SELECT min(line.expires_at) AS lapses FROM {waiters} AS line \
+               WHERE line.lock_key = $1 AND line.waiter <> $4 AND line.expires_at > clock_timestamp() \
+                 AND (NOT EXISTS (SELECT 1 FROM mine) \
+                      OR (line.ticket, line.waiter) < (SELECT ticket, $4::text FROM mine))), \
+             attempt AS ( \
                INSERT INTO {table} AS held (lock_key, owner, fence, expires_at, created_at) \
-               VALUES ($1, $2, {NOW_US}, clock_timestamp() + $3 * interval '1 microsecond', clock_timestamp()) \
+               SELECT $1, $2, {NOW_US}, clock_timestamp() + $3 * interval '1 microsecond', clock_timestamp() \
+               WHERE (SELECT lapses FROM ahead) IS NULL \
+                  OR EXISTS (SELECT 1 FROM {table} WHERE lock_key = $1 AND owner = $2) \
                ON CONFLICT (lock_key) DO UPDATE SET owner = excluded.owner, \
                  fence = GREATEST(held.fence + 1, excluded.fence), \
                  expires_at = excluded.expires_at, created_at = excluded.created_at \
                WHERE held.expires_at <= clock_timestamp() OR held.owner = excluded.owner \
-               RETURNING fence) \
+               RETURNING fence), \
+             left_line AS ( \
+               DELETE FROM {waiters} WHERE lock_key = $1 AND waiter = $4 \
+                 AND EXISTS (SELECT 1 FROM attempt)), \
+             in_line AS ( \
+               INSERT INTO {waiters} AS line (lock_key, waiter, ticket, expires_at) \
+               SELECT $1, $4, {NOW_US}, clock_timestamp() + $6 * interval '1 microsecond' \
+               WHERE $5 AND NOT EXISTS (SELECT 1 FROM attempt) \
+               ON CONFLICT (lock_key, waiter) DO UPDATE SET \
+                 ticket = CASE WHEN line.expires_at > clock_timestamp() THEN line.ticket ELSE excluded.ticket END, \
+                 expires_at = excluded.expires_at), \
+             swept AS ( \
+               DELETE FROM {waiters} WHERE lock_key = $1 AND waiter <> $4 \
+                 AND expires_at <= clock_timestamp() - interval '1 minute') \
              SELECT (SELECT fence FROM attempt), \
                (SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint \
-                FROM {table} WHERE lock_key = $1)"
+                FROM {table} WHERE lock_key = $1), \
+               (SELECT (extract(epoch FROM lapses - clock_timestamp()) * 1000000)::bigint FROM ahead)"
         );
         let release = format!(
-            "WITH released AS (DELETE FROM {table} WHERE lock_key = $1 AND owner = $2 RETURNING lock_key) \
+            "WITH released AS (DELETE FROM {table} \
+               WHERE lock_key = $1 AND owner = $2 AND ($3::bigint IS NULL OR fence = $3) \
+               RETURNING lock_key) \
              SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM released"
         );
         let renew = format!(
@@ -53,10 +97,17 @@ impl Statements {
                AND held.expires_at > clock_timestamp() \
              RETURNING held.lock_key, held.owner"
         );
+        let keep_places = format!(
+            "UPDATE {waiters} SET expires_at = clock_timestamp() + $3 * interval '1 microsecond' \
+             WHERE waiter = $1 AND lock_key = ANY($2::bytea[]) AND expires_at > clock_timestamp()"
+        );
+        let leave = format!("DELETE FROM {waiters} WHERE lock_key = $1 AND waiter = $2");
         Statements {
             acquire: Arc::from(acquire),
             release: Arc::from(release),
             renew: Arc::from(renew),
+            keep_places: Arc::from(keep_places),
+            leave: Arc::from(leave),
             table,
             channel: channel.to_owned(),
         }
@@ -68,7 +119,23 @@ impl Statements {
 /// finds the same table all share one channel, whatever the length of the names. The hash is
 /// computed here (FNV-1a), not by the server: the same in every process and version, and
 /// available where a server's `md5` is not (FIPS mode).
-pub(super) async fn resolve_channel(pool: &PgPool, table: &str) -> Result<String, LockError> {
+///
+/// The waiters table (`waiters`, quoted) must exist too.
+pub(super) async fn resolve_channel(
+    pool: &PgPool,
+    table: &str,
+    waiters: &str,
+) -> Result<String, LockError> {
+    let waiters_exist: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(waiters)
+        .fetch_one(pool)
+        .await
+        .map_err(super::backend_error)?;
+    if !waiters_exist {
+        return Err(LockError::backend(format!(
+            "PostgreSQL: the waiters table {waiters} does not exist (create it with `PostgresBackend::ddl`, or let `connect` create it)"
+        )));
+    }
     let resolved = sqlx::query(
         "SELECT n.nspname::text, c.relname::text FROM pg_class c \
          JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)",

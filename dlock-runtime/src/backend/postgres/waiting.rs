@@ -3,10 +3,11 @@
 //! backend's waiters, whose head alone asks the database.
 //!
 //! A head's turn lapses: a head woken (or due to look again) that has not started its try within
-//! [`HEAD_TURN`] is taken to be a waiter whose future is no longer polled (parked in a
-//! `select!`, its runtime stalled). The next waiter passes it over and asks the database itself,
-//! and a try-once acquisition no longer counts it as a waiter; the passed-over waiter, polled
-//! again, queues again at the back.
+//! [`HEAD_TURN`], or whose try has not come back within [`TRY_TURN`], is taken to be a waiter
+//! whose future is no longer polled (parked in a `select!`, its runtime stalled). The next
+//! waiter passes it over and asks the database itself, a try-once acquisition no longer counts
+//! it as a waiter, and this backend stops keeping its place in the line across processes
+//! (see `line`); the passed-over waiter, polled again, queues again at the back.
 //!
 //! A release's statement `NOTIFY`s the table's channel with the key (hex-encoded) as payload;
 //! the listener wakes the head of that key's queue, which tries again. A release made through
@@ -15,7 +16,7 @@
 //! listening connection drops, every head is woken (a notification may have been missed), the
 //! heads poll with jittered back-off meanwhile, and the listener connects again by itself.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,14 @@ use crate::Owner;
 /// polls takes this long.
 pub(super) const HEAD_TURN: Duration = Duration::from_secs(1);
 
+/// How long a head's try may take before the next waiter passes it over: a try whose caller is
+/// parked is answered, but nobody comes for the answer, so the head would keep its turn for as
+/// long as its future is kept. A statement stuck behind another transaction's row lock gives up
+/// after `lock_timeout` (2 s on the backend's own connections); a second more covers the round
+/// trips. A live head passed over this way only queues again: the database decides who holds.
+pub(super) const TRY_TURN: Duration =
+    Duration::from_secs(crate::backend::sql::ROW_LOCK_PATIENCE_S + 1);
+
 /// The longest pause between two tries of a listener that cannot connect.
 const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(2);
 
@@ -46,6 +55,8 @@ struct Shared {
     listener: Mutex<Option<AbortHandle>>,
     /// Signalled each time the listener starts listening.
     listening_changed: Notify,
+    /// Signalled when this backend has a place in the line across processes to give up.
+    places_left: Notify,
 }
 
 #[derive(Default)]
@@ -55,14 +66,21 @@ struct State {
     /// The generation of the listening connection while it listens; `None` while it does not.
     listening: Option<u64>,
     generation: u64,
+    /// The keys for which this backend holds a place in the waiters table (as far as it knows:
+    /// a place it did not keep in time lapses there, and its next try takes a new one).
+    in_line: HashSet<Vec<u8>>,
+    /// Places in line this backend's last waiter for the key left without the key: to give up.
+    leaving: HashSet<Vec<u8>>,
 }
 
 /// One waiter in its key's queue.
 struct Waiter {
     wake: Arc<Notify>,
-    /// While it is the head and not trying: when it is due to start its next try (it was
-    /// woken, or its own pause runs out then). `None` while a try is under way.
+    /// While it is the head: when it is due to start its next try (it was woken, or its own
+    /// pause runs out then). `None` while a try is under way and nothing woke it meanwhile.
     due: Option<Instant>,
+    /// While a try of this head is under way: when it started.
+    trying_since: Option<Instant>,
 }
 
 impl Waiter {
@@ -70,9 +88,20 @@ impl Waiter {
         Arc::ptr_eq(&self.wake, wake)
     }
 
-    /// Whether this head let its turn lapse: due for longer than [`HEAD_TURN`] by `now`.
+    /// When this head's turn lapses: [`HEAD_TURN`] after it was due to try, or [`TRY_TURN`]
+    /// after its try started, whichever is first.
+    fn lapses_at(&self) -> Option<Instant> {
+        let due = self.due.map(|due| due + HEAD_TURN);
+        let trying = self.trying_since.map(|since| since + TRY_TURN);
+        match (due, trying) {
+            (Some(due), Some(trying)) => Some(due.min(trying)),
+            (due, trying) => due.or(trying),
+        }
+    }
+
+    /// Whether this head let its turn lapse by `now`.
     fn lapsed(&self, now: Instant) -> bool {
-        self.due.is_some_and(|due| now >= due + HEAD_TURN)
+        self.lapses_at().is_some_and(|lapses| now >= lapses)
     }
 }
 
@@ -108,8 +137,8 @@ fn wake_front(queue: &mut VecDeque<Waiter>, now: Instant) {
 pub(super) enum Turn {
     /// At the head: it asks the database.
     Head,
-    /// Behind another waiter, whose turn lapses at the given time (`None`: not while it tries
-    /// or sleeps as it should).
+    /// Behind another waiter, whose turn lapses at the given time (`None`: the head was not
+    /// due to try yet, which the waiter hears of when it is).
     Behind(Option<Instant>),
 }
 
@@ -137,6 +166,7 @@ impl Waiting {
                 state: Mutex::default(),
                 listener: Mutex::new(None),
                 listening_changed: Notify::new(),
+                places_left: Notify::new(),
             }),
         }
     }
@@ -151,6 +181,44 @@ impl Waiting {
             .get(key)
             .and_then(VecDeque::front)
             .is_some_and(|head| !head.lapsed(now))
+    }
+
+    /// Records the outcome of a waiting try for `key`: busy, it holds a place in the line across
+    /// processes; granted, its place was given up by the statement that granted it.
+    pub(super) fn in_line(&self, key: &[u8], in_line: bool) {
+        let mut state = self.shared.state();
+        if in_line {
+            state.leaving.remove(key);
+            state.in_line.insert(key.to_vec());
+        } else {
+            state.in_line.remove(key);
+        }
+    }
+
+    /// This backend's places in line: those to keep (a head waits for the key and has not let
+    /// its turn lapse) and those to give up (no waiter of this backend is left for the key).
+    pub(super) fn places(&self) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+        let now = Instant::now();
+        let mut state = self.shared.state();
+        let leave: Vec<Vec<u8>> = state.leaving.drain().collect();
+        let keep = state
+            .in_line
+            .iter()
+            .filter(|key| {
+                state
+                    .queues
+                    .get(*key)
+                    .and_then(VecDeque::front)
+                    .is_some_and(|head| !head.lapsed(now))
+            })
+            .cloned()
+            .collect();
+        (keep, leave)
+    }
+
+    /// Resolves when a place in line is to be given up (or was, since the last call).
+    pub(super) async fn place_left(&self) {
+        self.shared.places_left.notified().await;
     }
 
     /// Queues a waiter for `key`, last. Dropping the place leaves the queue.
@@ -221,6 +289,7 @@ fn enqueue(state: &mut State, key: &[u8], wake: &Arc<Notify>) {
     queue.push_back(Waiter {
         wake: wake.clone(),
         due,
+        trying_since: None,
     });
 }
 
@@ -260,32 +329,43 @@ impl Place {
             }
             wake_front(queue, now);
         }
-        Turn::Behind(
-            queue
-                .front()
-                .and_then(|head| head.due)
-                .map(|due| due + HEAD_TURN),
-        )
+        Turn::Behind(queue.front().and_then(Waiter::lapses_at))
     }
 
     /// Says this head is starting a try.
     pub(super) fn trying(&self) {
-        self.set_due(|_| None);
+        self.change(|waiter| {
+            waiter.due = None;
+            waiter.trying_since = Some(Instant::now());
+        });
     }
 
-    /// Says this head, its try done, is due to try again at `until` at the latest.
+    /// Says this head, its try done, is due to try again at `until` at the latest; the waiter
+    /// behind it, which looks again when the head's turn lapses, is told the new time.
     pub(super) fn resting_until(&self, until: Instant) {
-        self.set_due(|due| Some(due.map_or(until, |due| due.min(until))));
+        self.change(|waiter| {
+            waiter.trying_since = None;
+            waiter.due = Some(waiter.due.map_or(until, |due| due.min(until)));
+        });
+        if let Some(next) = self
+            .shared
+            .state()
+            .queues
+            .get(&self.key)
+            .and_then(|queue| queue.get(1))
+        {
+            next.wake.notify_one();
+        }
     }
 
-    fn set_due(&self, change: impl FnOnce(Option<Instant>) -> Option<Instant>) {
+    fn change(&self, change: impl FnOnce(&mut Waiter)) {
         let mut state = self.shared.state();
         if let Some(waiter) = state
             .queues
             .get_mut(&self.key)
             .and_then(|queue| queue.iter_mut().find(|waiter| waiter.is(&self.wake)))
         {
-            waiter.due = change(waiter.due);
+            change(waiter);
         }
     }
 
@@ -306,6 +386,12 @@ impl Drop for Place {
         queue.retain(|waiter| !waiter.is(&self.wake));
         if queue.is_empty() {
             state.queues.remove(&self.key);
+            // The last waiter of this backend for the key: its place in line goes too, or it
+            // would keep other processes' waiters from a free key until it lapsed.
+            if state.in_line.remove(&self.key) {
+                state.leaving.insert(self.key.clone());
+                self.shared.places_left.notify_one();
+            }
         } else if was_head {
             // The next waiter's turn to ask the database.
             state.wake_head(&self.key);

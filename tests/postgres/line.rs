@@ -1,0 +1,81 @@
+//! The line across processes: a process whose statements reach the database later than
+//! another's (farther away, or busier) still gets its turns at a key the nearer one keeps asking
+//! for, rather than win only the races it happens to be first to.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock::{LockOptions, Locker};
+
+use crate::support::fault_proxy::{Direction, FaultProxy};
+use crate::support::{self, sql_store::SqlStore};
+use crate::Postgres;
+
+/// Three tasks of `locker` take `key` in turn, 5 ms each, until `stop`; counts their bodies.
+fn take_turns(
+    locker: &Locker,
+    key: &str,
+    stop: &Arc<AtomicBool>,
+) -> (Arc<AtomicU64>, Vec<tokio::task::JoinHandle<()>>) {
+    let entered = Arc::new(AtomicU64::new(0));
+    let tasks = (0..3)
+        .map(|_| {
+            let (locker, key, stop, entered) = (
+                locker.clone(),
+                key.to_owned(),
+                stop.clone(),
+                entered.clone(),
+            );
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let options = LockOptions::new()
+                        .ttl(Duration::from_secs(10))
+                        .wait(Duration::from_secs(30));
+                    let lease = locker.lock(&*key, options).await.unwrap();
+                    entered.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    lease.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    (entered, tasks)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_process_gets_its_turns_beside_a_near_one() {
+    let db = Postgres::fresh().await;
+    let near = db.locker().await;
+    let (proxy, far_url) = FaultProxy::in_front_of(&support::postgres_url());
+    let far = db.locker_at(&far_url).await;
+    let key = support::unique_key("line");
+    // Prepared before the far process is slowed down.
+    far.lock(&*key, LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    proxy.set_latency(Direction::ToServer, Duration::from_millis(20));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (near_entered, near_tasks) = take_turns(&near, &key, &stop);
+    let (far_entered, far_tasks) = take_turns(&far, &key, &stop);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::SeqCst);
+    for task in near_tasks.into_iter().chain(far_tasks) {
+        task.await.unwrap();
+    }
+    let (near, far) = (
+        near_entered.load(Ordering::SeqCst),
+        far_entered.load(Ordering::SeqCst),
+    );
+    eprintln!("over 3 s: the near process entered {near} times, the far one {far}");
+    // In line, the processes take turns: the far one's bodies are fewer only by what its
+    // slower statements cost it, not by the races it loses.
+    assert!(
+        far > 0 && near <= 3 * far,
+        "over 3 s the near process entered {near} times, the far one {far}"
+    );
+}
