@@ -141,3 +141,73 @@ async fn waiters_are_woken_by_pub_sub_not_polling_also_after_a_restart() {
         "after a restart, the waiter entered {latency:?} after the release"
     );
 }
+
+/// A waiter with a short liveness window, on a backend of its own, never shortens the life of
+/// the queue below another waiter's window: the first waiter stays queued, and a release hands
+/// it the key rather than to a newcomer that asks once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_with_a_shorter_liveness_window_does_not_drop_the_queue_from_under_another() {
+    let redis = Redis::start();
+    let backend_at = |liveness: Duration| {
+        let url = redis.server.url();
+        async move {
+            let backend = RedisBackend::builder(&url)
+                .unwrap()
+                .waiter_liveness(liveness)
+                .connect()
+                .await
+                .unwrap();
+            Locker::with_backend(backend)
+        }
+    };
+    let (patient, hasty) = (
+        backend_at(Duration::from_secs(3)).await,
+        backend_at(Duration::from_millis(100)).await,
+    );
+    let key = unique_key("short-liveness");
+    let holder = patient
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let first = spawn_lock(
+        &patient,
+        &key,
+        LockOptions::new().wait(Duration::from_secs(20)),
+    );
+    let queue = redis.names.queue_key(&key);
+    let mut raw = redis.raw().await;
+    wait_for_queue_length(&mut raw, &queue, 1).await;
+    // Long enough for the first waiter's fallback polls, which touch the queue, to be a second
+    // apart.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Queues behind it, then gives up.
+    let gave_up = hasty
+        .lock(&*key, LockOptions::new().wait(Duration::from_millis(150)))
+        .await;
+    assert!(
+        matches!(gave_up, Err(LockError::Busy { .. })),
+        "{gave_up:?}"
+    );
+    // The release comes when the queue would have expired, if it does, before the first
+    // waiter's next poll.
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_millis(900) {
+        let exists: bool = raw.exists(&queue).await.unwrap();
+        if !exists {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    holder.release().await.unwrap();
+    let newcomer = hasty.lock(&*key, LockOptions::new()).await;
+    assert!(
+        newcomer.is_err(),
+        "a newcomer that asked once got the key the first waiter had queued for"
+    );
+    let lease = tokio::time::timeout(Duration::from_secs(5), first)
+        .await
+        .expect("the first waiter was not handed the key")
+        .unwrap()
+        .unwrap();
+    lease.release().await.unwrap();
+}

@@ -73,8 +73,13 @@ if queued then
 else
   first = redis.call('RPUSH', queue, owner) == 1
 end
--- A queue whose waiters all died goes away by itself.
-redis.call('PEXPIRE', queue, 2 * tonumber(liveness))
+-- A queue whose waiters all died goes away by itself; but never before a live waiter's key
+-- does, or that waiter would count itself queued in a queue that is gone: a waiter whose window
+-- is shorter than another's (backends with different settings) never shortens the queue's life.
+local queue_life = 2 * tonumber(liveness)
+if redis.call('PTTL', queue) < queue_life then
+  redis.call('PEXPIRE', queue, queue_life)
+end
 if first then
   return {redis.call('PTTL', lock), 1}
 end
