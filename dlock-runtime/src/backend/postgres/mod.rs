@@ -465,6 +465,15 @@ impl Backend for PostgresBackend {
     async fn close(&self) {
         self.shared.cleanups.done(CLEANUP_PATIENCE).await;
         self.shared.waiting.stop();
+        // The places in line of the waiters shutdown stopped: given up now, rather than left to
+        // keep other processes from a free key until they lapse.
+        let shared = self.shared.clone();
+        let _ = on_background(async move {
+            let places = shared.waiting.leave_every_place();
+            let _ = tokio::time::timeout(CLEANUP_PATIENCE, line::give_up(&shared, places)).await;
+            Ok(())
+        })
+        .await;
         if !self.shared.owns_pool {
             return;
         }

@@ -27,9 +27,11 @@ pub(super) struct Statements {
     /// `$1` keys, `$2` owners, `$3` ttls in µs → the (key, owner) pairs renewed.
     pub(super) renew: Arc<str>,
     /// `$1` waiter name, `$2` keys, `$3` how long the places last in µs: keeps this backend's
-    /// places in line (those not lapsed meanwhile).
+    /// places in line (those not lapsed meanwhile) → the keys of the places kept, each with
+    /// whether nobody holds it now.
     pub(super) keep_places: Arc<str>,
-    /// `$1` key, `$2` waiter name: gives up this backend's place in line.
+    /// `$1` key, `$2` waiter name: gives up this backend's place in line, announcing it as a
+    /// release is (the waiters behind may take the key now).
     pub(super) leave: Arc<str>,
 }
 
@@ -46,7 +48,9 @@ impl Statements {
         // and keeps a free key from this try. Only the grant and the place are written; the
         // line never grants anything, so exclusion rests on the row alone, as before. A retried
         // acquire whose grant's answer was lost finds its own row and is granted again, whoever
-        // queued meanwhile.
+        // queued meanwhile. Places that lapsed long ago (their processes died) are swept by the
+        // try that gets the key: a refused try sweeping too could deadlock with another refused
+        // try, each deleting the other's old place before re-taking its own.
         let acquire = format!(
             "WITH mine AS ( \
                SELECT ticket FROM {waiters} \
@@ -78,7 +82,8 @@ impl Statements {
                  expires_at = excluded.expires_at), \
              swept AS ( \
                DELETE FROM {waiters} WHERE lock_key = $1 AND waiter <> $4 \
-                 AND expires_at <= clock_timestamp() - interval '1 minute') \
+                 AND expires_at <= clock_timestamp() - interval '1 minute' \
+                 AND EXISTS (SELECT 1 FROM attempt)) \
              SELECT (SELECT fence FROM attempt), \
                (SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint \
                 FROM {table} WHERE lock_key = $1), \
@@ -98,10 +103,15 @@ impl Statements {
              RETURNING held.lock_key, held.owner"
         );
         let keep_places = format!(
-            "UPDATE {waiters} SET expires_at = clock_timestamp() + $3 * interval '1 microsecond' \
-             WHERE waiter = $1 AND lock_key = ANY($2::bytea[]) AND expires_at > clock_timestamp()"
+            "UPDATE {waiters} AS line SET expires_at = clock_timestamp() + $3 * interval '1 microsecond' \
+             WHERE waiter = $1 AND lock_key = ANY($2::bytea[]) AND expires_at > clock_timestamp() \
+             RETURNING line.lock_key, NOT EXISTS (SELECT 1 FROM {table} AS held \
+               WHERE held.lock_key = line.lock_key AND held.expires_at > clock_timestamp())"
         );
-        let leave = format!("DELETE FROM {waiters} WHERE lock_key = $1 AND waiter = $2");
+        let leave = format!(
+            "WITH gone AS (DELETE FROM {waiters} WHERE lock_key = $1 AND waiter = $2 RETURNING lock_key) \
+             SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM gone"
+        );
         Statements {
             acquire: Arc::from(acquire),
             release: Arc::from(release),

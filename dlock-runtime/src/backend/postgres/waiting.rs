@@ -216,6 +216,20 @@ impl Waiting {
         (keep, leave)
     }
 
+    /// Wakes the head of `key`'s queue, to try again now.
+    pub(super) fn wake(&self, key: &[u8]) {
+        self.shared.state().wake_head(key);
+    }
+
+    /// The places this backend is to give up, and no longer holds as far as it knows: all of
+    /// them, at shutdown.
+    pub(super) fn leave_every_place(&self) -> Vec<Vec<u8>> {
+        let mut state = self.shared.state();
+        let mut leave: Vec<Vec<u8>> = state.leaving.drain().collect();
+        leave.extend(state.in_line.drain());
+        leave
+    }
+
     /// Resolves when a place in line is to be given up (or was, since the last call).
     pub(super) async fn place_left(&self) {
         self.shared.places_left.notified().await;
