@@ -165,7 +165,7 @@ impl PgServer {
         let started = Instant::now();
         let data = self.dir.join("data");
         loop {
-            let alive = Path::new(&format!("/proc/{pid}")).exists();
+            let alive = is_running(pid);
             let answer = self.psql("postgres", "SHOW data_directory");
             match &answer {
                 Ok(directory) if Path::new(directory) == data && alive => return Ok(()),
@@ -235,6 +235,15 @@ impl Drop for PgServer {
             }
         }
     }
+}
+
+/// Whether process `pid` runs: it exists and is not a zombie (a server that exited stays one
+/// until its shell, waiting for the test's word, reaps it).
+fn is_running(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat.rsplit_once(") ").map(|(_, rest)| rest.as_bytes());
+        !matches!(state.and_then(|rest| rest.first()), Some(b'Z' | b'X') | None)
+    })
 }
 
 /// A fresh directory for a server, the server's user's.
