@@ -14,6 +14,8 @@ use support::postgres_url;
 
 #[path = "postgres/channels.rs"]
 mod channels;
+#[path = "postgres/pgbouncer.rs"]
+mod pgbouncer;
 #[path = "postgres/unclaimed.rs"]
 mod unclaimed;
 

@@ -239,7 +239,7 @@ impl Drop for PgServer {
 
 /// Whether process `pid` runs: it exists and is not a zombie (a server that exited stays one
 /// until its shell, waiting for the test's word, reaps it).
-fn is_running(pid: &str) -> bool {
+pub fn is_running(pid: &str) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
         let state = stat.rsplit_once(") ").map(|(_, rest)| rest.as_bytes());
         !matches!(state.and_then(|rest| rest.first()), Some(b'Z' | b'X') | None)
