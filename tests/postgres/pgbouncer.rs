@@ -56,8 +56,11 @@ impl PgBouncer {
         };
         let version = version(&program);
         if version < Some(PREPARED_STATEMENTS_SINCE) {
+            let version = version.map_or("of unknown version".into(), |(major, minor)| {
+                format!("{major}.{minor}")
+            });
             eprintln!(
-                "SKIPPED: {} is PgBouncer {version:?}, which cannot carry prepared statements \
+                "SKIPPED: {} is PgBouncer {version}, which cannot carry prepared statements \
                  across server connections in transaction mode (1.21 and later can; \
                  DLOCK_PGBOUNCER names another pgbouncer)",
                 program.display()
@@ -77,10 +80,8 @@ impl PgBouncer {
 
     fn spawn(program: &Path) -> Result<PgBouncer, String> {
         let port = free_port();
-        let dir = std::env::temp_dir().join(format!(
-            "dlock-pgbouncer-{}-{port}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("dlock-pgbouncer-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let server: PgConnectOptions = postgres_url().parse().unwrap();
         let config = format!(
@@ -173,9 +174,10 @@ impl PgBouncer {
     fn url(&self) -> String {
         let server: PgConnectOptions = postgres_url().parse().unwrap();
         let password = password(&postgres_url());
-        let user_info = match password.is_empty() {
-            true => server.get_username().to_owned(),
-            false => format!("{}:{password}", server.get_username()),
+        let user_info = if password.is_empty() {
+            server.get_username().to_owned()
+        } else {
+            format!("{}:{password}", server.get_username())
         };
         format!("postgres://{user_info}@127.0.0.1:{}/test", self.port)
     }
@@ -224,16 +226,26 @@ fn password(url: &str) -> String {
 
 /// A backend on `db`'s table whose statements go through `pgbouncer`, and whose listener goes
 /// straight to the server if `listen_on_the_server`, else through `pgbouncer` too.
-async fn backend(db: &Postgres, pgbouncer: &PgBouncer, listen_on_the_server: bool) -> Locker {
+async fn backend(
+    db: &Postgres,
+    pgbouncer: &PgBouncer,
+    listen_on_the_server: bool,
+) -> PostgresBackend {
     let builder = PostgresBackend::builder(&pgbouncer.url())
         .unwrap()
         .table(&db.table)
         .max_connections(4);
-    let builder = match listen_on_the_server {
-        true => builder.listen_url(&postgres_url()).unwrap(),
-        false => builder,
+    let builder = if listen_on_the_server {
+        builder.listen_url(&postgres_url()).unwrap()
+    } else {
+        builder
     };
-    Locker::with_backend(builder.connect().await.unwrap())
+    builder.connect().await.unwrap()
+}
+
+/// A locker on [`backend`].
+async fn locker(db: &Postgres, pgbouncer: &PgBouncer, listen_on_the_server: bool) -> Locker {
+    Locker::with_backend(backend(db, pgbouncer, listen_on_the_server).await)
 }
 
 /// How the bodies of [`count_on_two_lockers`] run.
@@ -295,8 +307,8 @@ async fn two_lockers_through_pgbouncer_lose_no_update() {
         return;
     };
     let db = Postgres::fresh().await;
-    let first = backend(&db, &pgbouncer, true).await;
-    let second = backend(&db, &pgbouncer, true).await;
+    let first = locker(&db, &pgbouncer, true).await;
+    let second = locker(&db, &pgbouncer, true).await;
     let key = support::unique_key("pgbouncer-count");
     let load = Load {
         tasks_per_locker: 4,
@@ -317,15 +329,8 @@ async fn a_waiter_through_pgbouncer_is_woken_by_the_release() {
         return;
     };
     let db = Postgres::fresh().await;
-    let holder = backend(&db, &pgbouncer, true).await;
-    let waiting_backend = PostgresBackend::builder(&pgbouncer.url())
-        .unwrap()
-        .table(&db.table)
-        .listen_url(&postgres_url())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let holder = locker(&db, &pgbouncer, true).await;
+    let waiting_backend = backend(&db, &pgbouncer, true).await;
     let waiter = Locker::with_backend(waiting_backend.clone());
     let key = support::unique_key("pgbouncer-wake");
     let held = LockOptions::new().ttl(Duration::from_secs(60));
@@ -334,9 +339,7 @@ async fn a_waiter_through_pgbouncer_is_woken_by_the_release() {
     let waiting = tokio::spawn({
         let key = key.clone();
         async move {
-            let lease = waiter
-                .lock(&*key, held.wait(Duration::from_secs(10)))
-                .await;
+            let lease = waiter.lock(&*key, held.wait(Duration::from_secs(10))).await;
             (lease.map(|lease| lease.fence()), Instant::now(), waiter)
         }
     });
@@ -368,8 +371,8 @@ async fn leases_through_pgbouncer_are_renewed_and_expire() {
         return;
     };
     let db = Postgres::fresh().await;
-    let holder = backend(&db, &pgbouncer, true).await;
-    let other = backend(&db, &pgbouncer, true).await;
+    let holder = locker(&db, &pgbouncer, true).await;
+    let other = locker(&db, &pgbouncer, true).await;
     let key = support::unique_key("pgbouncer-renew");
     let short = LockOptions::new().ttl(Duration::from_secs(1));
 
@@ -397,7 +400,10 @@ async fn leases_through_pgbouncer_are_renewed_and_expire() {
         .await
         .expect("the unrenewed lease was never lost");
     assert!(!expiring.is_held());
-    let fence = waited_for.await.unwrap().expect("the waiter did not get in");
+    let fence = waited_for
+        .await
+        .unwrap()
+        .expect("the waiter did not get in");
     assert!(fence > expiring.fence() && expiring.fence() > renewed_fence);
 }
 
@@ -412,8 +418,8 @@ async fn with_the_listener_through_pgbouncer_too_no_update_is_lost() {
         return;
     };
     let db = Postgres::fresh().await;
-    let first = backend(&db, &pgbouncer, false).await;
-    let second = backend(&db, &pgbouncer, false).await;
+    let first = locker(&db, &pgbouncer, false).await;
+    let second = locker(&db, &pgbouncer, false).await;
     let key = support::unique_key("pgbouncer-all");
     let load = Load {
         tasks_per_locker: 2,

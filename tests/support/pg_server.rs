@@ -242,7 +242,10 @@ impl Drop for PgServer {
 pub fn is_running(pid: &str) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
         let state = stat.rsplit_once(") ").map(|(_, rest)| rest.as_bytes());
-        !matches!(state.and_then(|rest| rest.first()), Some(b'Z' | b'X') | None)
+        !matches!(
+            state.and_then(|rest| rest.first()),
+            Some(b'Z' | b'X') | None
+        )
     })
 }
 
