@@ -16,6 +16,8 @@ use support::postgres_url;
 mod channels;
 #[path = "postgres/line.rs"]
 mod line;
+#[path = "postgres/pgbouncer.rs"]
+mod pgbouncer;
 #[path = "postgres/unclaimed.rs"]
 mod unclaimed;
 

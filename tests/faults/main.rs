@@ -119,6 +119,7 @@ macro_rules! scenarios {
 scenarios! {
     with_redis: Backend::Redis;
     with_mysql: Backend::Mysql;
+    with_postgres: Backend::Postgres;
     with_zookeeper: Backend::Zookeeper;
 }
 

@@ -10,6 +10,7 @@ use dlock::Owner;
 
 use super::support::fault_proxy::FaultProxy;
 use super::support::history::{self, Event, Section, Verdict, Write};
+use super::support::pg_server::PgServer;
 use super::support::redis_server::RedisServer;
 use super::support::zk_server::{ZkEnsemble, ZkServer};
 use super::support::{drop_mysql_table, mysql_url};
@@ -24,6 +25,8 @@ pub enum LockServer {
     Mysql {
         table: String,
     },
+    /// A private server of the scenario's own, which a restart stops as a crash would.
+    Postgres(PgServer),
     Zookeeper(ZkServer),
     ZookeeperEnsemble(ZkEnsemble),
     /// The memory store lives in the test process.
@@ -38,6 +41,7 @@ impl LockServer {
             Backend::Mysql => LockServer::Mysql {
                 table: format!("dlock_faults_{}", &Owner::random().to_string()[..12]),
             },
+            Backend::Postgres => LockServer::Postgres(PgServer::start_new()),
             Backend::Zookeeper => LockServer::Zookeeper(ZkServer::start_new()),
             Backend::ZookeeperEnsemble => LockServer::ZookeeperEnsemble(ZkEnsemble::start()),
         }
@@ -47,6 +51,7 @@ impl LockServer {
         match self {
             LockServer::Redis(server) => server.url(),
             LockServer::Mysql { .. } => mysql_url(),
+            LockServer::Postgres(server) => server.url(),
             LockServer::Zookeeper(server) => server.url(),
             LockServer::ZookeeperEnsemble(ensemble) => ensemble.url(),
             LockServer::None => "memory://".into(),

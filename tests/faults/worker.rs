@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock::backend::{MysqlBackend, ZookeeperBackend};
+use dlock::backend::{MysqlBackend, PostgresBackend, ZookeeperBackend};
 use dlock::{distributed_lock, LockError, Locker};
 
 use super::support::history::Log;
@@ -16,6 +16,7 @@ pub enum Backend {
     Memory,
     Redis,
     Mysql,
+    Postgres,
     Zookeeper,
     /// A private ensemble of three ZooKeeper servers, every worker's URL naming all three.
     ZookeeperEnsemble,
@@ -27,6 +28,7 @@ impl Backend {
             Backend::Memory => "memory",
             Backend::Redis => "redis",
             Backend::Mysql => "mysql",
+            Backend::Postgres => "postgres",
             Backend::Zookeeper => "zookeeper",
             Backend::ZookeeperEnsemble => "zookeeper-ensemble",
         }
@@ -37,6 +39,7 @@ impl Backend {
             "memory" => Backend::Memory,
             "redis" => Backend::Redis,
             "mysql" => Backend::Mysql,
+            "postgres" => Backend::Postgres,
             "zookeeper" => Backend::Zookeeper,
             "zookeeper-ensemble" => Backend::ZookeeperEnsemble,
             other => panic!("unknown backend {other}"),
@@ -83,7 +86,7 @@ pub struct WorkerSpec {
     /// The lock server's URL, through the worker's proxy (an ensemble's: straight to its
     /// servers).
     pub lock_url: String,
-    /// The MySQL lock table.
+    /// The SQL stores' lock table.
     pub table: String,
     pub data_url: String,
     pub keys: Vec<String>,
@@ -269,6 +272,17 @@ pub async fn connect(spec: &WorkerSpec) -> Locker {
             Backend::Memory => panic!("the memory store cannot be shared between processes"),
             Backend::Redis => Locker::connect(&spec.lock_url).await,
             Backend::Mysql => match MysqlBackend::builder(&spec.lock_url) {
+                Ok(builder) => builder
+                    .table(&spec.table)
+                    .max_connections(4)
+                    .connect()
+                    .await
+                    .map(Locker::with_backend),
+                Err(error) => Err(error),
+            },
+            // The pool as small as MySQL's: the renewals and releases of a worker's few
+            // leases need no more, and the listener has a connection of its own.
+            Backend::Postgres => match PostgresBackend::builder(&spec.lock_url) {
                 Ok(builder) => builder
                     .table(&spec.table)
                     .max_connections(4)

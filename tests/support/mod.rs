@@ -5,6 +5,7 @@
 pub mod chaos;
 pub mod fault_proxy;
 pub mod history;
+pub mod pg_server;
 pub mod properties;
 pub mod redis_commands;
 pub mod redis_server;

@@ -192,9 +192,9 @@ impl PostgresBuilder {
     }
 
     /// Where the one `LISTEN` connection goes, where that is not where the statements go: the
-    /// server itself, when the statements go through PgBouncer in transaction mode (which
-    /// cannot keep a `LISTEN` for a session; see [`PostgresBackend`]'s PgBouncer notes). By default the listener connects as the
-    /// statements do.
+    /// server itself, when the statements go through PgBouncer in transaction mode, which
+    /// cannot keep a `LISTEN` for a session (see [`PostgresBackend`]'s PgBouncer notes). By
+    /// default the listener connects as the statements do.
     ///
     /// # Errors
     ///

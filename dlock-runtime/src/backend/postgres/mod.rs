@@ -190,14 +190,26 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 /// # PgBouncer
 ///
 /// A lease holds no connection and no session state (no advisory lock, no open transaction),
-/// so the statements can go through PgBouncer in transaction mode, with one condition: sqlx
-/// sends each statement as a named prepared statement (parsed once per connection, then only
-/// bound and executed), which PgBouncer follows across server connections from version 1.21
-/// with `max_prepared_statements` set (say, to 100). Do not set sqlx's
-/// `statement-cache-capacity=0` for it: sqlx then still names each statement, and never closes
-/// it. The listener needs a session of its own: point it at the server with
-/// [`PostgresBuilder::listen_url`]. (This follows from how sqlx and PgBouncer work; no test
-/// runs dlock through PgBouncer yet.)
+/// so the statements can go through PgBouncer in transaction mode, given:
+///
+/// - PgBouncer 1.21 or later, with `max_prepared_statements` set (say, to 100). sqlx sends each
+///   statement as a named prepared statement (parsed once per connection, then only bound and
+///   executed), which PgBouncer follows across server connections from that version on; an
+///   older one mixes up its clients' statements (`prepared statement "sqlx_s_1" already
+///   exists`). Do not set sqlx's `statement-cache-capacity=0` for it: sqlx then still names
+///   each statement, and never closes it.
+/// - `ignore_startup_parameters = extra_float_digits`: sqlx sets that parameter when it
+///   connects, and PgBouncer refuses a connection with a parameter it does not know.
+/// - The listener pointed at the server, with [`PostgresBuilder::listen_url`]: it needs a
+///   session of its own. Through PgBouncer, its `LISTEN` runs on a server connection lent for
+///   that one statement, and PgBouncer drops the notifications the connection gets afterwards:
+///   no release is heard, and nothing tells the backend so. Exclusion, fences, renewal and
+///   expiry do not depend on the listener, but a waiter then gets in only once the lease it
+///   found busy runs out, however early that lease was released.
+///
+/// The backend's own connections run `SET lock_timeout` when they open (see the statements
+/// above); through PgBouncer in transaction mode, that setting stays with the server connection
+/// it ran on, for whichever client PgBouncer lends that connection to next.
 #[derive(Clone)]
 pub struct PostgresBackend {
     shared: Arc<Shared>,
