@@ -8,11 +8,12 @@
 //! duplicates already in the table are then removed by a scheduled job, at most 1,000 rows per
 //! run so the database is never overwhelmed, while the lock keeps new ones from appearing.
 //!
-//! Runs with no set-up on the in-memory store; set `DLOCK_URL` (e.g. `redis://127.0.0.1:6379`)
-//! to lock on a real one:
+//! Runs with no set-up on the in-memory store; set `DLOCK_URL` (`redis://127.0.0.1:6379`,
+//! `mysql://…`, `postgres://…`, `zk://…`, with the store's feature enabled) to lock on a real one:
 //!
 //! ```text
 //! cargo run --example account_sync
+//! DLOCK_URL=postgres://postgres@127.0.0.1:5432/test cargo run --features postgres --example account_sync
 //! ```
 
 use std::collections::BTreeMap;

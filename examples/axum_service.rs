@@ -12,10 +12,20 @@
 //! On Ctrl-C or `SIGTERM` the server stops taking requests, lets those in flight finish, and
 //! then calls `locker.shutdown()`: no lease outlives the process.
 //!
+//! `ACCOUNTS_URL` names the accounts' database, MySQL (`mysql://…`, the default
+//! `mysql://root@127.0.0.1:3306/test`) or PostgreSQL (`postgres://…`); `DLOCK_URL` names the
+//! lock store (`redis://…`, `mysql://…`, `postgres://…`, `zk://…`, with its feature enabled),
+//! which may be the same database:
+//!
 //! ```text
 //! DLOCK_URL=redis://127.0.0.1:6379 \
 //! ACCOUNTS_URL=mysql://root@127.0.0.1:3306/test \
-//! PORT=3000 cargo run --example axum_service --features mysql
+//! PORT=3000 cargo run --example axum_service
+//!
+//! DLOCK_URL=postgres://postgres@127.0.0.1:5432/test \
+//! ACCOUNTS_URL=postgres://postgres@127.0.0.1:5432/test \
+//! PORT=3000 cargo run --example axum_service --features postgres
+//!
 //! curl -X POST localhost:3000/accounts/oX7f/devices/phone-1
 //! ```
 //!
@@ -29,13 +39,117 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use dlock::{distributed_lock, LockError, Locker};
-use sqlx::MySqlPool;
+use sqlx::{AssertSqlSafe, MySqlPool, PgPool};
 
 #[derive(Clone)]
 struct App {
     locker: Locker,
-    db: MySqlPool,
+    db: Accounts,
     table: String,
+}
+
+/// The database of the accounts table, MySQL or PostgreSQL. The statements are the same on
+/// both but for how a parameter is written (`?`, `$1`) and how the table numbers its rows.
+#[derive(Clone)]
+enum Accounts {
+    Mysql(MySqlPool),
+    Postgres(PgPool),
+}
+
+impl Accounts {
+    /// Connects to `url`: PostgreSQL for `postgres://` and `postgresql://`, else MySQL.
+    async fn connect(url: &str) -> Result<Accounts, sqlx::Error> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Accounts::Postgres(PgPool::connect(url).await?))
+        } else {
+            Ok(Accounts::Mysql(MySqlPool::connect(url).await?))
+        }
+    }
+
+    /// As in many tables grown over the years: no unique index on `open_id`.
+    async fn create_table(&self, table: &str) -> Result<(), sqlx::Error> {
+        let columns = "open_id VARCHAR(64) NOT NULL, local_id VARCHAR(64) NOT NULL";
+        match self {
+            Accounts::Mysql(db) => sqlx::query(AssertSqlSafe(format!(
+                "CREATE TABLE IF NOT EXISTS {table} (id BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY, {columns})"
+            )))
+            .execute(db)
+            .await
+            .map(drop),
+            Accounts::Postgres(db) => sqlx::query(AssertSqlSafe(format!(
+                "CREATE TABLE IF NOT EXISTS {table} (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, {columns})"
+            )))
+            .execute(db)
+            .await
+            .map(drop),
+        }
+    }
+
+    /// The id of a row of `open_id`, if there is one.
+    async fn find(&self, table: &str, open_id: &str) -> Result<Option<u64>, sqlx::Error> {
+        match self {
+            Accounts::Mysql(db) => {
+                sqlx::query_scalar(AssertSqlSafe(format!(
+                    "SELECT id FROM {table} WHERE open_id = ? LIMIT 1"
+                )))
+                .bind(open_id)
+                .fetch_optional(db)
+                .await
+            }
+            Accounts::Postgres(db) => {
+                let id: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+                    "SELECT id FROM {table} WHERE open_id = $1 LIMIT 1"
+                )))
+                .bind(open_id)
+                .fetch_optional(db)
+                .await?;
+                // An identity column counts up from 1.
+                Ok(id.map(|id| id as u64))
+            }
+        }
+    }
+
+    async fn update(&self, table: &str, id: u64, local_id: &str) -> Result<(), sqlx::Error> {
+        match self {
+            Accounts::Mysql(db) => sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {table} SET local_id = ? WHERE id = ?"
+            )))
+            .bind(local_id)
+            .bind(id)
+            .execute(db)
+            .await
+            .map(drop),
+            Accounts::Postgres(db) => sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {table} SET local_id = $1 WHERE id = $2"
+            )))
+            .bind(local_id)
+            .bind(id as i64)
+            .execute(db)
+            .await
+            .map(drop),
+        }
+    }
+
+    async fn insert(&self, table: &str, open_id: &str, local_id: &str) -> Result<(), sqlx::Error> {
+        match self {
+            Accounts::Mysql(db) => sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {table} (open_id, local_id) VALUES (?, ?)"
+            )))
+            .bind(open_id)
+            .bind(local_id)
+            .execute(db)
+            .await
+            .map(drop),
+            Accounts::Postgres(db) => sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {table} (open_id, local_id) VALUES ($1, $2)"
+            )))
+            .bind(open_id)
+            .bind(local_id)
+            .execute(db)
+            .await
+            .map(drop),
+        }
+    }
 }
 
 /// How a request can fail, and the status each failure answers with.
@@ -87,35 +201,17 @@ impl App {
         open_id: &str,
         local_id: &str,
     ) -> Result<&'static str, ApiError> {
-        let table = &self.table;
-        let found: Option<u64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT id FROM {table} WHERE open_id = ? LIMIT 1"
-        )))
-        .bind(open_id)
-        .fetch_optional(&self.db)
-        .await?;
+        let found = self.db.find(&self.table, open_id).await?;
         // The service's own work between the check and the write (validation, a call to
         // another service) widens the window a concurrent duplicate slips through.
         tokio::time::sleep(Duration::from_millis(20)).await;
         match found {
             Some(id) => {
-                sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "UPDATE {table} SET local_id = ? WHERE id = ?"
-                )))
-                .bind(local_id)
-                .bind(id)
-                .execute(&self.db)
-                .await?;
+                self.db.update(&self.table, id, local_id).await?;
                 Ok("updated\n")
             }
             None => {
-                sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "INSERT INTO {table} (open_id, local_id) VALUES (?, ?)"
-                )))
-                .bind(open_id)
-                .bind(local_id)
-                .execute(&self.db)
-                .await?;
+                self.db.insert(&self.table, open_id, local_id).await?;
                 Ok("created\n")
             }
         }
@@ -161,15 +257,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let accounts_url =
         std::env::var("ACCOUNTS_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
-    let db = MySqlPool::connect(&accounts_url).await?;
-    // As in many tables grown over the years: no unique index on `open_id`.
+    let db = Accounts::connect(&accounts_url).await?;
     let table = std::env::var("ACCOUNTS_TABLE").unwrap_or_else(|_| "t_account".into());
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE IF NOT EXISTS {table} (id BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY, \
-         open_id VARCHAR(64) NOT NULL, local_id VARCHAR(64) NOT NULL)"
-    )))
-    .execute(&db)
-    .await?;
+    db.create_table(&table).await?;
 
     let app = App {
         locker: locker.clone(),

@@ -7,8 +7,8 @@
 //! fix: a lock keyed by the message id (`SET key owner NX EX …`, or a ZooKeeper node) around the
 //! check-work-mark sequence, so the marker check and the work are one step per message.
 //!
-//! Locks on the in-memory store by default; `DLOCK_URL` (`redis://…`, `zk://…`, …) runs it on a
-//! real one:
+//! Locks on the in-memory store by default; `DLOCK_URL` (`redis://…`, `mysql://…`,
+//! `postgres://…`, `zk://…`, with the store's feature enabled) runs it on a real one:
 //!
 //! ```text
 //! cargo run --example dedupe_messages

@@ -8,11 +8,13 @@
 //!
 //! This example runs the three versions over the same orders and prints what each sold and how
 //! fast. It locks on the in-memory store by default; `DLOCK_URL=mysql://root@127.0.0.1:3306/test`
-//! runs it on a MySQL lock table (any other store URL works too):
+//! runs it on a MySQL lock table, `DLOCK_URL=postgres://postgres@127.0.0.1:5432/test` on a
+//! PostgreSQL one (any other store URL works too):
 //!
 //! ```text
 //! cargo run --example stock_deduction
 //! DLOCK_URL=mysql://root@127.0.0.1:3306/test cargo run --features mysql --example stock_deduction
+//! DLOCK_URL=postgres://postgres@127.0.0.1:5432/test cargo run --features postgres --example stock_deduction
 //! ```
 
 use std::collections::HashMap;

@@ -1,7 +1,12 @@
 //! Each example, run as a process on each backend, tells its story: the printed result is
 //! checked, not just the exit code.
 
-#[cfg(any(feature = "redis", feature = "zookeeper"))]
+#[cfg(any(
+    feature = "mysql",
+    feature = "postgres",
+    feature = "redis",
+    feature = "zookeeper"
+))]
 mod support;
 
 use std::path::PathBuf;
@@ -15,6 +20,7 @@ fn example_binary(name: &str) -> PathBuf {
     let features: Vec<&str> = [
         ("memory", cfg!(feature = "memory")),
         ("mysql", cfg!(feature = "mysql")),
+        ("postgres", cfg!(feature = "postgres")),
         ("redis", cfg!(feature = "redis")),
         ("redis-cluster", cfg!(feature = "redis-cluster")),
         ("redis-tls", cfg!(feature = "redis-tls")),
@@ -138,6 +144,15 @@ fn examples_on_mysql() {
     check_dedupe_messages(Some(&url));
 }
 
+#[cfg(feature = "postgres")]
+#[test]
+fn examples_on_postgres() {
+    let url = support::postgres_url();
+    check_account_sync(Some(&url));
+    check_stock_deduction(Some(&url));
+    check_dedupe_messages(Some(&url));
+}
+
 #[cfg(feature = "redis")]
 #[test]
 fn examples_on_redis() {
@@ -166,9 +181,71 @@ fn examples_on_zookeeper() {
 #[cfg(all(feature = "mysql", feature = "redis"))]
 #[test]
 fn axum_service_keeps_one_row_per_account_across_two_processes() {
+    let redis = support::redis_server::RedisServer::start();
+    let table = format!("axum_accounts_{}", std::process::id());
+    axum_service::two_processes_keep_one_row_per_account(
+        &redis.url(),
+        &support::mysql_url(),
+        &table,
+    );
+    support::drop_mysql_table(&table);
+}
+
+/// The same story on PostgreSQL alone: the lock table and the accounts table in one database.
+#[cfg(feature = "postgres")]
+#[test]
+fn axum_service_keeps_one_row_per_account_on_postgres() {
+    let url = support::postgres_url();
+    let table = format!("axum_accounts_{}", std::process::id());
+    axum_service::two_processes_keep_one_row_per_account(&url, &url, &table);
+    support::drop_postgres_table(&table);
+}
+
+/// The web service example run as two processes, and HTTP requests to them.
+#[cfg(any(all(feature = "mysql", feature = "redis"), feature = "postgres"))]
+mod axum_service {
     use std::io::{BufRead, BufReader, Read, Write};
     use std::net::TcpStream;
-    use std::process::{Child, Stdio};
+    use std::process::{Child, Command, Stdio};
+
+    use super::example_binary;
+
+    /// Two processes of the service, locking on `dlock_url`, with the accounts table `table` on
+    /// `accounts_url` (MySQL or PostgreSQL): without the lock concurrent requests leave some
+    /// account a duplicate row, with it every account has one; both stop cleanly on `SIGTERM`.
+    pub fn two_processes_keep_one_row_per_account(
+        dlock_url: &str,
+        accounts_url: &str,
+        table: &str,
+    ) {
+        let binary = example_binary("axum_service");
+        let (mut first, first_port) = start(&binary, dlock_url, accounts_url, table);
+        let (mut second, second_port) = start(&binary, dlock_url, accounts_url, table);
+        assert_eq!(request(first_port, "GET", "/health"), 200);
+
+        let ports = [first_port, second_port];
+        let unlocked = race(ports, "/unlocked", "free", accounts_url, table);
+        assert!(
+            unlocked.iter().any(|&rows| rows > 1),
+            "without the lock no account got a duplicate row, so the race proves nothing: {unlocked:?}"
+        );
+        let locked = race(ports, "", "acct", accounts_url, table);
+        assert_eq!(locked, vec![1; 10], "rows per account under the lock");
+
+        for child in [&mut first, &mut second] {
+            // SIGTERM: a graceful shutdown that ends with `locker.shutdown()`.
+            let killed = Command::new("kill")
+                .arg(child.id().to_string())
+                .status()
+                .unwrap();
+            assert!(killed.success());
+            let status = child.wait().unwrap();
+            assert!(
+                status.success(),
+                "the service did not stop cleanly: {status}"
+            );
+        }
+    }
 
     /// One HTTP/1.1 request; the response's status.
     fn request(port: u16, method: &str, path: &str) -> u16 {
@@ -187,10 +264,15 @@ fn axum_service_keeps_one_row_per_account_across_two_processes() {
             .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"))
     }
 
-    fn start(binary: &std::path::Path, redis: &str, table: &str) -> (Child, u16) {
+    fn start(
+        binary: &std::path::Path,
+        dlock_url: &str,
+        accounts_url: &str,
+        table: &str,
+    ) -> (Child, u16) {
         let mut child = Command::new(binary)
-            .env("DLOCK_URL", redis)
-            .env("ACCOUNTS_URL", support::mysql_url())
+            .env("DLOCK_URL", dlock_url)
+            .env("ACCOUNTS_URL", accounts_url)
             .env("ACCOUNTS_TABLE", table)
             .env("PORT", "0")
             .stdout(Stdio::piped())
@@ -214,8 +296,8 @@ fn axum_service_keeps_one_row_per_account_across_two_processes() {
         (child, port)
     }
 
-    /// The row count of each account named `{prefix}N`.
-    fn rows_per_account(table: &str, prefix: &str) -> Vec<i64> {
+    /// The row count of each account named `{prefix}N`, in `accounts_url`'s `table`.
+    fn rows_per_account(accounts_url: &str, table: &str, prefix: &str) -> Vec<i64> {
         let sql = format!(
             "SELECT COUNT(*) FROM {table} WHERE open_id LIKE '{prefix}%' GROUP BY open_id ORDER BY open_id"
         );
@@ -224,19 +306,31 @@ fn axum_service_keeps_one_row_per_account_across_two_processes() {
             .build()
             .unwrap()
             .block_on(async {
-                let db = sqlx::MySqlPool::connect(&support::mysql_url())
-                    .await
-                    .unwrap();
-                sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-                    .fetch_all(&db)
-                    .await
-                    .unwrap()
+                if accounts_url.starts_with("postgres") {
+                    let db = sqlx::PgPool::connect(accounts_url).await.unwrap();
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                        .fetch_all(&db)
+                        .await
+                        .unwrap()
+                } else {
+                    let db = sqlx::MySqlPool::connect(accounts_url).await.unwrap();
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                        .fetch_all(&db)
+                        .await
+                        .unwrap()
+                }
             })
     }
 
     /// Eight concurrent requests for each of ten accounts `{account}N`, alternating between the
     /// processes; the rows each account has afterwards.
-    fn race(ports: [u16; 2], route: &str, account: &str, table: &str) -> Vec<i64> {
+    fn race(
+        ports: [u16; 2],
+        route: &str,
+        account: &str,
+        accounts_url: &str,
+        table: &str,
+    ) -> Vec<i64> {
         let threads: Vec<_> = (0..80)
             .map(|i| {
                 let port = ports[i % 2];
@@ -248,36 +342,6 @@ fn axum_service_keeps_one_row_per_account_across_two_processes() {
             let status = thread.join().unwrap();
             assert!(status == 200 || status == 409, "unexpected status {status}");
         }
-        rows_per_account(table, account)
+        rows_per_account(accounts_url, table, account)
     }
-
-    let binary = example_binary("axum_service");
-    let redis = support::redis_server::RedisServer::start();
-    let table = format!("axum_accounts_{}", std::process::id());
-    let (mut first, first_port) = start(&binary, &redis.url(), &table);
-    let (mut second, second_port) = start(&binary, &redis.url(), &table);
-    assert_eq!(request(first_port, "GET", "/health"), 200);
-
-    let unlocked = race([first_port, second_port], "/unlocked", "free", &table);
-    assert!(
-        unlocked.iter().any(|&rows| rows > 1),
-        "without the lock no account got a duplicate row, so the race proves nothing: {unlocked:?}"
-    );
-    let locked = race([first_port, second_port], "", "acct", &table);
-    assert_eq!(locked, vec![1; 10], "rows per account under the lock");
-
-    for child in [&mut first, &mut second] {
-        // SIGTERM: a graceful shutdown that ends with `locker.shutdown()`.
-        let killed = Command::new("kill")
-            .arg(child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(killed.success());
-        let status = child.wait().unwrap();
-        assert!(
-            status.success(),
-            "the service did not stop cleanly: {status}"
-        );
-    }
-    support::drop_mysql_table(&table);
 }
