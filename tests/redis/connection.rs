@@ -10,7 +10,7 @@ use redis::AsyncCommands;
 use crate::support::fault_proxy::{Direction, FaultProxy};
 use crate::support::redis_server::RedisServer;
 use crate::support::{lock_and_release, unique_key};
-use crate::{locker_on, spawn_lock};
+use crate::{locker_on, spawn_lock, Redis};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_call_after_a_server_restart_succeeds() {
@@ -318,4 +318,45 @@ async fn health_answers_while_the_server_runs_and_fails_once_it_is_gone() {
         "health hung: {:?}",
         started.elapsed()
     );
+}
+
+/// A server that may evict keys when its memory runs short (a limit, and a policy other than
+/// `noeviction`) could drop a held lock: `connect` refuses it with a message that names the fix,
+/// unless the risk is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_may_evict_keys_is_refused_unless_allowed() {
+    let redis = Redis::start();
+    let mut raw = redis.raw().await;
+    for (name, value) in [("maxmemory", "64mb"), ("maxmemory-policy", "volatile-lru")] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+    }
+    let url = redis.server.url();
+    let refused = RedisBackend::connect(&url).await.map(drop);
+    assert!(
+        matches!(&refused, Err(LockError::InvalidOptions { reason }) if reason.contains("noeviction") && reason.contains("volatile-lru")),
+        "a server that may evict locks was accepted: {refused:?}"
+    );
+    let allowed = RedisBackend::builder(&url)
+        .unwrap()
+        .allow_eviction(true)
+        .connect()
+        .await;
+    assert!(allowed.is_ok(), "{:?}", allowed.map(drop));
+    let from_url = Locker::connect(&format!("{url}/?allow_eviction=true")).await;
+    assert!(from_url.is_ok(), "{:?}", from_url.map(drop));
+    // Its memory unlimited, the same policy evicts nothing.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(RedisBackend::connect(&url).await.is_ok());
 }

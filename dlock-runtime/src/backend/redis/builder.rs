@@ -38,6 +38,7 @@ pub struct RedisBuilder {
     liveness: Duration,
     /// As set by [`min_replicas`](RedisBuilder::min_replicas); else the URL's, else 0.
     min_replicas: Option<usize>,
+    allow_eviction: bool,
 }
 
 impl std::fmt::Debug for RedisBuilder {
@@ -49,6 +50,7 @@ impl std::fmt::Debug for RedisBuilder {
             .field("response_timeout", &self.response_timeout)
             .field("liveness", &self.liveness)
             .field("min_replicas", &self.min_replicas)
+            .field("allow_eviction", &self.allow_eviction)
             .finish()
     }
 }
@@ -203,6 +205,32 @@ impl RedisBuilder {
         self
     }
 
+    /// Whether [`connect`](Self::connect) accepts a server that may evict keys when its memory
+    /// runs short (default `false`): one with a `maxmemory` and a `maxmemory-policy` other than
+    /// `noeviction` (managed Redis services default to `volatile-lru`). Every key dlock writes
+    /// has an expiry, so such a server may drop a held lock under memory pressure, and the
+    /// next caller then gets the key while its holder is still at work; fences still rise, so a
+    /// fenced write of the evicted holder is refused. Give dlock a Redis whose policy is
+    /// `noeviction` (one of its own, say) rather than turn this on.
+    ///
+    /// `Locker::connect` takes it from the URL too: `redis://host:6379/?allow_eviction=true`.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::backend::RedisBackend;
+    ///
+    /// // A shared cache whose eviction policy cannot be changed, its risk accepted.
+    /// let backend = RedisBackend::builder("redis://cache.internal:6379")?
+    ///     .allow_eviction(true)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn allow_eviction(mut self, allow: bool) -> Self {
+        self.allow_eviction = allow;
+        self
+    }
+
     /// The backend, without connecting: the first call connects. For a backend made before its
     /// server can be reached, or where start-up must not wait on Redis.
     ///
@@ -268,7 +296,9 @@ impl RedisBuilder {
     ///
     /// As [`build`](Self::build), and [`LockError::Backend`] where the server cannot be reached
     /// within the [connect timeout](Self::connect_timeout), refuses the credentials, does not
-    /// answer within the [response timeout](Self::response_timeout), or is older than Redis 6.2.
+    /// answer within the [response timeout](Self::response_timeout), or is older than Redis 6.2;
+    /// [`LockError::InvalidOptions`] where it may evict keys (see
+    /// [`allow_eviction`](Self::allow_eviction)).
     ///
     /// # Cancel safety
     ///
@@ -287,8 +317,12 @@ impl RedisBuilder {
     /// # Ok(()) }
     /// ```
     pub async fn connect(self) -> Result<RedisBackend, LockError> {
+        let allow_eviction = self.allow_eviction;
         let backend = self.build()?;
         backend.ping().await?;
+        if !allow_eviction {
+            backend.refuse_eviction().await?;
+        }
         Ok(backend)
     }
 }
@@ -372,7 +406,8 @@ impl RedisBackend {
     /// The URL's query may hold the options below, so that a deployment configures the lock
     /// store with one variable; a method of the builder called later overrides them:
     /// `key_prefix=app:locks:`, `connect_timeout=1s`, `response_timeout=2s`,
-    /// `waiter_liveness=3s`, `min_replicas=1` (durations as the attribute writes them). Other
+    /// `waiter_liveness=3s`, `min_replicas=1`, `allow_eviction=true` (durations as the attribute
+    /// writes them). Other
     /// parameters are the Redis client's (`protocol=resp3`).
     ///
     /// ```
@@ -416,6 +451,15 @@ impl RedisBackend {
             response_timeout: duration_param(url, "response_timeout")?.unwrap_or(DEFAULT_TIMEOUT),
             liveness: duration_param(url, "waiter_liveness")?.unwrap_or(DEFAULT_LIVENESS),
             min_replicas: None,
+            allow_eviction: match query_param(url, "allow_eviction") {
+                None | Some("false") => false,
+                Some("true") => true,
+                Some(other) => {
+                    return Err(invalid(format!(
+                        "allow_eviction must be true or false, not `{other}`"
+                    )))
+                }
+            },
         })
     }
 

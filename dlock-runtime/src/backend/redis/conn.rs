@@ -410,8 +410,20 @@ async fn check_version(conn: &mut Conn) -> Result<(), RedisError> {
     Ok(())
 }
 
+/// Reads an `INFO memory` reply (one node's text): the eviction policy of a server that may
+/// evict keys (a memory limit set, and a policy other than `noeviction`), else `None`.
+pub(super) fn evicting_policy(info: &str) -> Option<String> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
+    };
+    let limit: u64 = field("maxmemory")?.parse().ok()?;
+    let policy = field("maxmemory_policy")?;
+    (limit > 0 && policy != "noeviction").then(|| policy.to_owned())
+}
+
 /// Every text in `value`, however nested.
-fn collect_text(value: &Value, texts: &mut Vec<String>) {
+pub(super) fn collect_text(value: &Value, texts: &mut Vec<String>) {
     match value {
         Value::BulkString(bytes) => texts.push(String::from_utf8_lossy(bytes).into_owned()),
         Value::SimpleString(text) => texts.push(text.clone()),
@@ -481,5 +493,19 @@ mod tests {
         }
         assert_eq!(check_server_version("# Server\r\nos:Linux\r\n"), Ok(()));
         assert_eq!(check_server_version("redis_version:garbage\r\n"), Ok(()));
+    }
+
+    #[test]
+    fn only_a_memory_limit_with_an_evicting_policy_counts_as_evicting() {
+        let info = |limit: u64, policy: &str| {
+            format!("# Memory\r\nused_memory:1\r\nmaxmemory:{limit}\r\nmaxmemory_human:x\r\nmaxmemory_policy:{policy}\r\n")
+        };
+        assert_eq!(evicting_policy(&info(0, "volatile-lru")), None);
+        assert_eq!(evicting_policy(&info(1 << 20, "noeviction")), None);
+        assert_eq!(
+            evicting_policy(&info(1 << 20, "volatile-lru")).as_deref(),
+            Some("volatile-lru")
+        );
+        assert_eq!(evicting_policy("no such fields"), None);
     }
 }

@@ -337,6 +337,36 @@ impl Backend for RedisBackend {
 
 impl RedisBackend {
     /// Checks that the server answers (and accepted the credentials).
+    /// Refuses a server that may evict keys when its memory runs short (a `maxmemory` set, and
+    /// a `maxmemory-policy` other than `noeviction`, as managed Redis services set by default):
+    /// every key dlock writes has an expiry, so a `volatile-*` policy may drop a held lock, and
+    /// the next caller gets the key while its holder is still at work. A server that does not
+    /// let the client read `INFO` passes.
+    async fn refuse_eviction(&self) -> Result<(), LockError> {
+        let info = self
+            .inner
+            .conn
+            .run("INFO memory", |mut conn| async move {
+                conn.req_packed_command(redis::cmd("INFO").arg("memory"))
+                    .await
+                    .and_then(Value::extract_error)
+            })
+            .await;
+        let Ok(info) = info else { return Ok(()) };
+        let mut texts = Vec::new();
+        conn::collect_text(&info, &mut texts);
+        match texts.iter().find_map(|text| conn::evicting_policy(text)) {
+            None => Ok(()),
+            Some(policy) => Err(LockError::InvalidOptions {
+                reason: format!(
+                    "the Redis server may evict keys when its memory is full (maxmemory-policy {policy}), and an evicted lock lets a second holder in: \
+                     set `maxmemory-policy noeviction` (a Redis of its own for dlock, say), or accept the risk with `allow_eviction=true` in the URL \
+                     or `RedisBuilder::allow_eviction(true)`"
+                ),
+            }),
+        }
+    }
+
     async fn ping(&self) -> Result<(), LockError> {
         self.inner
             .conn
