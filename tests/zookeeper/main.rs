@@ -4,9 +4,9 @@
 //!
 //! By topic: [`queue`] (waiters in line, one woken per release, nodes cleaned up), [`claim`]
 //! (a grant its waiter does not claim goes to the next one after the claim window), [`abandoned`]
-//! (nodes nobody uses go though their deletes are lost with the connection), [`sessions`]
-//! (leases within what the session guarantees: partitions, outages, a follower cut off) and
-//! [`paths`] (the URL's chroot, the longest key).
+//! (nodes nobody uses go though their deletes are lost with the connection, and though nobody
+//! waits for their answer), [`sessions`] (leases within what the session guarantees:
+//! partitions, outages, a follower cut off) and [`paths`] (the URL's chroot, the longest key).
 
 // The support every test crate shares, one directory up.
 #[path = "../support/mod.rs"]

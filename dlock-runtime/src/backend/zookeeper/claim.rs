@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use zookeeper_client::Client;
 
-use super::cleanup::delete_until_confirmed;
+use super::cleanup::delete_abandoned;
+use super::release::Holding;
 use super::{Held, ZookeeperBackend};
 use crate::backend::claim::{Caller, Claim};
 use crate::backend::{AcquireRequest, Acquired};
@@ -74,7 +75,9 @@ impl ZookeeperBackend {
                 return Ok(None);
             };
             if caller.claim() {
-                self.shared.held().insert(request.owner, grant.held);
+                self.shared
+                    .held()
+                    .insert(request.owner, Holding::Held(grant.held));
                 return Ok(Some(grant.acquired));
             }
             // Withdrawn: this future was not polled within the claim window after the grant.
@@ -129,7 +132,7 @@ impl ZookeeperBackend {
             tracing::debug!(%key, %path, "distributed_lock: ZooKeeper grant not claimed within the claim window; withdrawn");
             self.shared
                 .cleanups
-                .spawn(delete_until_confirmed(client, path, parent));
+                .spawn(delete_abandoned(client, path, parent));
         }
     }
 }

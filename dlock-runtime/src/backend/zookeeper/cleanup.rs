@@ -27,9 +27,17 @@ const FIRST_PAUSE: Duration = Duration::from_millis(50);
 const LONGEST_PAUSE: Duration = Duration::from_secs(1);
 
 /// Deletes the lock node at `path` (and `parent`, if that leaves it empty) until the server
-/// confirms that the node is gone, or the session it lives on has ended.
-pub(super) async fn delete_until_confirmed(client: Client, path: String, parent: String) {
-    until_answered(&path, || delete_node(&client, &path, &parent)).await;
+/// confirms that the node is gone, or the session it lives on has ended. Answers whether this
+/// delete took the node: `false` where it was gone already, or went with its session.
+pub(super) async fn delete_until_confirmed(client: &Client, path: &str, parent: &str) -> bool {
+    until_answered(path, || delete_node(client, path, parent))
+        .await
+        .unwrap_or(false)
+}
+
+/// [`delete_until_confirmed`] for a node whose answer nobody waits for: a clean-up's task.
+pub(super) async fn delete_abandoned(client: Client, path: String, parent: String) {
+    delete_until_confirmed(&client, &path, &parent).await;
 }
 
 /// Deletes the lock nodes under `parent` whose names start with `own_prefix`: what a create
@@ -44,7 +52,7 @@ pub(super) async fn delete_unanswered_create(client: Client, parent: String, own
         .into_iter()
         .filter(|name| name.starts_with(&own_prefix) && sequence(name).is_some());
     for name in ours {
-        delete_until_confirmed(client.clone(), format!("{parent}/{name}"), parent.clone()).await;
+        delete_until_confirmed(&client, &format!("{parent}/{name}"), &parent).await;
     }
 }
 

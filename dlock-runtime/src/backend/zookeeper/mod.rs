@@ -55,7 +55,11 @@
 //!   whose parent vanished between its steps gets `NoNode` on create, recreates the parent and
 //!   tries again: the two never need a lock of their own. The node to delete is the one this
 //!   backend created for the owner (kept in a map, owner → node), and its name carries the owner,
-//!   so a release can only ever delete its own node: `Ok(false)` when it was already gone.
+//!   so a release can only ever delete its own node: `Ok(false)` when it was already gone. The
+//!   delete is started on the background, counted among the backend's clean-ups, before the
+//!   release awaits anything, and the release waits for its answer: a caller that stops waiting
+//!   (a `select!`, an aborted task, a time-out) stops only the waiting, never the delete. A
+//!   second release of the owner meanwhile waits for the same delete.
 //! - **Renewal**: one `multi` of version checks (any version) on every lease's node (1,000 per
 //!   request, the requests pipelined): a lease is held while its node exists on the live
 //!   session. Nothing is extended on the server, because the lease *is* the session: the
@@ -128,8 +132,8 @@
 //!
 //! A request the ensemble does not answer is bounded: an acquisition fails after its `wait`
 //! plus the session timeout, a release after the session timeout (its delete keeps being retried
-//! in the background until it is confirmed or the session ends, so the key is not blocked for
-//! good).
+//! in the background until it is confirmed or the session ends, whether or not anyone still
+//! waits for it, so the key is not blocked for good).
 //!
 //! # Why zookeeper-client
 //!
@@ -147,6 +151,7 @@ mod node;
 mod operator;
 mod paths;
 mod queue;
+mod release;
 mod session;
 
 use std::collections::HashMap;
@@ -157,10 +162,10 @@ use std::time::Duration;
 use zookeeper_client::{Acls, CreateMode, CreateOptions, SessionId};
 
 pub use self::builder::ZookeeperBuilder;
-use self::cleanup::delete_until_confirmed;
-use self::node::{confirm_nodes, delete_node};
+use self::node::confirm_nodes;
 use self::paths::parent_path;
 pub use self::paths::MAX_PATH_BYTES;
+use self::release::Holding;
 use self::session::{ends_session, safe_ttl, zk_error, Session};
 pub use super::claim::DEFAULT_CLAIM_WINDOW;
 use super::{AcquireRequest, Acquired, Backend, Renewal};
@@ -237,9 +242,11 @@ struct Shared {
     session: Mutex<Session>,
     /// Held while a new session is opened, so concurrent calls open one, not one each.
     reconnecting: tokio::sync::Mutex<()>,
-    held: Mutex<HashMap<Owner, Held>>,
+    /// Each owner's lock node, from its grant until its release is answered.
+    held: Mutex<HashMap<Owner, Holding>>,
     watch_events: AtomicU64,
-    /// Deletes of nodes nobody uses any more, retried until confirmed: `close` waits for them.
+    /// Deletes of nodes nobody uses any more (released ones too), retried until confirmed:
+    /// `close` waits for them.
     cleanups: Arc<Cleanups>,
 }
 
@@ -346,7 +353,7 @@ impl Shared {
             .clone()
     }
 
-    fn held(&self) -> MutexGuard<'_, HashMap<Owner, Held>> {
+    fn held(&self) -> MutexGuard<'_, HashMap<Owner, Holding>> {
         // Nothing panics while the map is locked, and it is consistent between statements.
         self.held
             .lock()
@@ -369,35 +376,7 @@ impl Backend for ZookeeperBackend {
 
     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
         let _ = key; // the node is found by its owner
-        let Some(held) = self.shared.held().remove(&owner) else {
-            return Ok(false);
-        };
-        let session = self.shared.current();
-        if session.id != held.session || session.client.state().is_terminated() {
-            // The node went with its session.
-            return Ok(false);
-        }
-        let deleted = tokio::time::timeout(
-            session.timeout,
-            delete_node(&session.client, &held.path, &held.parent),
-        )
-        .await;
-        let error = match deleted {
-            Ok(Ok(existed)) => return Ok(existed),
-            Ok(Err(error)) if ends_session(&error) => return Ok(false),
-            Ok(Err(error)) => zk_error(error),
-            Err(_) => LockError::backend(format!(
-                "ZooKeeper did not answer a release within {:?}",
-                session.timeout
-            )),
-        };
-        // A node left behind would block the key for as long as the session lives.
-        self.shared.cleanups.spawn(delete_until_confirmed(
-            session.client,
-            held.path,
-            held.parent,
-        ));
-        Err(error)
+        self.release_node(owner).await
     }
 
     /// Reads the root's stat: one round trip to the ensemble. (The default, a release for an
@@ -434,6 +413,7 @@ impl Backend for ZookeeperBackend {
                 .iter()
                 .map(|lease| {
                     held.get(&lease.owner)
+                        .and_then(Holding::held)
                         .filter(|h| live && h.session == session.id)
                         .map(|h| h.path.clone())
                 })

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use zookeeper_client::{Client, Error as ZkError, MultiWriteError, SessionId};
 
-use super::cleanup::{delete_unanswered_create, delete_until_confirmed};
+use super::cleanup::{delete_abandoned, delete_unanswered_create};
 use super::paths::sequence;
 use super::queue::creation_zxids;
 use super::session::{ends_session, Session};
@@ -192,8 +192,7 @@ impl Drop for LockNode {
         match &self.stage {
             Stage::Queued(queued) => {
                 let path = format!("{parent}/{}", queued.name);
-                self.cleanups
-                    .spawn(delete_until_confirmed(client, path, parent));
+                self.cleanups.spawn(delete_abandoned(client, path, parent));
             }
             Stage::CreateUnanswered => {
                 // The create's answer was never seen: the node is found by its owner prefix.

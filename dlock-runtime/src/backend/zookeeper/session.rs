@@ -40,7 +40,7 @@ impl ZookeeperBackend {
         // Nodes of the old session went with it: nothing of them is held any more.
         self.shared
             .held()
-            .retain(|_, held| held.session != current.id);
+            .retain(|_, holding| holding.session() != current.id);
         *self
             .shared
             .session
