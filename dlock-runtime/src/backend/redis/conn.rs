@@ -477,7 +477,7 @@ impl std::error::Error for RedisBackendError {
 
 #[cfg(test)]
 mod tests {
-    use super::check_server_version;
+    use super::{check_server_version, evicting_policy};
 
     #[test]
     fn servers_older_than_6_2_are_refused_by_name() {
