@@ -57,7 +57,7 @@ impl Cleanups {
         });
         let finished = tokio::time::timeout(patience, all_done).await.is_ok();
         if !finished {
-            tracing::warn!("distributed_lock: clean-ups of abandoned acquisitions still running as the store closes; their keys expire with their ttl");
+            tracing::warn!("distributed_lock: clean-ups (undos of abandoned acquisitions, deletes of released ZooKeeper nodes) still running as the store closes; their keys expire with their ttl, or on ZooKeeper when the session does");
         }
         finished
     }
