@@ -9,7 +9,8 @@
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
-    /// Another owner held the key for the whole of `wait`.
+    /// Another owner held the key for the whole of `wait`; or, for a call re-entering the key
+    /// of the body it runs in, a call beside it inside that body kept its turn that long.
     #[error("lock `{key}` is busy")]
     Busy {
         /// The rendered key.

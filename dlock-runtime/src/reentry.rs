@@ -12,7 +12,10 @@
 //! A re-entering call waits until the occupant is the body it was called from (its parent
 //! frame), takes the turn, and gives it back when it ends, whichever way. Siblings therefore go
 //! one at a time, while a call nested inside a re-entered call (whose parent is that call)
-//! never waits on itself.
+//! never waits on itself. A call waits for its turn at most its own `wait`, as it would for a
+//! busy key: the occupant may be a future its caller has stopped polling until this call ends
+//! (a `select!` loop that awaits this call in one branch while the other holds the turn), and
+//! would otherwise wait for ever with its lease renewed all along.
 //!
 //! A call can outlive the call it was started in (started, then handed out to an outer body):
 //! its parent then ends while it still holds the turn. The parent gives back nothing it does not
@@ -21,10 +24,13 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::lease::{LeaseInfo, LeaseState};
+use crate::{LockError, LockOptions};
 
 tokio::task_local! {
     /// The frame of the innermost body; each links to the frame around it.
@@ -137,11 +143,21 @@ static NEXT_FRAME: AtomicU64 = AtomicU64::new(Turns::ACQUIRER + 1);
 
 impl Turn {
     /// Waits until `parent` is the lease's occupant, then takes the turn for a new frame above
-    /// `top`. `None` when the lease is lost first.
-    pub(crate) async fn take(parent: &Arc<Frame>, top: Arc<Frame>) -> Option<Turn> {
+    /// `top`. Waits at most `wait`, as a call waits for a busy key, and fails with
+    /// [`LockError::Busy`] after it: the occupant may be a call its caller no longer polls (one
+    /// branch of a `select!` whose other branch is this call), which then never hands the turn
+    /// back. Fails with [`LockError::Lost`] when the lease is lost first.
+    pub(crate) async fn take(
+        parent: &Arc<Frame>,
+        top: Arc<Frame>,
+        wait: Duration,
+    ) -> Result<Turn, LockError> {
         let lease = &parent.lease;
         let turns = &lease.turns;
         let id = NEXT_FRAME.fetch_add(1, Ordering::Relaxed);
+        let mut top = Some(top);
+        // Read only once the turn is found taken: a free turn costs no clock read.
+        let mut deadline = None;
         loop {
             let handed_back = turns.handed_back.notified();
             tokio::pin!(handed_back);
@@ -153,18 +169,30 @@ impl Turn {
                     let frame = Frame {
                         lease: lease.clone(),
                         id,
-                        outer: Some(top),
+                        outer: top.take(),
                         parent: Some(parent.clone()),
                         ended: AtomicBool::new(false),
                     };
-                    return Some(Turn {
+                    return Ok(Turn {
                         frame: Arc::new(frame),
                     });
                 }
             }
+            let deadline =
+                *deadline.get_or_insert_with(|| Instant::now() + wait.min(LockOptions::MAX_WAIT));
+            if Instant::now() >= deadline {
+                return Err(LockError::Busy {
+                    key: lease.key.clone(),
+                });
+            }
             tokio::select! {
                 () = handed_back => {}
-                () = lease.wait_lost() => return None,
+                () = lease.wait_lost() => {
+                    return Err(LockError::Lost {
+                        key: lease.key.clone(),
+                    })
+                }
+                () = tokio::time::sleep_until(deadline) => {}
             }
         }
     }
