@@ -18,8 +18,9 @@
 //! would otherwise wait for ever with its lease renewed all along.
 //!
 //! A call can outlive the call it was started in (started, then handed out to an outer body):
-//! its parent then ends while it still holds the turn. The parent gives back nothing it does not
-//! hold; the call, when it ends, gives the turn to its nearest ancestor still running.
+//! its parent then ends while it still holds the turn, or still waits for it. The parent gives
+//! back nothing it does not hold; the call, when it ends, gives the turn to its nearest ancestor
+//! still running, and a call still waiting waits for that ancestor's turn instead.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,6 +48,23 @@ pub(crate) struct Frame {
     parent: Option<Arc<Frame>>,
     /// Set, under the lease's turn lock, when this body has ended.
     ended: AtomicBool,
+}
+
+impl Frame {
+    /// This frame if its body still runs, else its nearest ancestor under the same lease whose
+    /// body does: at the latest the acquirer's, which is never marked ended. Read under the
+    /// lease's turn lock, which `ended` is set under.
+    fn running(self: &Arc<Frame>) -> &Arc<Frame> {
+        let mut frame = self;
+        while let Some(parent) = frame
+            .parent
+            .as_ref()
+            .filter(|_| frame.ended.load(Ordering::Relaxed))
+        {
+            frame = parent;
+        }
+        frame
+    }
 }
 
 /// Whose turn it is to run under one lease; kept in the lease.
@@ -164,7 +182,9 @@ impl Turn {
             handed_back.as_mut().enable();
             {
                 let mut occupant = turns.occupant();
-                if *occupant == parent.id {
+                // A parent that has ended handed its turn on to its nearest running ancestor,
+                // which is the body this call now answers to.
+                if *occupant == parent.running().id {
                     *occupant = id;
                     let frame = Frame {
                         lease: lease.clone(),
@@ -218,10 +238,7 @@ impl Drop for Turn {
             // when it ends.
             return;
         }
-        let mut heir = self.frame.parent.as_ref();
-        while let Some(frame) = heir.filter(|f| f.ended.load(Ordering::Relaxed)) {
-            heir = frame.parent.as_ref();
-        }
+        let heir = self.frame.parent.as_ref().map(|parent| parent.running());
         *occupant = heir.map_or(Turns::ACQUIRER, |f| f.id);
         drop(occupant);
         turns.handed_back.notify_waiters();

@@ -187,6 +187,33 @@ async fn start_and_hand_out<'a>(
     Ok(started)
 }
 
+/// Starts two calls on the held key and polls each once: the first takes its turn and enters,
+/// the second waits for it. Awaits the first, then hands the second, still waiting, out to its
+/// caller, ending before it.
+#[distributed_lock(key = "acct:<id>", locker = locker)]
+async fn hand_out_a_waiting_call<'a>(
+    locker: &'a Locker,
+    id: &'a str,
+    gauge: &'a Gauge,
+) -> Result<Started<'a>, LockError> {
+    let before = gauge.entered();
+    let mut entered: Started<'a> = Box::pin(stay(locker, id, gauge));
+    let mut waiting: Started<'a> = Box::pin(stay(locker, id, gauge));
+    std::future::poll_fn(|cx| {
+        assert!(entered.as_mut().poll(cx).is_pending());
+        assert!(waiting.as_mut().poll(cx).is_pending());
+        std::task::Poll::Ready(())
+    })
+    .await;
+    assert_eq!(
+        gauge.entered(),
+        before + 1,
+        "the second call entered beside the first"
+    );
+    entered.await?;
+    Ok(waiting)
+}
+
 #[distributed_lock(key = "acct:<id>", locker = locker)]
 async fn outlived_turn(locker: &Locker, id: &str, gauge: &Gauge) -> Result<(), LockError> {
     let started = start_and_hand_out(locker, id, gauge).await?;
@@ -196,7 +223,13 @@ async fn outlived_turn(locker: &Locker, id: &str, gauge: &Gauge) -> Result<(), L
     // Turns are handed back whatever order the calls ended in.
     tokio::time::timeout(Duration::from_secs(2), stay(locker, id, gauge))
         .await
-        .expect("a later sibling waited forever for a turn nobody holds")
+        .expect("a later sibling waited forever for a turn nobody holds")?;
+    // A call still waiting when the call it was started in ended gets the turn from the body
+    // it was handed out to.
+    let waiting = hand_out_a_waiting_call(locker, id, gauge).await?;
+    tokio::time::timeout(Duration::from_secs(2), waiting)
+        .await
+        .expect("a call handed out while waiting waited forever for a turn nobody holds")
 }
 
 #[tokio::test]
@@ -206,7 +239,7 @@ async fn a_call_that_outlives_the_call_it_was_started_in_keeps_its_turn() {
     let gauge = Gauge::default();
     outlived_turn(&locker, &id, &gauge).await.unwrap();
     assert_eq!(gauge.max(), 1, "two bodies were inside at once");
-    assert_eq!(gauge.entered(), 3);
+    assert_eq!(gauge.entered(), 5);
 }
 
 /// Waits for a change that is never sent: it takes its turn and keeps it while pending.
