@@ -133,8 +133,9 @@ use proc_macro::TokenStream;
 /// - A call on the same key and locker awaited inside the body re-enters the held lease without
 ///   a round trip, under the outer call's ttl and renewal; calls joined inside the body on that
 ///   key re-enter one at a time, each waiting for its turn at most its own `wait` and then
-///   returning `LockError::Busy`. Calls joined side by side outside any body, and spawned tasks,
-///   are other owners.
+///   returning `LockError::Busy`. Calls joined side by side outside any body, spawned tasks, and
+///   tasks polled inside the body (a `LocalSet` or a runtime the body drives) are other owners;
+///   a re-entered call moved to another task returns `LockError::Lost` at its next poll.
 /// - Two attributes stacked on one function take both locks, the lower one first.
 ///
 /// # Compile errors

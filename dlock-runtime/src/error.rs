@@ -17,7 +17,9 @@ pub enum LockError {
         key: String,
     },
     /// The lease ended while its holder was still working: a renewal was refused, or could not be
-    /// confirmed before the lease's expiry less the safety margin.
+    /// confirmed before the lease's expiry less the safety margin. Also returned by a re-entered
+    /// call moved to a task other than the one running the body it re-entered: the lease is not
+    /// its to run under there.
     #[error("lease on `{key}` was lost before the work finished")]
     Lost {
         /// The rendered key.

@@ -152,7 +152,10 @@ where
                 Err(error) => return on_failure(&spec, error),
             };
             tracing::trace!(%key, function = spec.name, "distributed_lock: re-entered");
-            let output = run_body(spec.on_lost, turn.lease(), turn.scope(body)).await;
+            // `None` as well when the call was moved to another task (see `Turn::scope`).
+            let output = run_body(spec.on_lost, turn.lease(), turn.scope(body))
+                .await
+                .flatten();
             return output.unwrap_or_else(|| on_failure(&spec, LockError::Lost { key }));
         }
         reentry::Entry::Acquire { outer } => outer,

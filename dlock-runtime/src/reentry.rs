@@ -6,6 +6,15 @@
 //! inside the body sees the lease and re-enters, while a call joined beside it (`tokio::join!`)
 //! or spawned from it does not: those are other owners.
 //!
+//! A scope is still a thread-local while the body is polled, and other tasks can be polled
+//! inside that poll: a `LocalSet` the body drives with `run_until`, or a runtime of its own the
+//! body drives with `block_on`, polls its tasks there, and those tasks run on later, on other
+//! threads, beside the body. So each lease also records which tokio task polls its acquiring
+//! body, and only that task's code is inside the body: another task finds no frame of its own,
+//! and acquires like any other owner. A re-entered call moved to another task (started in the
+//! body, then `tokio::spawn`ed) is stopped at its next poll with `LockError::Lost`, whatever its
+//! `on_lost`: it had the lease, and no longer has it where it now runs.
+//!
 //! Re-entering is not the same as running alone: a body may join two calls on its own key
 //! (`tokio::join!(withdraw(id), withdraw(id))`), and both find the lease on the stack. So each
 //! lease has one *occupant*, the body that may run under it now: the acquiring body at first.
@@ -23,8 +32,10 @@
 //! still running, and a call still waiting waits for that ancestor's turn instead.
 
 use std::future::Future;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -73,6 +84,10 @@ pub(crate) struct Turns {
     /// parents' `ended` flags and writes the occupant as one step.
     occupant: Mutex<u64>,
     handed_back: Notify,
+    /// The task ([`current_task`]) that polls the acquiring body, as of its latest poll: the
+    /// only task whose code is inside the bodies under this lease. Written at every poll, so
+    /// that an acquiring call moved to another task takes its lease along.
+    polled_by: AtomicU64,
 }
 
 impl Turns {
@@ -83,7 +98,13 @@ impl Turns {
         Turns {
             occupant: Mutex::new(Self::ACQUIRER),
             handed_back: Notify::new(),
+            // Set at the acquiring body's first poll, before any frame of the lease is seen.
+            polled_by: AtomicU64::new(0),
         }
+    }
+
+    fn is_polled_by(&self, task: u64) -> bool {
+        self.polled_by.load(Ordering::Relaxed) == task
     }
 
     fn occupant(&self) -> MutexGuard<'_, u64> {
@@ -100,19 +121,22 @@ pub(crate) enum Entry {
     Acquire { outer: Option<Arc<Frame>> },
 }
 
-/// Looks `key` up among the leases of the enclosing bodies, with one task-local access, as this
-/// is on every call's path.
+/// Looks `key` up among the leases of the enclosing bodies, with one task-local access (and,
+/// inside a body, one read of the current task), as this is on every call's path.
 pub(crate) fn enter(locker_id: usize, key: &str) -> Entry {
     HELD.try_with(|top| {
-        let mut frame = Some(top);
-        while let Some(current) = frame {
-            if current.lease.locker_id == locker_id && current.lease.key == key {
+        let mut frames = frames_of(top, current_task()).peekable();
+        if frames.peek().is_none() {
+            // Polled inside another task's body: none of its frames are this task's.
+            return Entry::Acquire { outer: None };
+        }
+        for frame in frames {
+            if frame.lease.locker_id == locker_id && frame.lease.key == key {
                 return Entry::Reenter {
-                    parent: current.clone(),
+                    parent: frame.clone(),
                     top: top.clone(),
                 };
             }
-            frame = current.outer.as_ref();
         }
         Entry::Acquire {
             outer: Some(top.clone()),
@@ -124,31 +148,76 @@ pub(crate) fn enter(locker_id: usize, key: &str) -> Entry {
 /// The ids of the leases the bodies this task is inside of run under, innermost first.
 pub(crate) fn leases_of_this_task() -> Vec<u64> {
     HELD.try_with(|top| {
-        let mut ids = Vec::new();
-        let mut frame = Some(top);
-        while let Some(current) = frame {
-            ids.push(current.lease.id);
-            frame = current.outer.as_ref();
-        }
-        ids
+        frames_of(top, current_task())
+            .map(|frame| frame.lease.id)
+            .collect()
     })
     .unwrap_or_default()
 }
 
-/// Runs the body of the call that acquired `lease` with the lease on top of the held stack.
+/// The frames of the stack under `top` that `task` is inside of, innermost first: up to the
+/// first whose lease's body another task polls. A frame's outer frames were the stack of the
+/// task that entered it; one that has since moved to another task (a call started inside a
+/// body, then spawned) leaves those behind.
+fn frames_of(top: &Arc<Frame>, task: u64) -> impl Iterator<Item = &Arc<Frame>> {
+    std::iter::successors(Some(top), |frame| frame.outer.as_ref())
+        .take_while(move |frame| frame.lease.turns.is_polled_by(task))
+}
+
+/// The tokio task being polled now, as a number; 0 outside any task (a future that a runtime's
+/// `block_on` drives itself). A thread-local read.
+///
+/// Tokio's task `Id` can be compared and hashed but not turned into a number, and a number is
+/// what fits in an atomic: hashing the `Id` into a hasher that keeps what it is given reads the
+/// number tokio counts its tasks with.
+fn current_task() -> u64 {
+    struct Number(u64);
+    impl Hasher for Number {
+        fn finish(&self) -> u64 {
+            self.0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            for &byte in bytes {
+                self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+            }
+        }
+        fn write_u64(&mut self, number: u64) {
+            self.0 = number;
+        }
+    }
+    tokio::task::try_id().map_or(0, |id| {
+        let mut number = Number(0);
+        id.hash(&mut number);
+        number.finish()
+    })
+}
+
+/// Runs the body of the call that acquired `lease` with the lease on top of the held stack,
+/// recording at each poll which task polls it.
 pub(crate) fn scope<F: Future>(
     lease: Arc<LeaseState>,
     outer: Option<Arc<Frame>>,
     body: F,
 ) -> impl Future<Output = F::Output> {
     let frame = Frame {
-        lease,
+        lease: lease.clone(),
         id: Turns::ACQUIRER,
         outer,
         parent: None,
         ended: AtomicBool::new(false),
     };
-    HELD.scope(Arc::new(frame), body)
+    let body = HELD.scope(Arc::new(frame), body);
+    async move {
+        let mut body = std::pin::pin!(body);
+        std::future::poll_fn(|cx| {
+            lease
+                .turns
+                .polled_by
+                .store(current_task(), Ordering::Relaxed);
+            body.as_mut().poll(cx)
+        })
+        .await
+    }
 }
 
 /// A re-entering call's turn under its parent's lease; handing it back on drop, so a body that
@@ -222,9 +291,22 @@ impl Turn {
         &self.frame.lease
     }
 
-    /// Runs `body` with this turn's frame on top of the held stack.
-    pub(crate) fn scope<F: Future>(&self, body: F) -> impl Future<Output = F::Output> {
-        HELD.scope(self.frame.clone(), body)
+    /// Runs `body` with this turn's frame on top of the held stack. `None`, without polling
+    /// `body` again, once a poll comes from a task other than the one polling the acquiring
+    /// body: the call was moved out of the body it re-entered, and runs under no lease there.
+    pub(crate) fn scope<F: Future>(&self, body: F) -> impl Future<Output = Option<F::Output>> {
+        let lease = self.frame.lease.clone();
+        let body = HELD.scope(self.frame.clone(), body);
+        async move {
+            let mut body = std::pin::pin!(body);
+            std::future::poll_fn(|cx| {
+                if !lease.turns.is_polled_by(current_task()) {
+                    return Poll::Ready(None);
+                }
+                body.as_mut().poll(cx).map(Some)
+            })
+            .await
+        }
     }
 }
 
@@ -273,8 +355,37 @@ impl Drop for Turn {
 /// # }
 /// ```
 pub fn current_lease() -> Option<LeaseInfo> {
-    HELD.try_with(|top| LeaseInfo {
-        state: top.lease.clone(),
+    HELD.try_with(|top| {
+        // A task polled inside another task's body is not inside it.
+        top.lease
+            .turns
+            .is_polled_by(current_task())
+            .then(|| LeaseInfo {
+                state: top.lease.clone(),
+            })
     })
     .ok()
+    .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::current_task;
+
+    #[tokio::test]
+    async fn a_task_is_numbered_as_tokio_numbers_it() {
+        assert_eq!(
+            current_task(),
+            0,
+            "a future driven by block_on is in no task"
+        );
+        let (first, second) = tokio::join!(
+            tokio::spawn(async { (current_task(), tokio::task::id()) }),
+            tokio::spawn(async { (current_task(), tokio::task::id()) })
+        );
+        let (first, second) = (first.unwrap(), second.unwrap());
+        assert_eq!(first.0.to_string(), first.1.to_string());
+        assert_eq!(second.0.to_string(), second.1.to_string());
+        assert_ne!(first.0, second.0);
+    }
 }
