@@ -1,6 +1,7 @@
 //! A body's lease is its task's: another task never runs under it, whether it is polled inside
 //! the body's poll (a `LocalSet` driven by the body) or is a started call moved out of the body
-//! (`tokio::spawn` of a call polled once inside it).
+//! (`tokio::spawn` of a call polled once inside it). The call that acquired is the owner, and
+//! takes its lease along wherever it is moved.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -161,4 +162,30 @@ async fn a_reentered_call_moved_out_of_its_body_never_runs_beside_the_next_owner
     );
     assert_eq!(steps.load(Ordering::SeqCst), 1);
     next.release().await.unwrap();
+}
+
+/// Acquires the key and re-enters it in a call that waits for `go`, then once more.
+#[distributed_lock(key = "acct:<id>", locker = &locker)]
+async fn reenter_around_a_wait(
+    locker: Locker,
+    id: String,
+    steps: Arc<AtomicUsize>,
+    go: oneshot::Receiver<()>,
+) -> Result<(), LockError> {
+    step_twice(locker.clone(), id.clone(), steps, go).await?;
+    enter_once(locker.clone(), id, Arc::new(Gauge::default())).await
+}
+
+#[tokio::test]
+async fn a_call_that_acquired_takes_its_lease_along_to_another_task() {
+    let locker = Locker::memory();
+    let id = unique_key("moved-owner");
+    let steps = Arc::new(AtomicUsize::new(0));
+    let (go, wait) = oneshot::channel();
+    let call = reenter_around_a_wait(locker.clone(), id, steps.clone(), wait);
+    let moved = start_and_spawn(Box::pin(call)).await;
+    let _ = go.send(());
+    let outcome = moved.await.expect("the moved call panicked");
+    assert!(outcome.is_ok(), "{outcome:?}");
+    assert_eq!(steps.load(Ordering::SeqCst), 2);
 }
