@@ -79,12 +79,21 @@
 //!   renewal take effect only where the stored owner matches, atomically on the store.
 //! - **Re-entrancy.** A call awaited inside the body, in the same task, on the same key and
 //!   locker re-enters the held lease without asking the store; only the outermost exit releases.
-//!   Calls joined side by side (`tokio::join!`) or spawned are other owners. A re-entered call
-//!   runs under the outer call's lease: the outer `ttl` and renewal hold for it, whatever its own
-//!   `ttl`, `wait` and `renew` say, while its own `on_lost` applies to its own body.
+//!   Calls joined side by side (`tokio::join!`) or spawned are other owners, and so are tasks
+//!   polled inside the body's poll (a `LocalSet` the body drives with `run_until`, a runtime of
+//!   its own it drives with `block_on`): only the task that runs the body is inside it. A
+//!   re-entered call moved to another task (started inside the body, then `tokio::spawn`ed)
+//!   returns `LockError::Lost` at its next poll without running further, whatever its
+//!   `on_lost`: it has the lease only where its body runs. A re-entered call runs under the
+//!   outer call's lease: the outer `ttl` and renewal hold for it, whatever its own `ttl` and
+//!   `renew` say, while its own `on_lost` applies to its own body.
 //! - **Siblings inside a body take turns.** Calls on the held key joined inside the body
 //!   (`tokio::join!`, `join_all`, `select!`) re-enter one at a time, each waiting in process for
-//!   the one before it to end; a call nested inside a re-entered call re-enters at once.
+//!   the one before it to end, for at most its own `wait`: after it the call returns
+//!   `LockError::Busy`, as for a busy key, so with the default `wait = "0s"` a call that finds a
+//!   sibling inside gives up at once. The bound matters when the sibling inside is a future
+//!   nobody polls until this call ends (one arm of a `select!` loop whose other arm awaits this
+//!   call): no wait would ever end. A call nested inside a re-entered call re-enters at once.
 //! - **Stacked attributes.** Two `#[distributed_lock]` attributes on one function take both
 //!   locks, the one written lower first (it wraps the other), and release them in the opposite
 //!   order; inside the body [`current_lease()`] reports the one written on top.

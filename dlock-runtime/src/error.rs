@@ -9,14 +9,17 @@
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
-    /// Another owner held the key for the whole of `wait`.
+    /// Another owner held the key for the whole of `wait`; or, for a call re-entering the key
+    /// of the body it runs in, a call beside it inside that body kept its turn that long.
     #[error("lock `{key}` is busy")]
     Busy {
         /// The rendered key.
         key: String,
     },
     /// The lease ended while its holder was still working: a renewal was refused, or could not be
-    /// confirmed before the lease's expiry less the safety margin.
+    /// confirmed before the lease's expiry less the safety margin. Also returned by a re-entered
+    /// call moved to a task other than the one running the body it re-entered: the lease is not
+    /// its to run under there.
     #[error("lease on `{key}` was lost before the work finished")]
     Lost {
         /// The rendered key.

@@ -145,13 +145,17 @@ where
 
     let outer = match reentry::enter(locker.id(), &key) {
         reentry::Entry::Reenter { parent, top } => {
-            // Siblings joined inside the body take turns under the lease; waiting for one
-            // ends early if the lease is lost meanwhile.
-            let Some(turn) = reentry::Turn::take(&parent, top).await else {
-                return on_failure(&spec, LockError::Lost { key });
+            // Siblings joined inside the body take turns under the lease, each waiting at most
+            // its own `wait` for the one before it.
+            let turn = match reentry::Turn::take(&parent, top, spec.options.wait).await {
+                Ok(turn) => turn,
+                Err(error) => return on_failure(&spec, error),
             };
             tracing::trace!(%key, function = spec.name, "distributed_lock: re-entered");
-            let output = run_body(spec.on_lost, turn.lease(), turn.scope(body)).await;
+            // `None` as well when the call was moved to another task (see `Turn::scope`).
+            let output = run_body(spec.on_lost, turn.lease(), turn.scope(body))
+                .await
+                .flatten();
             return output.unwrap_or_else(|| on_failure(&spec, LockError::Lost { key }));
         }
         reentry::Entry::Acquire { outer } => outer,

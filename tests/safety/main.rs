@@ -4,8 +4,9 @@
 //! key was once held by nobody.
 //!
 //! By rule: [`validity`] (no body runs on a lease known to be invalid), [`siblings`] (calls
-//! joined inside a body take turns on its lease), [`deadlines`] (each lease judged against its
-//! own deadline) and [`waiting`] (no key held by nobody when a waiter leaves).
+//! joined inside a body take turns on its lease), [`tasks`] (no other task runs under a body's
+//! lease), [`deadlines`] (each lease judged against its own deadline) and [`waiting`] (no key
+//! held by nobody when a waiter leaves).
 
 // The support every test crate shares, one directory up.
 #[path = "../support/mod.rs"]
@@ -13,6 +14,7 @@ mod support;
 
 mod deadlines;
 mod siblings;
+mod tasks;
 mod validity;
 mod waiting;
 

@@ -8,7 +8,7 @@ use dlock::{distributed_lock, LockError, Locker};
 
 use crate::support::{unique_key, Gauge};
 
-#[distributed_lock(key = "acct:<id>", locker = locker)]
+#[distributed_lock(key = "acct:<id>", wait = "10s", locker = locker)]
 async fn withdraw(
     locker: &Locker,
     id: &str,
@@ -159,7 +159,7 @@ async fn siblings_reaching_one_lease_through_other_locks_still_take_turns() {
 }
 
 /// Enters, stays 100 ms, leaves.
-#[distributed_lock(key = "acct:<id>", locker = locker)]
+#[distributed_lock(key = "acct:<id>", wait = "10s", locker = locker)]
 async fn stay(locker: &Locker, id: &str, gauge: &Gauge) -> Result<(), LockError> {
     gauge.enter();
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -187,6 +187,33 @@ async fn start_and_hand_out<'a>(
     Ok(started)
 }
 
+/// Starts two calls on the held key and polls each once: the first takes its turn and enters,
+/// the second waits for it. Awaits the first, then hands the second, still waiting, out to its
+/// caller, ending before it.
+#[distributed_lock(key = "acct:<id>", locker = locker)]
+async fn hand_out_a_waiting_call<'a>(
+    locker: &'a Locker,
+    id: &'a str,
+    gauge: &'a Gauge,
+) -> Result<Started<'a>, LockError> {
+    let before = gauge.entered();
+    let mut entered: Started<'a> = Box::pin(stay(locker, id, gauge));
+    let mut waiting: Started<'a> = Box::pin(stay(locker, id, gauge));
+    std::future::poll_fn(|cx| {
+        assert!(entered.as_mut().poll(cx).is_pending());
+        assert!(waiting.as_mut().poll(cx).is_pending());
+        std::task::Poll::Ready(())
+    })
+    .await;
+    assert_eq!(
+        gauge.entered(),
+        before + 1,
+        "the second call entered beside the first"
+    );
+    entered.await?;
+    Ok(waiting)
+}
+
 #[distributed_lock(key = "acct:<id>", locker = locker)]
 async fn outlived_turn(locker: &Locker, id: &str, gauge: &Gauge) -> Result<(), LockError> {
     let started = start_and_hand_out(locker, id, gauge).await?;
@@ -196,7 +223,13 @@ async fn outlived_turn(locker: &Locker, id: &str, gauge: &Gauge) -> Result<(), L
     // Turns are handed back whatever order the calls ended in.
     tokio::time::timeout(Duration::from_secs(2), stay(locker, id, gauge))
         .await
-        .expect("a later sibling waited forever for a turn nobody holds")
+        .expect("a later sibling waited forever for a turn nobody holds")?;
+    // A call still waiting when the call it was started in ended gets the turn from the body
+    // it was handed out to.
+    let waiting = hand_out_a_waiting_call(locker, id, gauge).await?;
+    tokio::time::timeout(Duration::from_secs(2), waiting)
+        .await
+        .expect("a call handed out while waiting waited forever for a turn nobody holds")
 }
 
 #[tokio::test]
@@ -206,5 +239,80 @@ async fn a_call_that_outlives_the_call_it_was_started_in_keeps_its_turn() {
     let gauge = Gauge::default();
     outlived_turn(&locker, &id, &gauge).await.unwrap();
     assert_eq!(gauge.max(), 1, "two bodies were inside at once");
-    assert_eq!(gauge.entered(), 3);
+    assert_eq!(gauge.entered(), 5);
+}
+
+/// Waits for a change that is never sent: it takes its turn and keeps it while pending.
+#[distributed_lock(key = "acct:<id>", locker = locker)]
+async fn refresh_balance(
+    locker: &Locker,
+    id: &str,
+    never: tokio::sync::oneshot::Receiver<()>,
+) -> Result<(), LockError> {
+    let _ = never.await;
+    Ok(())
+}
+
+#[distributed_lock(key = "acct:<id>", wait = "50ms", locker = locker)]
+async fn apply(
+    locker: &Locker,
+    id: &str,
+    change: u64,
+    balance: &AtomicUsize,
+) -> Result<(), LockError> {
+    balance.fetch_add(change as usize, Ordering::SeqCst);
+    Ok(())
+}
+
+/// Races a refresh against incoming changes, applying each change while the refresh, which
+/// holds the turn, is not polled: the change waits for a turn that is never handed back.
+#[distributed_lock(key = "acct:<id>", locker = locker)]
+async fn follow_changes(
+    locker: &Locker,
+    id: &str,
+    mut changes: tokio::sync::mpsc::Receiver<u64>,
+    balance: &AtomicUsize,
+) -> Result<Result<(), LockError>, LockError> {
+    let (_never_sent, never) = tokio::sync::oneshot::channel();
+    let mut refresh = std::pin::pin!(refresh_balance(locker, id, never));
+    loop {
+        tokio::select! {
+            // The refresh is polled first, so that it holds the turn when a change arrives.
+            biased;
+            done = &mut refresh => return Ok(done),
+            Some(change) = changes.recv() => {
+                if let Err(error) = apply(locker, id, change, balance).await {
+                    return Ok(Err(error));
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_call_waiting_for_a_turn_its_holder_cannot_hand_back_gives_up_after_its_wait() {
+    let locker = Locker::memory();
+    let id = unique_key("futurelock");
+    let balance = AtomicUsize::new(0);
+    let (send, changes) = tokio::sync::mpsc::channel(1);
+    send.send(5).await.unwrap();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(5),
+        follow_changes(&locker, &id, changes, &balance),
+    )
+    .await
+    .expect("a call waited for ever for a turn held by a call nobody polls")
+    .unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::Busy { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        balance.load(Ordering::SeqCst),
+        0,
+        "the change ran beside the refresh"
+    );
+    // The outer call ended and released its key.
+    let key = format!("acct:{id}");
+    assert!(locker.lock(&*key, dlock::LockOptions::new()).await.is_ok());
 }
