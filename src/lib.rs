@@ -89,9 +89,8 @@
 //!   `renew` say, while its own `on_lost` applies to its own body.
 //! - **Siblings inside a body take turns.** Calls on the held key joined inside the body
 //!   (`tokio::join!`, `join_all`, `select!`) re-enter one at a time, each waiting in process for
-//!   the one before it to end, for at most its own `wait`: after it the call returns
-//!   `LockError::Busy`, as for a busy key, so with the default `wait = "0s"` a call that finds a
-//!   sibling inside gives up at once. The bound matters when the sibling inside is a future
+//!   the one before it to end, for at most its own `wait` or `ttl`, whichever is longer: after
+//!   it the call returns `LockError::Busy`. The bound matters when the sibling inside is a future
 //!   nobody polls until this call ends (one arm of a `select!` loop whose other arm awaits this
 //!   call): no wait would ever end. A call nested inside a re-entered call re-enters at once.
 //! - **Stacked attributes.** Two `#[distributed_lock]` attributes on one function take both

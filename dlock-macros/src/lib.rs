@@ -42,7 +42,7 @@ use proc_macro::TokenStream;
 /// | --- | --- | --- |
 /// | `key = "…"` | required | literal text and placeholders `<param>` or `<param.field.field>` (`self` included) |
 /// | `ttl = "…"` or `ttl = PATH` | `"30s"` | lease length: an integer and a unit (`ms`, `s`, `m`, `h`), combinable (`"1m30s"`), or the path of a `std::time::Duration` constant |
-/// | `wait = "…"` or `wait = PATH` | `"0s"` | how long to wait for a busy key, or, for a call re-entering the key of the body it runs in, for its turn among the body's calls on that key; `"0s"` tries once |
+/// | `wait = "…"` or `wait = PATH` | `"0s"` | how long to wait for a busy key; `"0s"` tries once |
 /// | `renew = bool` | `true` | a watchdog renews the lease every ttl/3 while the body runs |
 /// | `on_lost = "…"` | `"cancel"` | `"cancel"`: the body is dropped at its next await and the call returns `LockError::Lost`; `"continue"`: the body runs on and `current_lease().is_held()` says the lease is gone |
 /// | `locker = EXPR` | the default locker | a `&Locker` evaluated at each call (deref coercion applies): `&LOCKS` for a `static LOCKS: LazyLock<Locker>`, `&self.locker`, a parameter |
@@ -132,8 +132,8 @@ use proc_macro::TokenStream;
 ///
 /// - A call on the same key and locker awaited inside the body re-enters the held lease without
 ///   a round trip, under the outer call's ttl and renewal; calls joined inside the body on that
-///   key re-enter one at a time, each waiting for its turn at most its own `wait` and then
-///   returning `LockError::Busy`. Calls joined side by side outside any body, spawned tasks, and
+///   key re-enter one at a time, each waiting for its turn at most its own `wait` or `ttl`,
+///   whichever is longer, and then returning `LockError::Busy`. Calls joined side by side outside any body, spawned tasks, and
 ///   tasks polled inside the body (a `LocalSet` or a runtime the body drives) are other owners;
 ///   a re-entered call moved to another task returns `LockError::Lost` at its next poll.
 /// - Two attributes stacked on one function take both locks, the lower one first.

@@ -10,7 +10,8 @@
 #[non_exhaustive]
 pub enum LockError {
     /// Another owner held the key for the whole of `wait`; or, for a call re-entering the key
-    /// of the body it runs in, a call beside it inside that body kept its turn that long.
+    /// of the body it runs in, a call beside it inside that body kept its turn for the longer
+    /// of its `wait` and `ttl`.
     #[error("lock `{key}` is busy")]
     Busy {
         /// The rendered key.

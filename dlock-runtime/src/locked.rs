@@ -145,9 +145,9 @@ where
 
     let outer = match reentry::enter(locker.id(), &key) {
         reentry::Entry::Reenter { parent, top } => {
-            // Siblings joined inside the body take turns under the lease, each waiting at most
-            // its own `wait` for the one before it.
-            let turn = match reentry::Turn::take(&parent, top, spec.options.wait).await {
+            // Siblings joined inside the body take turns under the lease, each waiting for the
+            // one before it at most its own `wait` or `ttl`, whichever is longer.
+            let turn = match reentry::Turn::take(&parent, top, turn_patience(&spec.options)).await {
                 Ok(turn) => turn,
                 Err(error) => return on_failure(&spec, error),
             };
@@ -227,4 +227,14 @@ async fn until_lost<F: Future>(body: F, lease: &LeaseState) -> Option<F::Output>
         watcher.as_mut().poll(cx).map(|()| None)
     })
     .await
+}
+
+/// How long a re-entered call waits for its turn among the calls joined beside it inside the
+/// body: its own `wait` or its own `ttl`, whichever is longer. Siblings joined with the default
+/// `wait = "0s"` still take turns (a `join!` of two calls on the body's key runs both); the
+/// bound is for a turn that is never handed back, held by a future its caller stops polling
+/// until this call ends (one arm of a `select!` loop whose other arm awaits this call), which
+/// would otherwise keep the key, renewed, for ever.
+fn turn_patience(options: &crate::LockOptions) -> std::time::Duration {
+    options.wait.max(options.ttl)
 }

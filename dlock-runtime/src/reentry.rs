@@ -21,8 +21,8 @@
 //! A re-entering call waits until the occupant is the body it was called from (its parent
 //! frame), takes the turn, and gives it back when it ends, whichever way. Siblings therefore go
 //! one at a time, while a call nested inside a re-entered call (whose parent is that call)
-//! never waits on itself. A call waits for its turn at most its own `wait`, as it would for a
-//! busy key: the occupant may be a future its caller has stopped polling until this call ends
+//! never waits on itself. A call waits for its turn for a bounded time (its own `wait` or
+//! `ttl`, whichever is longer; see `locked`): the occupant may be a future its caller has stopped polling until this call ends
 //! (a `select!` loop that awaits this call in one branch while the other holds the turn), and
 //! would otherwise wait for ever with its lease renewed all along.
 //!
@@ -230,7 +230,7 @@ static NEXT_FRAME: AtomicU64 = AtomicU64::new(Turns::ACQUIRER + 1);
 
 impl Turn {
     /// Waits until `parent` is the lease's occupant, then takes the turn for a new frame above
-    /// `top`. Waits at most `wait`, as a call waits for a busy key, and fails with
+    /// `top`. Waits at most `wait`, and fails with
     /// [`LockError::Busy`] after it: the occupant may be a call its caller no longer polls (one
     /// branch of a `select!` whose other branch is this call), which then never hands the turn
     /// back. Fails with [`LockError::Lost`] when the lease is lost first.

@@ -8,7 +8,7 @@ use dlock::{distributed_lock, LockError, Locker};
 
 use crate::support::{unique_key, Gauge};
 
-#[distributed_lock(key = "acct:<id>", wait = "10s", locker = locker)]
+#[distributed_lock(key = "acct:<id>", locker = locker)]
 async fn withdraw(
     locker: &Locker,
     id: &str,
@@ -159,7 +159,7 @@ async fn siblings_reaching_one_lease_through_other_locks_still_take_turns() {
 }
 
 /// Enters, stays 100 ms, leaves.
-#[distributed_lock(key = "acct:<id>", wait = "10s", locker = locker)]
+#[distributed_lock(key = "acct:<id>", locker = locker)]
 async fn stay(locker: &Locker, id: &str, gauge: &Gauge) -> Result<(), LockError> {
     gauge.enter();
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -253,7 +253,7 @@ async fn refresh_balance(
     Ok(())
 }
 
-#[distributed_lock(key = "acct:<id>", wait = "50ms", locker = locker)]
+#[distributed_lock(key = "acct:<id>", ttl = "500ms", locker = locker)]
 async fn apply(
     locker: &Locker,
     id: &str,
@@ -290,7 +290,7 @@ async fn follow_changes(
 }
 
 #[tokio::test]
-async fn a_call_waiting_for_a_turn_its_holder_cannot_hand_back_gives_up_after_its_wait() {
+async fn a_call_waiting_for_a_turn_its_holder_cannot_hand_back_gives_up_after_its_ttl() {
     let locker = Locker::memory();
     let id = unique_key("futurelock");
     let balance = AtomicUsize::new(0);
