@@ -22,6 +22,7 @@ use crate::{LockError, Owner};
 
 mod builder;
 mod line;
+mod query;
 mod renew;
 mod rows;
 mod statements;

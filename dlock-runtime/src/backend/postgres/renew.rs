@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::Row;
 
 use super::{backend_error, is_conflict, Shared};
 use crate::backend::sql::retry_transient;
@@ -20,10 +20,13 @@ pub(super) async fn renew_all(
     let ttls: Vec<i64> = leases.iter().map(|(_, _, ttl)| *ttl).collect();
     let rows = retry_transient(is_conflict, || {
         shared.statements.fetch_add(1, Ordering::Relaxed);
-        sqlx::query(AssertSqlSafe(shared.sql.renew.clone()))
-            .bind(&keys)
-            .bind(&owners)
-            .bind(&ttls)
+        shared
+            .sql
+            .renew
+            .query()
+            .bind(keys.as_slice())
+            .bind(owners.as_slice())
+            .bind(ttls.as_slice())
             .fetch_all(&shared.pool)
     })
     .await
