@@ -632,3 +632,41 @@ async fn simple_queries_leave_no_prepared_statement_on_the_connections() {
         pool.close().await;
     }
 }
+
+/// A simple query's rows come as text, keys included: they read back the same where the
+/// session writes `bytea` in the old escape format rather than in hex.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simple_queries_read_keys_back_whatever_the_bytea_output() {
+    let db = Postgres::fresh().await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .after_connect(|connection, _| {
+            Box::pin(async move {
+                sqlx::raw_sql("SET bytea_output = 'escape'")
+                    .execute(connection)
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect(&postgres_url())
+        .await
+        .unwrap();
+    let backend = PostgresBackend::with_pool(pool)
+        .table(&db.table)
+        .prepared_statements(false)
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend.clone());
+    let lease = locker
+        .lock("key \\ with ' odd é bytes", LockOptions::new().renew(false))
+        .await
+        .unwrap();
+    let renewal = [Renewal::new(
+        lease.key(),
+        lease.owner(),
+        Duration::from_secs(30),
+    )];
+    assert_eq!(backend.renew(&renewal).await.unwrap(), [true]);
+    lease.release().await.unwrap();
+}

@@ -441,7 +441,7 @@ mod tests {
     #[test]
     fn dlock_settings_come_from_the_query_and_the_password_stays_out_of_debug() {
         let builder = PostgresBuilder::new(
-            "postgresql://app:secret@db:5432/orders?table=order_locks&connect_timeout=2s&max_connections=3&sslmode=disable",
+            "postgresql://app:secret@db:5432/orders?table=order_locks&connect_timeout=2s&max_connections=3&prepared_statements=false&sslmode=disable",
         )
         .unwrap();
         let debug = format!("{builder:?}");
@@ -450,6 +450,20 @@ mod tests {
             "{debug}"
         );
         assert!(debug.contains("max_connections: 3"), "{debug}");
+        assert!(debug.contains("prepared_statements: false"), "{debug}");
+        let default = format!(
+            "{:?}",
+            PostgresBuilder::new("postgres://db/orders").unwrap()
+        );
+        assert!(default.contains("prepared_statements: true"), "{default}");
+        let error =
+            PostgresBuilder::new("postgres://app:secret@db:5432/orders?prepared_statements=no")
+                .unwrap_err()
+                .to_string();
+        assert!(
+            error.contains("prepared_statements=`no`") && !error.contains("secret"),
+            "{error}"
+        );
         assert!(!debug.contains("secret"), "{debug}");
         let error =
             PostgresBuilder::new("postgres://app:secret@db:5432/orders?connect_timeout=soon")

@@ -31,10 +31,11 @@ pub(super) async fn renew_all(
     })
     .await
     .map_err(backend_error)?;
-    let renewed: HashSet<(Vec<u8>, String)> = rows
+    let renewed = rows
         .iter()
-        .map(|row| (row.get::<Vec<u8>, _>(0), row.get::<String, _>(1)))
-        .collect();
+        .map(|row| Ok((row.try_get::<Vec<u8>, _>(0)?, row.try_get::<String, _>(1)?)))
+        .collect::<Result<HashSet<(Vec<u8>, String)>, sqlx::Error>>()
+        .map_err(backend_error)?;
     Ok(leases
         .iter()
         .map(|(key, owner, _)| renewed.contains(&(key.clone(), owner.clone())))
