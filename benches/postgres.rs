@@ -398,8 +398,9 @@ async fn suite(flavour: &str) {
         .connect(&url())
         .await
         .unwrap();
+    // Two statements (the table and its waiters table): one simple query.
     let ddl = PostgresBackend::ddl(RAW_TABLE).unwrap();
-    sqlx::query(AssertSqlSafe(ddl))
+    sqlx::raw_sql(AssertSqlSafe(ddl))
         .execute(&pool)
         .await
         .unwrap();
