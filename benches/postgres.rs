@@ -12,7 +12,9 @@
 //! - Uncontended: sequential acquire + release on distinct keys, through `Locker::lock` and
 //!   `Lease::release`, against two baselines, each through a pool of the backend's size: the
 //!   same `INSERT … ON CONFLICT` and `DELETE` the backend sends, raw (target ≥ 0.9×), and a
-//!   `pg_try_advisory_lock` + `pg_advisory_unlock` pair on one pooled connection.
+//!   `pg_try_advisory_lock` + `pg_advisory_unlock` pair on one pooled connection. And the
+//!   backend again without prepared statements (`prepared_statements(false)`: simple queries,
+//!   values written in), on a table of its own.
 //! - Contended: 8 tasks on one key, each critical section a read-then-write increment of a
 //!   counter row on PostgreSQL; critical sections/s, lost updates (target 0), critical sections
 //!   per worker (target: within 2× of each other), wait p50 / p99 / max (target max ≤ 25 ms).
@@ -382,13 +384,23 @@ async fn suite(flavour: &str) {
         .await
         .unwrap();
     let locker = Locker::with_backend(backend);
+    let simple = PostgresBackend::builder(&url())
+        .unwrap()
+        .table("dlock_bench_simple")
+        .max_connections(POOL_SIZE)
+        .prepared_statements(false)
+        .connect()
+        .await
+        .unwrap();
+    let simple = Locker::with_backend(simple);
     let pool = PgPoolOptions::new()
         .max_connections(POOL_SIZE)
         .connect(&url())
         .await
         .unwrap();
+    // Two statements (the table and its waiters table): one simple query.
     let ddl = PostgresBackend::ddl(RAW_TABLE).unwrap();
-    sqlx::query(AssertSqlSafe(ddl))
+    sqlx::raw_sql(AssertSqlSafe(ddl))
         .execute(&pool)
         .await
         .unwrap();
@@ -399,7 +411,7 @@ async fn suite(flavour: &str) {
     .await
     .unwrap();
     // Rows a run cut short left behind would make keys busy.
-    for table in ["dlock_bench", RAW_TABLE] {
+    for table in ["dlock_bench", "dlock_bench_simple", RAW_TABLE] {
         sqlx::query(AssertSqlSafe(format!("DELETE FROM {table}")))
             .execute(&pool)
             .await
@@ -412,18 +424,20 @@ async fn suite(flavour: &str) {
     .await
     .unwrap();
 
-    let (mut best_dlock, mut best_table, mut best_advisory) =
-        (Duration::MAX, Duration::MAX, Duration::MAX);
+    let (mut best_dlock, mut best_table, mut best_advisory, mut best_simple) =
+        (Duration::MAX, Duration::MAX, Duration::MAX, Duration::MAX);
     for round in 0..ROUNDS {
         best_table = best_table.min(table_pairs(&pool, round).await);
         best_dlock = best_dlock.min(dlock_pairs(&locker, round).await);
         best_advisory = best_advisory.min(advisory_pairs(&pool, round).await);
+        best_simple = best_simple.min(dlock_pairs(&simple, round).await);
     }
     let per_sec = |d: Duration| PAIRS as f64 / d.as_secs_f64();
-    let (dlock, table, advisory) = (
+    let (dlock, table, advisory, simple_rate) = (
         per_sec(best_dlock),
         per_sec(best_table),
         per_sec(best_advisory),
+        per_sec(best_simple),
     );
     println!(
         "[postgres uncontended, {flavour} runtime: {PAIRS} acquire+release pairs on distinct keys, pools of {POOL_SIZE}, best of {ROUNDS}]"
@@ -452,6 +466,15 @@ async fn suite(flavour: &str) {
         "dlock lock + release",
         dlock,
         &format!("{:.2}x", dlock / advisory),
+    );
+    row(
+        "dlock lock + release, simple queries (prepared_statements(false))",
+        simple_rate,
+        &format!(
+            "{:.2}x of the raw baseline, {:.2}x of prepared",
+            simple_rate / table,
+            simple_rate / dlock
+        ),
     );
 
     let poller = measured(
@@ -485,6 +508,7 @@ async fn suite(flavour: &str) {
         None => println!("(dlock on MySQL: build with --features postgres,mysql to compare)"),
     }
     locker.shutdown().await.unwrap();
+    simple.shutdown().await.unwrap();
     pool.close().await;
     println!();
 }

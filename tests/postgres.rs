@@ -55,14 +55,21 @@ mod sql_scenarios {
     }
 }
 
-/// A lock table of this test's own; dropped with it.
-struct Postgres {
+/// A lock table of this test's own; dropped with it. Its backends send prepared statements,
+/// or simple queries where `PREPARED` is `false`.
+struct Postgres<const PREPARED: bool = true> {
     table: String,
     admin: PgPool,
 }
 
 impl Postgres {
     async fn fresh() -> Postgres {
+        Postgres::new_table().await
+    }
+}
+
+impl<const PREPARED: bool> Postgres<PREPARED> {
+    async fn new_table() -> Postgres<PREPARED> {
         let table = format!("dlock_test_{}", &Owner::random().to_string()[..12]);
         let admin = PgPool::connect(&postgres_url())
             .await
@@ -133,9 +140,9 @@ impl Postgres {
     }
 }
 
-impl support::sql_store::SqlStore for Postgres {
-    async fn fresh() -> Postgres {
-        Postgres::fresh().await
+impl<const PREPARED: bool> support::sql_store::SqlStore for Postgres<PREPARED> {
+    async fn fresh() -> Postgres<PREPARED> {
+        Postgres::new_table().await
     }
 
     fn url() -> String {
@@ -146,6 +153,7 @@ impl support::sql_store::SqlStore for Postgres {
         let backend = PostgresBackend::builder(url)
             .unwrap()
             .table(&self.table)
+            .prepared_statements(PREPARED)
             .connect()
             .await
             .unwrap();
@@ -153,7 +161,7 @@ impl support::sql_store::SqlStore for Postgres {
     }
 
     async fn rows(&self, key: &str) -> i64 {
-        Postgres::rows(self, key).await
+        Postgres::<PREPARED>::rows(self, key).await
     }
 
     async fn insert_expired_row(&self, key: &str) {
@@ -196,14 +204,14 @@ impl support::sql_store::SqlStore for Postgres {
     }
 }
 
-impl Drop for Postgres {
+impl<const PREPARED: bool> Drop for Postgres<PREPARED> {
     fn drop(&mut self) {
         // The test's runtime is blocked in this `Drop`, and the admin pool with it.
         support::drop_postgres_table(&self.table);
     }
 }
 
-impl support::Store for Postgres {
+impl<const PREPARED: bool> support::Store for Postgres<PREPARED> {
     type Backend = PostgresBackend;
 
     // A release NOTIFYs the backend's listener; each backend queues its waiters in arrival
@@ -214,6 +222,7 @@ impl support::Store for Postgres {
             .unwrap()
             .table(&self.table)
             .max_connections(4)
+            .prepared_statements(PREPARED)
             .connect()
             .await
             .unwrap()
@@ -237,6 +246,46 @@ impl support::Store for Postgres {
 }
 
 lock_properties!(Postgres::fresh().await);
+
+/// Every property and shared scenario again with the statements sent as simple queries, their
+/// values written into the SQL (`prepared_statements(false)`, for poolers that cannot follow
+/// prepared statements): the same promises, by the same statements.
+mod simple_queries {
+    use crate::lock_properties;
+    use crate::support::{self, sql_store as scenario};
+
+    /// A table whose backends send no prepared statement.
+    type Simple = crate::Postgres<false>;
+
+    lock_properties!(Simple::new_table().await);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_row_locked_by_another_transaction_neither_holds_up_tries_nor_starves_renewals() {
+        scenario::a_row_locked_by_another_transaction_neither_holds_up_tries_nor_starves_renewals::<
+            Simple,
+        >()
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tries_stuck_on_a_locked_row_do_not_keep_other_keys_from_being_locked() {
+        scenario::tries_stuck_on_a_locked_row_do_not_keep_other_keys_from_being_locked::<Simple>()
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_grant_its_caller_never_came_back_for_is_undone_after_the_claim_window() {
+        scenario::a_grant_its_caller_never_came_back_for_is_undone_after_the_claim_window::<
+            Simple,
+        >()
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_acquisition_abandoned_while_its_insert_waits_leaves_no_row() {
+        scenario::an_acquisition_abandoned_while_its_insert_waits_leaves_no_row::<Simple>().await;
+    }
+}
 
 /// A resource that takes a write only with a fence above the last one it took, as a fenced
 /// store would.
@@ -519,4 +568,105 @@ async fn a_locker_on_the_service_pool_leaves_it_open_at_shutdown() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Sent as simple queries (`prepared_statements(false)`), the statements leave no prepared
+/// statement on the connections they ran on, which a pooler would hand on to other clients:
+/// every kind of them (a try that finds the key busy and takes a place in line, the place kept
+/// and given up, a grant, a renewal, a release). Sent prepared, they leave theirs, as this test
+/// checks too, so that it can tell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simple_queries_leave_no_prepared_statement_on_the_connections() {
+    let db = Postgres::fresh().await;
+    for prepared in [true, false] {
+        // Two connections (one for the tries, and one for the rest), both looked at below.
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&postgres_url())
+            .await
+            .unwrap();
+        let backend = PostgresBackend::with_pool(pool.clone())
+            .table(&db.table)
+            .prepared_statements(prepared)
+            .connect()
+            .await
+            .unwrap();
+        let locker = Locker::with_backend(backend.clone());
+        let key = support::unique_key("nothing-left");
+        let lease = locker
+            .lock(&*key, LockOptions::new().renew(false))
+            .await
+            .unwrap();
+        // Waits in line past a keeping of its place, then gives it up.
+        let waited = locker
+            .lock(&*key, LockOptions::new().wait(Duration::from_millis(1_500)))
+            .await;
+        assert!(matches!(waited, Err(LockError::Busy { .. })), "{waited:?}");
+        let renewal = [Renewal::new(
+            lease.key(),
+            lease.owner(),
+            Duration::from_secs(30),
+        )];
+        assert_eq!(backend.renew(&renewal).await.unwrap(), [true]);
+        lease.release().await.unwrap();
+        locker.shutdown().await.unwrap();
+
+        let mut prepared_left = 0;
+        let connections = [pool.acquire().await.unwrap(), pool.acquire().await.unwrap()];
+        for mut connection in connections {
+            // A simple query, which prepares nothing itself.
+            let row = sqlx::raw_sql("SELECT count(*) FROM pg_prepared_statements")
+                .fetch_one(&mut *connection)
+                .await
+                .unwrap();
+            prepared_left += row.get::<i64, _>(0);
+        }
+        if prepared {
+            assert!(
+                prepared_left > 0,
+                "no prepared statement seen: the test cannot tell"
+            );
+        } else {
+            assert_eq!(prepared_left, 0, "simple queries left prepared statements");
+        }
+        pool.close().await;
+    }
+}
+
+/// A simple query's rows come as text, keys included: they read back the same where the
+/// session writes `bytea` in the old escape format rather than in hex.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simple_queries_read_keys_back_whatever_the_bytea_output() {
+    let db = Postgres::fresh().await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .after_connect(|connection, _| {
+            Box::pin(async move {
+                sqlx::raw_sql("SET bytea_output = 'escape'")
+                    .execute(connection)
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect(&postgres_url())
+        .await
+        .unwrap();
+    let backend = PostgresBackend::with_pool(pool)
+        .table(&db.table)
+        .prepared_statements(false)
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend.clone());
+    let lease = locker
+        .lock("key \\ with ' odd é bytes", LockOptions::new().renew(false))
+        .await
+        .unwrap();
+    let renewal = [Renewal::new(
+        lease.key(),
+        lease.owner(),
+        Duration::from_secs(30),
+    )];
+    assert_eq!(backend.renew(&renewal).await.unwrap(), [true]);
+    lease.release().await.unwrap();
 }

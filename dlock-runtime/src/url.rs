@@ -50,7 +50,7 @@ impl Scheme {
 #[cfg(any(feature = "redis", feature = "mysql", feature = "postgres"))]
 pub(crate) use settings::number_param;
 #[cfg(feature = "postgres")]
-pub(crate) use settings::without_params;
+pub(crate) use settings::{bool_param, without_params};
 #[cfg(any(
     feature = "redis",
     feature = "mysql",
@@ -138,6 +138,20 @@ mod settings {
         text.parse()
             .map(Some)
             .map_err(|_| LockError::invalid_url(url, format!("{name}=`{text}`: expected a number")))
+    }
+
+    /// The query parameter `name` of `url` as `true` or `false`.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn bool_param(url: &str, name: &str) -> Result<Option<bool>, LockError> {
+        match query_param(url, name) {
+            None => Ok(None),
+            Some("true") => Ok(Some(true)),
+            Some("false") => Ok(Some(false)),
+            Some(text) => Err(LockError::invalid_url(
+                url,
+                format!("{name}=`{text}`: expected true or false"),
+            )),
+        }
     }
 
     fn parse_duration(text: &str) -> Option<Duration> {

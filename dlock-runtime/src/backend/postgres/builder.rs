@@ -6,15 +6,21 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Executor};
 
+use super::query::{Protocol, Query};
 use super::statements::resolve_channel;
 use super::waiting::Waiting;
 use super::{backend_error, line, on_background, PostgresBackend, Shared, Statements};
 use crate::backend::sql::ROW_LOCK_PATIENCE_S;
-use crate::url::{duration_param, number_param, query_param, without_params};
+use crate::url::{bool_param, duration_param, number_param, query_param, without_params};
 use crate::{LockError, Owner};
 
 /// The URL settings that are dlock's, taken out before the driver reads the rest.
-const SETTINGS: [&str; 3] = ["table", "connect_timeout", "max_connections"];
+const SETTINGS: [&str; 4] = [
+    "table",
+    "connect_timeout",
+    "max_connections",
+    "prepared_statements",
+];
 
 /// Options of a [`PostgresBackend`], from [`PostgresBackend::builder`] or
 /// [`PostgresBackend::with_pool`]. Nothing is connected until [`connect`](Self::connect).
@@ -43,6 +49,7 @@ pub struct PostgresBuilder {
     max_connections: u32,
     connect_timeout: Duration,
     create_table: bool,
+    protocol: Protocol,
 }
 
 /// Where the connections come from.
@@ -75,6 +82,10 @@ impl std::fmt::Debug for PostgresBuilder {
             .field("max_connections", &self.max_connections)
             .field("connect_timeout", &self.connect_timeout)
             .field("create_table", &self.create_table)
+            .field(
+                "prepared_statements",
+                &(self.protocol == Protocol::Prepared),
+            )
             .finish()
     }
 }
@@ -99,6 +110,9 @@ impl PostgresBuilder {
         if let Some(max) = number_param::<u32>(url, "max_connections")? {
             builder = builder.max_connections(max);
         }
+        if let Some(prepared) = bool_param(url, "prepared_statements")? {
+            builder = builder.prepared_statements(prepared);
+        }
         Ok(builder)
     }
 
@@ -114,6 +128,7 @@ impl PostgresBuilder {
             max_connections: 10,
             connect_timeout: Duration::from_secs(5),
             create_table: true,
+            protocol: Protocol::Prepared,
         }
     }
 }
@@ -191,6 +206,36 @@ impl PostgresBuilder {
         self
     }
 
+    /// Whether to send the statements as prepared statements (default `true`; also set by
+    /// `?prepared_statements=false` in the URL). Turn it off for PgBouncer in transaction mode
+    /// before 1.21, or any connection pooler that cannot follow a client's prepared statements
+    /// from one server connection to another (see [`PostgresBackend`]'s PgBouncer notes).
+    ///
+    /// Off, each statement goes as one simple query with its values written into the SQL
+    /// (keys in hex, never as text), so nothing it leaves on a server connection outlives it.
+    /// The cost: the server parses and plans every statement it gets, where a prepared one is
+    /// parsed once per connection. The wait for another transaction's row lock is then bounded
+    /// within each statement (`SET LOCAL lock_timeout`), not by a setting of the connection's
+    /// session, which a pooler would hand on to its other clients; so it is bounded on a
+    /// service's pool ([`PostgresBackend::with_pool`]) too.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+    /// // Through PgBouncer 1.18 in transaction mode; the listener straight to the server.
+    /// let backend = dlock::backend::PostgresBackend::builder(
+    ///     "postgres://app:secret@pgbouncer.internal:6432/orders",
+    /// )?
+    /// .prepared_statements(false)
+    /// .listen_url("postgres://app:secret@db.internal:5432/orders")?
+    /// .connect()
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn prepared_statements(mut self, prepared: bool) -> Self {
+        self.protocol = Protocol::prepared(prepared);
+        self
+    }
+
     /// Where the one `LISTEN` connection goes, where that is not where the statements go: the
     /// server itself, when the statements go through PgBouncer in transaction mode, which
     /// cannot keep a `LISTEN` for a session (see [`PostgresBackend`]'s PgBouncer notes). By
@@ -250,15 +295,18 @@ impl PostgresBuilder {
         let table = quote_table(&self.table, "")?;
         let waiters = quote_table(&self.table, WAITERS_SUFFIX)?;
         let ddl = PostgresBackend::ddl(&self.table)?;
+        let protocol = self.protocol;
         let (pool, owns_pool) = match self.source {
             Source::Url(options) => {
                 let pool_options = PgPoolOptions::new()
                     .max_connections(self.max_connections)
                     .min_connections(1)
-                    .acquire_timeout(self.connect_timeout)
-                    // A statement stuck behind someone else's row lock gives its connection
-                    // back (see `ROW_LOCK_PATIENCE_S`).
-                    .after_connect(|conn, _| {
+                    .acquire_timeout(self.connect_timeout);
+                // A statement stuck behind someone else's row lock gives its connection back
+                // (see `ROW_LOCK_PATIENCE_S`). Simple queries set that within each statement
+                // instead: a session's setting would stay on a pooler's server connection.
+                let pool_options = match protocol {
+                    Protocol::Prepared => pool_options.after_connect(|conn, _| {
                         Box::pin(async move {
                             conn.execute(AssertSqlSafe(format!(
                                 "SET lock_timeout = '{ROW_LOCK_PATIENCE_S}s'"
@@ -266,7 +314,9 @@ impl PostgresBuilder {
                             .await?;
                             Ok(())
                         })
-                    });
+                    }),
+                    Protocol::Simple => pool_options,
+                };
                 let pool = on_background(async move {
                     pool_options.connect_with(*options).await.map_err(|error| {
                         LockError::backend(format!("cannot connect to PostgreSQL: {error}"))
@@ -279,7 +329,7 @@ impl PostgresBuilder {
         };
         if self.create_table {
             let pool = pool.clone();
-            on_background(async move { create_table(&pool, ddl).await }).await?;
+            on_background(async move { create_table(&pool, ddl, protocol).await }).await?;
         }
         let listen = match self.listen {
             Some(options) => *options,
@@ -295,7 +345,8 @@ impl PostgresBuilder {
         // resolves to (see `resolve_channel`).
         let channel = {
             let (pool, table, waiters) = (pool.clone(), table.clone(), waiters.clone());
-            on_background(async move { resolve_channel(&pool, &table, &waiters).await }).await?
+            on_background(async move { resolve_channel(&pool, &table, &waiters, protocol).await })
+                .await?
         };
         waiting
             .start_listener(listen, channel.clone(), self.connect_timeout)
@@ -304,7 +355,7 @@ impl PostgresBuilder {
         let shared = Arc::new(Shared {
             pool,
             owns_pool,
-            sql: Statements::new(table, &waiters, &channel),
+            sql: Statements::new(table, &waiters, &channel, protocol),
             waiting,
             waiter: Owner::random().to_string(),
             statements: Default::default(),
@@ -319,12 +370,9 @@ impl PostgresBuilder {
 /// Runs the `CREATE TABLE IF NOT EXISTS` of each table. Two of them at once for one new table can both pass
 /// the "if not exists" and collide in the catalog (a unique violation on the table's row type,
 /// or "already exists"): the table then exists, which is what was asked.
-async fn create_table(pool: &PgPool, ddl: String) -> Result<(), LockError> {
+async fn create_table(pool: &PgPool, ddl: String, protocol: Protocol) -> Result<(), LockError> {
     for statement in ddl.split(';').filter(|s| !s.trim().is_empty()) {
-        match sqlx::query(AssertSqlSafe(statement.to_owned()))
-            .execute(pool)
-            .await
-        {
+        match Query::once(statement, protocol).execute(pool).await {
             Ok(_) => {}
             Err(sqlx::Error::Database(db))
                 if matches!(db.code().as_deref(), Some("23505" | "42P07")) => {}
@@ -393,7 +441,7 @@ mod tests {
     #[test]
     fn dlock_settings_come_from_the_query_and_the_password_stays_out_of_debug() {
         let builder = PostgresBuilder::new(
-            "postgresql://app:secret@db:5432/orders?table=order_locks&connect_timeout=2s&max_connections=3&sslmode=disable",
+            "postgresql://app:secret@db:5432/orders?table=order_locks&connect_timeout=2s&max_connections=3&prepared_statements=false&sslmode=disable",
         )
         .unwrap();
         let debug = format!("{builder:?}");
@@ -402,6 +450,20 @@ mod tests {
             "{debug}"
         );
         assert!(debug.contains("max_connections: 3"), "{debug}");
+        assert!(debug.contains("prepared_statements: false"), "{debug}");
+        let default = format!(
+            "{:?}",
+            PostgresBuilder::new("postgres://db/orders").unwrap()
+        );
+        assert!(default.contains("prepared_statements: true"), "{default}");
+        let error =
+            PostgresBuilder::new("postgres://app:secret@db:5432/orders?prepared_statements=no")
+                .unwrap_err()
+                .to_string();
+        assert!(
+            error.contains("prepared_statements=`no`") && !error.contains("secret"),
+            "{error}"
+        );
         assert!(!debug.contains("secret"), "{debug}");
         let error =
             PostgresBuilder::new("postgres://app:secret@db:5432/orders?connect_timeout=soon")

@@ -14,7 +14,7 @@
 use std::sync::Weak;
 use std::time::Duration;
 
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::Row;
 
 use super::Shared;
 use crate::backend::sql::micros;
@@ -53,9 +53,12 @@ pub(super) async fn keep_places(backend: Weak<Shared>) {
             continue;
         }
         let lifetime_us = i64::try_from(micros(PLACE_LIFETIME)).unwrap_or(i64::MAX);
-        let kept = sqlx::query(AssertSqlSafe(shared.sql.keep_places.clone()))
-            .bind(&shared.waiter)
-            .bind(&keep)
+        let kept = shared
+            .sql
+            .keep_places
+            .query()
+            .bind(shared.waiter.as_str())
+            .bind(keep.as_slice())
             .bind(lifetime_us)
             .fetch_all(&shared.pool)
             .await;
@@ -82,9 +85,12 @@ pub(super) async fn keep_places(backend: Weak<Shared>) {
 /// at once); a place that cannot be given up lapses by itself.
 pub(super) async fn give_up(shared: &Shared, keys: Vec<Vec<u8>>) {
     for key in keys {
-        let left = sqlx::query(AssertSqlSafe(shared.sql.leave.clone()))
-            .bind(&key)
-            .bind(&shared.waiter)
+        let left = shared
+            .sql
+            .leave
+            .query()
+            .bind(key.as_slice())
+            .bind(shared.waiter.as_str())
             .fetch_all(&shared.pool)
             .await;
         if let Err(error) = left {

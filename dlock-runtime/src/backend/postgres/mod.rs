@@ -22,6 +22,7 @@ use crate::{LockError, Owner};
 
 mod builder;
 mod line;
+mod query;
 mod renew;
 mod rows;
 mod statements;
@@ -127,7 +128,9 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 ///   run with `lock_timeout = '2s'`, so a statement stuck behind such a lock gives up (a try
 ///   then reads as busy) and hands its connection back. On a service's pool
 ///   ([`with_pool`](Self::with_pool)) that setting is the service's: without it, stuck tries
-///   keep their connections, and every other key's tries wait, until that transaction ends. A process that dies while its
+///   keep their connections, and every other key's tries wait, until that transaction ends.
+///   (Without prepared statements, see "PgBouncer", each statement sets it for itself, on any
+///   pool.) A process that dies while its
 ///   statement waits on a row lock leaves the statement waiting on the server: PostgreSQL
 ///   notices a client gone during a lock wait only with `client_connection_check_interval` set
 ///   (PostgreSQL 14+), so otherwise the statement runs when the lock goes and writes a row held
@@ -192,12 +195,17 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 /// A lease holds no connection and no session state (no advisory lock, no open transaction),
 /// so the statements can go through PgBouncer in transaction mode, given:
 ///
-/// - PgBouncer 1.21 or later, with `max_prepared_statements` set (say, to 100). sqlx sends each
-///   statement as a named prepared statement (parsed once per connection, then only bound and
-///   executed), which PgBouncer follows across server connections from that version on; an
+/// - Statements PgBouncer can pass on. By default each goes as a named prepared statement
+///   (parsed once per connection, then only bound and executed), which PgBouncer follows across
+///   server connections from 1.21 on, with `max_prepared_statements` set (say, to 100); an
 ///   older one mixes up its clients' statements (`prepared statement "sqlx_s_1" already
-///   exists`). Do not set sqlx's `statement-cache-capacity=0` for it: sqlx then still names
-///   each statement, and never closes it.
+///   exists`). Before 1.21 (Debian 12 ships 1.18), or behind any pooler that cannot follow
+///   prepared statements, turn them off with
+///   [`prepared_statements(false)`](PostgresBuilder::prepared_statements) or
+///   `?prepared_statements=false`: each statement then goes as one simple query with its values
+///   written in (keys in hex), which the server parses every time. Do not set sqlx's
+///   `statement-cache-capacity=0` instead: sqlx then still names each statement, and never
+///   closes it.
 /// - `ignore_startup_parameters = extra_float_digits`: sqlx sets that parameter when it
 ///   connects, and PgBouncer refuses a connection with a parameter it does not know.
 /// - The listener pointed at the server, with [`PostgresBuilder::listen_url`]: it needs a
@@ -207,9 +215,26 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 ///   expiry do not depend on the listener, but a waiter then gets in only once the lease it
 ///   found busy runs out, however early that lease was released.
 ///
-/// The backend's own connections run `SET lock_timeout` when they open (see the statements
-/// above); through PgBouncer in transaction mode, that setting stays with the server connection
-/// it ran on, for whichever client PgBouncer lends that connection to next.
+/// With prepared statements, the backend's own connections run `SET lock_timeout` when they
+/// open (see the statements above); through PgBouncer in transaction mode, that setting stays
+/// with the server connection it ran on, for whichever client PgBouncer lends that connection
+/// to next. Without them, each statement sets it for itself alone (`SET LOCAL` in the same
+/// simple query, which runs as one transaction), and leaves no setting behind.
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
+/// use dlock::Locker;
+///
+/// // PgBouncer 1.18 in transaction mode; the listener straight to the server.
+/// let backend = dlock::backend::PostgresBackend::builder(
+///     "postgres://app:secret@pgbouncer.internal:6432/orders?prepared_statements=false",
+/// )?
+/// .listen_url("postgres://app:secret@db.internal:5432/orders")?
+/// .connect()
+/// .await?;
+/// let locker = Locker::with_backend(backend);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct PostgresBackend {
     shared: Arc<Shared>,
@@ -260,9 +285,10 @@ impl PostgresBackend {
     /// Options for a connection to `url` (`postgres://user:password@host:port/database`, or
     /// `postgresql://…`).
     ///
-    /// The URL's query may hold `table=order_locks`, `connect_timeout=2s` and
-    /// `max_connections=8` besides the driver's own (`sslmode=require`,
-    /// `application_name=orders`); a method of the builder called later overrides them.
+    /// The URL's query may hold `table=order_locks`, `connect_timeout=2s`, `max_connections=8`
+    /// and `prepared_statements=false` (see [`PostgresBuilder::prepared_statements`]) besides
+    /// the driver's own (`sslmode=require`, `application_name=orders`); a method of the builder
+    /// called later overrides them.
     ///
     /// # Errors
     ///

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::Row;
 
 use super::{backend_error, is_conflict, Shared};
 use crate::backend::sql::retry_transient;
@@ -20,18 +20,22 @@ pub(super) async fn renew_all(
     let ttls: Vec<i64> = leases.iter().map(|(_, _, ttl)| *ttl).collect();
     let rows = retry_transient(is_conflict, || {
         shared.statements.fetch_add(1, Ordering::Relaxed);
-        sqlx::query(AssertSqlSafe(shared.sql.renew.clone()))
-            .bind(&keys)
-            .bind(&owners)
-            .bind(&ttls)
+        shared
+            .sql
+            .renew
+            .query()
+            .bind(keys.as_slice())
+            .bind(owners.as_slice())
+            .bind(ttls.as_slice())
             .fetch_all(&shared.pool)
     })
     .await
     .map_err(backend_error)?;
-    let renewed: HashSet<(Vec<u8>, String)> = rows
+    let renewed = rows
         .iter()
-        .map(|row| (row.get::<Vec<u8>, _>(0), row.get::<String, _>(1)))
-        .collect();
+        .map(|row| Ok((row.try_get::<Vec<u8>, _>(0)?, row.try_get::<String, _>(1)?)))
+        .collect::<Result<HashSet<(Vec<u8>, String)>, sqlx::Error>>()
+        .map_err(backend_error)?;
     Ok(leases
         .iter()
         .map(|(key, owner, _)| renewed.contains(&(key.clone(), owner.clone())))

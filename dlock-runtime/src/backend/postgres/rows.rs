@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::Row;
 
 use super::line::PLACE_LIFETIME;
 use super::{backend_error, is_conflict, lock_timed_out, PostgresBackend, Shared};
@@ -76,11 +76,14 @@ async fn acquire_row(
         shared.statements.fetch_add(1, Ordering::Relaxed);
         let mut connection = shared.pool.acquire().await?;
         let sent_at = Instant::now();
-        let row = sqlx::query(AssertSqlSafe(shared.sql.acquire.clone()))
+        let row = shared
+            .sql
+            .acquire
+            .query()
             .bind(key)
             .bind(owner)
             .bind(ttl_us)
-            .bind(&shared.waiter)
+            .bind(shared.waiter.as_str())
             .bind(in_line)
             .bind(place_us)
             .fetch_one(&mut *connection)
@@ -121,7 +124,10 @@ pub(super) async fn delete_row(
     let fence = fence.map(|fence| fence as i64);
     let rows = sql::retry_transient(is_conflict, || {
         shared.statements.fetch_add(1, Ordering::Relaxed);
-        sqlx::query(AssertSqlSafe(shared.sql.release.clone()))
+        shared
+            .sql
+            .release
+            .query()
             .bind(key)
             .bind(owner)
             .bind(fence)

@@ -1,10 +1,9 @@
 //! The statements, with the table's name and channel filled in once.
 
-use std::sync::Arc;
-
 use sqlx::postgres::PgPool;
 use sqlx::Row;
 
+use super::query::{Protocol, Query, Statement};
 use crate::LockError;
 
 /// The database's clock in microseconds since the epoch: the floor of a fresh row's fence.
@@ -21,24 +20,29 @@ pub(super) struct Statements {
     /// take (or keep) a place in line when busy, `$6` how long that place lasts in µs →
     /// (fence if granted; if busy: the holder's µs left, the µs until the first waiter ahead
     /// lets its place lapse).
-    pub(super) acquire: Arc<str>,
+    pub(super) acquire: Statement,
     /// `$1` key, `$2` owner, `$3` fence or null → one row where it released (and notified).
-    pub(super) release: Arc<str>,
+    pub(super) release: Statement,
     /// `$1` keys, `$2` owners, `$3` ttls in µs → the (key, owner) pairs renewed.
-    pub(super) renew: Arc<str>,
+    pub(super) renew: Statement,
     /// `$1` waiter name, `$2` keys, `$3` how long the places last in µs: keeps this backend's
     /// places in line (those not lapsed meanwhile) → the keys of the places kept, each with
     /// whether nobody holds it now.
-    pub(super) keep_places: Arc<str>,
+    pub(super) keep_places: Statement,
     /// `$1` key, `$2` waiter name: gives up this backend's place in line, announcing it as a
     /// release is (the waiters behind may take the key now).
-    pub(super) leave: Arc<str>,
+    pub(super) leave: Statement,
 }
 
 impl Statements {
     /// The statements of `table` and `waiters`, its waiters table: one row per backend waiting
-    /// for a key, its place in the line across processes (see `line`).
-    pub(super) fn new(table: String, waiters: &str, channel: &str) -> Statements {
+    /// for a key, its place in the line across processes (see `line`); sent by `protocol`.
+    pub(super) fn new(
+        table: String,
+        waiters: &str,
+        channel: &str,
+        protocol: Protocol,
+    ) -> Statements {
         // Every part of a statement reads the tables as they were before it: `holder` is the
         // row of the holder when the key was busy. (Data-modifying parts of a statement are
         // invisible to its other parts.)
@@ -113,11 +117,11 @@ impl Statements {
              SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM gone"
         );
         Statements {
-            acquire: Arc::from(acquire),
-            release: Arc::from(release),
-            renew: Arc::from(renew),
-            keep_places: Arc::from(keep_places),
-            leave: Arc::from(leave),
+            acquire: Statement::new(acquire, protocol),
+            release: Statement::new(release, protocol),
+            renew: Statement::new(renew, protocol),
+            keep_places: Statement::new(keep_places, protocol),
+            leave: Statement::new(leave, protocol),
             table,
             channel: channel.to_owned(),
         }
@@ -135,25 +139,30 @@ pub(super) async fn resolve_channel(
     pool: &PgPool,
     table: &str,
     waiters: &str,
+    protocol: Protocol,
 ) -> Result<String, LockError> {
-    let waiters_exist: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+    let waiters_exist: bool = Query::once("SELECT to_regclass($1) IS NOT NULL", protocol)
         .bind(waiters)
         .fetch_one(pool)
         .await
+        .and_then(|row| row.try_get(0))
         .map_err(super::backend_error)?;
     if !waiters_exist {
         return Err(LockError::backend(format!(
             "PostgreSQL: the waiters table {waiters} does not exist (create it with `PostgresBackend::ddl`, or let `connect` create it)"
         )));
     }
-    let resolved = sqlx::query(
+    let resolved = Query::once(
         "SELECT n.nspname::text, c.relname::text FROM pg_class c \
          JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)",
+        protocol,
     )
     .bind(table)
-    .fetch_optional(pool)
+    .fetch_all(pool)
     .await
-    .map_err(super::backend_error)?;
+    .map_err(super::backend_error)?
+    .into_iter()
+    .next();
     let Some(row) = resolved else {
         return Err(LockError::backend(format!(
             "PostgreSQL: the lock table {table} does not exist (create it with `PostgresBackend::ddl`, or let `connect` create it)"
