@@ -212,8 +212,8 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 ///   session of its own. Through PgBouncer, its `LISTEN` runs on a server connection lent for
 ///   that one statement, and PgBouncer drops the notifications the connection gets afterwards:
 ///   no release is heard, and nothing tells the backend so. Exclusion, fences, renewal and
-///   expiry do not depend on the listener, but a waiter then gets in only once the lease it
-///   found busy runs out, however early that lease was released.
+///   expiry do not depend on the listener; a waiter then learns of a release only when its
+///   process keeps its place in line (every second), which reads whether the key came free.
 ///
 /// With prepared statements, the backend's own connections run `SET lock_timeout` when they
 /// open (see the statements above); through PgBouncer in transaction mode, that setting stays
