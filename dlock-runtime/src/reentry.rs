@@ -164,8 +164,10 @@ fn frames_of(top: &Arc<Frame>, task: u64) -> impl Iterator<Item = &Arc<Frame>> {
         .take_while(move |frame| frame.lease.turns.is_polled_by(task))
 }
 
-/// The tokio task being polled now, as a number; 0 outside any task (a future that a runtime's
-/// `block_on` drives itself). A thread-local read.
+/// The tokio task being polled now, as a number. Outside any task (a future that a runtime's
+/// `block_on` drives itself, on whichever thread calls it), the thread's own number instead, its
+/// top bit set so it is never a task's: such a future never moves to another thread, and two
+/// threads' `block_on`s are two owners, as two tasks are. Thread-local reads.
 ///
 /// Tokio's task `Id` can be compared and hashed but not turned into a number, and a number is
 /// what fits in an atomic: hashing the `Id` into a hasher that keeps what it is given reads the
@@ -185,11 +187,18 @@ fn current_task() -> u64 {
             self.0 = number;
         }
     }
-    tokio::task::try_id().map_or(0, |id| {
-        let mut number = Number(0);
-        id.hash(&mut number);
-        number.finish()
-    })
+    static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static THREAD: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed) | 1 << 63;
+    }
+    match tokio::task::try_id() {
+        Some(id) => {
+            let mut number = Number(0);
+            id.hash(&mut number);
+            number.finish()
+        }
+        None => THREAD.with(|thread| *thread),
+    }
 }
 
 /// Runs the body of the call that acquired `lease` with the lease on top of the held stack,
@@ -293,14 +302,16 @@ impl Turn {
 
     /// Runs `body` with this turn's frame on top of the held stack. `None`, without polling
     /// `body` again, once a poll comes from a task other than the one polling the acquiring
-    /// body: the call was moved out of the body it re-entered, and runs under no lease there.
+    /// body (the call was moved out of the body it re-entered, and runs under no lease there),
+    /// or once the acquiring call released the lease (the call outlived that body, and whatever
+    /// its `on_lost`, the key may be another owner's now).
     pub(crate) fn scope<F: Future>(&self, body: F) -> impl Future<Output = Option<F::Output>> {
         let lease = self.frame.lease.clone();
         let body = HELD.scope(self.frame.clone(), body);
         async move {
             let mut body = std::pin::pin!(body);
             std::future::poll_fn(|cx| {
-                if !lease.turns.is_polled_by(current_task()) {
+                if lease.is_released() || !lease.turns.is_polled_by(current_task()) {
                     return Poll::Ready(None);
                 }
                 body.as_mut().poll(cx).map(Some)
@@ -374,10 +385,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_task_is_numbered_as_tokio_numbers_it() {
-        assert_eq!(
-            current_task(),
-            0,
-            "a future driven by block_on is in no task"
+        // A future driven by block_on is in no task: it has its thread's number, which no
+        // task has, and another thread's block_on has another.
+        let here = current_task();
+        assert!(here >> 63 == 1, "{here}");
+        let elsewhere = std::thread::spawn(current_task).join().unwrap();
+        assert!(
+            elsewhere >> 63 == 1 && elsewhere != here,
+            "{elsewhere} {here}"
         );
         let (first, second) = tokio::join!(
             tokio::spawn(async { (current_task(), tokio::task::id()) }),

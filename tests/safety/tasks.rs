@@ -189,3 +189,95 @@ async fn a_call_that_acquired_takes_its_lease_along_to_another_task() {
     assert!(outcome.is_ok(), "{outcome:?}");
     assert_eq!(steps.load(Ordering::SeqCst), 2);
 }
+
+/// Polls `call` once, then hands it back to be awaited wherever its caller likes.
+async fn start(mut call: Call) -> Call {
+    std::future::poll_fn(|cx| {
+        assert!(call.as_mut().poll(cx).is_pending());
+        std::task::Poll::Ready(())
+    })
+    .await;
+    call
+}
+
+/// Starts a call on the held key and returns it, unfinished, as the body's own result: the
+/// body ends and its key is released while the call still has a step to take.
+#[distributed_lock(key = "acct:<id>", locker = locker)]
+async fn start_and_return(
+    locker: &Locker,
+    id: &str,
+    steps: &Arc<AtomicUsize>,
+    go: oneshot::Receiver<()>,
+) -> Result<Call, LockError> {
+    let call = step_twice_continuing(locker.clone(), id.to_owned(), steps.clone(), go);
+    Ok(start(Box::pin(call)).await)
+}
+
+#[tokio::test]
+async fn a_reentered_call_returned_out_of_its_body_never_runs_beside_the_next_owner() {
+    // The same task awaits it, after the body that released the key: it still has no lease.
+    let locker = Locker::memory();
+    let id = unique_key("returned");
+    let steps = Arc::new(AtomicUsize::new(0));
+    let (go, wait) = oneshot::channel();
+    let returned = start_and_return(&locker, &id, &steps, wait).await.unwrap();
+    let key = format!("acct:{id}");
+    let next = locker
+        .lock(&*key, LockOptions::new())
+        .await
+        .expect("the body that ended released its key");
+    let _ = go.send(());
+    let outcome = returned.await;
+    assert!(
+        matches!(outcome, Err(LockError::Lost { .. })),
+        "a returned call ran on while the next owner held the key: {outcome:?}"
+    );
+    assert_eq!(steps.load(Ordering::SeqCst), 1);
+    next.release().await.unwrap();
+}
+
+/// Starts a call on the held key, then has another thread's `block_on` drive it (no tokio task
+/// on either side) while the body still holds the key.
+#[distributed_lock(key = "acct:<id>", locker = locker)]
+async fn move_to_another_thread(
+    locker: &Locker,
+    id: &str,
+    steps: &Arc<AtomicUsize>,
+) -> Result<Result<(), LockError>, LockError> {
+    let (go, wait) = oneshot::channel();
+    let call = start(Box::pin(step_twice(
+        locker.clone(),
+        id.to_owned(),
+        steps.clone(),
+        wait,
+    )))
+    .await;
+    let handle = tokio::runtime::Handle::current();
+    let (done, outcome) = oneshot::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(handle.block_on(call));
+    });
+    let _ = go.send(());
+    Ok(outcome.await.expect("the moved call panicked"))
+}
+
+#[test]
+fn a_reentered_call_moved_to_another_thread_s_block_on_runs_no_further_there() {
+    // Driven by `block_on` on both sides: neither the body nor the moved call is a tokio task.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let locker = Locker::memory();
+    let id = unique_key("moved-thread");
+    let steps = Arc::new(AtomicUsize::new(0));
+    let outcome = runtime
+        .block_on(move_to_another_thread(&locker, &id, &steps))
+        .unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::Lost { .. })),
+        "a call moved to another thread's block_on ran on under the body's lease: {outcome:?}"
+    );
+    assert_eq!(steps.load(Ordering::SeqCst), 1);
+}
