@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, Executor};
+use sqlx::{AssertSqlSafe, ConnectOptions, Executor};
 
 use super::query::{Protocol, Query};
 use super::statements::resolve_channel;
@@ -317,8 +317,14 @@ impl PostgresBuilder {
                     }),
                     Protocol::Simple => pool_options,
                 };
+                // Simple queries carry their values (keys in hex, owner tokens): kept out of
+                // sqlx's statement log, which would print them.
+                let options = match protocol {
+                    Protocol::Prepared => *options,
+                    Protocol::Simple => options.disable_statement_logging(),
+                };
                 let pool = on_background(async move {
-                    pool_options.connect_with(*options).await.map_err(|error| {
+                    pool_options.connect_with(options).await.map_err(|error| {
                         LockError::backend(format!("cannot connect to PostgreSQL: {error}"))
                     })
                 })

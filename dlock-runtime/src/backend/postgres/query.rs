@@ -6,7 +6,9 @@
 //! Writing values into SQL is safe here because the backend chooses every value it sends:
 //! numbers, booleans, keys (bytes, written in hex), owner tokens and its own table names. Text
 //! is written as an escape string (`E'…'`), whose reading does not depend on the server's
-//! `standard_conforming_strings`.
+//! `standard_conforming_strings`, and must be ASCII, so no client encoding can read it another
+//! way. (The statements are then in sqlx's statement log with their values, keys in hex: the
+//! backend's own pool logs none in this mode.)
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -289,11 +291,13 @@ fn write_bytes(out: &mut String, bytes: &[u8]) {
     out.push_str("'::bytea");
 }
 
-/// `E'it''s'::text`, with `'` and `\` escaped. A NUL byte would end the query on the wire, so
-/// it is refused (no PostgreSQL text can hold one anyway).
+/// `E'it''s'::text`, with `'` and `\` escaped. ASCII only (the backend's text values are its
+/// own hex tokens and table names): in a client encoding such as SJIS the second byte of a
+/// multibyte character can be a backslash, which would eat the escaping after it. A NUL byte
+/// would end the query on the wire (and no PostgreSQL text can hold one).
 fn write_text(out: &mut String, text: &str) -> Result<(), String> {
-    if text.contains('\0') {
-        return Err("a text value holds a NUL byte".into());
+    if !text.is_ascii() || text.contains('\0') {
+        return Err("a text value written into SQL must be ASCII without NUL bytes".into());
     }
     out.push_str("E'");
     for c in text.chars() {
@@ -362,14 +366,16 @@ mod tests {
         let key: &[u8] = b"k'\\\0\xff";
         let sql = inline(
             "WHERE lock_key = $1 AND owner = $2",
-            &[key.into(), "o'w\\ner é".into()],
+            &[key.into(), "o'w\\ner".into()],
         )
         .unwrap();
         assert_eq!(
             sql,
-            "WHERE lock_key = E'\\\\x6b275c00ff'::bytea AND owner = E'o''w\\\\ner é'::text"
+            "WHERE lock_key = E'\\\\x6b275c00ff'::bytea AND owner = E'o''w\\\\ner'::text"
         );
         assert!(inline("$1", &["a\0b".into()]).is_err());
+        // Not ASCII: a client encoding could read a byte of it as a backslash.
+        assert!(inline("$1", &["\u{c1}\\'".into()]).is_err());
     }
 
     #[test]
