@@ -81,10 +81,11 @@ async fn a_far_process_gets_its_turns_beside_a_near_one() {
 }
 
 /// A process whose listener went deaf without its connection breaking (a load balancer dropped
-/// the idle flow) cannot hear the release of a key it is first in line for; it must not keep
-/// the free key from every process until the old holder's lease would have run out.
+/// the idle flow) cannot hear the release of a key it waits for first; it must not keep the
+/// free key from every process until the old holder's lease would have run out (where it holds
+/// a place in line, keeping it reads that the key came free and wakes it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deaf_process_first_in_line_does_not_keep_a_free_key_from_everyone() {
+async fn a_deaf_process_waiting_first_does_not_keep_a_free_key_from_everyone() {
     use std::time::Instant;
 
     use dlock::backend::PostgresBackend;
@@ -104,43 +105,29 @@ async fn a_deaf_process_first_in_line_does_not_keep_a_free_key_from_everyone() {
     listen_proxy.stall_open(Direction::ToClient);
     let (holder, other) = (db.locker().await, db.locker().await);
     let key = support::unique_key("deaf");
-    let held = LockOptions::new().ttl(Duration::from_secs(20)).renew(false);
+    let held = LockOptions::new().ttl(Duration::from_secs(6)).renew(false);
     let lease = holder.lock(&*key, held).await.unwrap();
     let waiting = LockOptions::new().wait(Duration::from_secs(60));
-    let first = tokio::spawn({
-        let (deaf, key) = (deaf.clone(), key.clone());
-        async move {
-            deaf.lock(&*key, waiting)
-                .await
-                .map(|lease| (lease, Instant::now()))
-        }
-    });
+    // Each waiter lets the key go as soon as it has it, so neither waits on the other's end.
+    let enter_and_leave = |locker: &Locker| {
+        let (locker, key) = (locker.clone(), key.clone());
+        tokio::spawn(async move {
+            let lease = locker.lock(&*key, waiting).await?;
+            let at = Instant::now();
+            lease.release().await?;
+            Ok::<_, dlock::LockError>(at)
+        })
+    };
+    let first = enter_and_leave(&deaf);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let second = tokio::spawn({
-        let (other, key) = (other.clone(), key.clone());
-        async move {
-            other
-                .lock(&*key, waiting)
-                .await
-                .map(|lease| (lease, Instant::now()))
-        }
-    });
+    let second = enter_and_leave(&other);
     tokio::time::sleep(Duration::from_millis(800)).await;
     let released_at = Instant::now();
     lease.release().await.unwrap();
-    // Whoever gets in first lets the other in after it.
-    let mut waiters = [first, second];
     let mut entered = Vec::new();
-    for waiter in &mut waiters {
-        let got = waiter.await.unwrap().map_err(|error| error.to_string());
-        entered.push(
-            got.as_ref()
-                .map(|(_, at)| *at - released_at)
-                .map_err(Clone::clone),
-        );
-        if let Ok((lease, _)) = got {
-            lease.release().await.unwrap();
-        }
+    for waiter in [first, second] {
+        let got = waiter.await.unwrap();
+        entered.push(got.map(|at| at - released_at).map_err(|e| e.to_string()));
     }
     let earliest = entered
         .iter()
@@ -149,7 +136,7 @@ async fn a_deaf_process_first_in_line_does_not_keep_a_free_key_from_everyone() {
         .copied();
     assert!(
         earliest.is_some_and(|earliest| earliest < Duration::from_secs(3)),
-        "after the release, the deaf process first in line got in {:?} later, the other {:?}",
+        "after the release, the deaf process waiting first got in {:?} later, the other {:?}",
         entered[0],
         entered[1]
     );

@@ -1,8 +1,10 @@
-//! The line across processes: each backend with waiters for a key holds one place in the
-//! waiters table, its ticket the database's clock when it took the place. A try at a free key
-//! is refused while another backend's live place is earlier (the acquire statement checks), so
-//! processes take the key in the order they came, and a process whose statements are slower
-//! (farther from the database) is not overtaken for ever by a nearer one.
+//! The line across processes: a backend whose waiter lost a race for a key (refused after a
+//! release it was woken for), or found others in line, holds one place in the waiters table,
+//! its ticket the database's clock when it took the place. A try at a free key is refused while
+//! another backend's live place is earlier (the acquire statement checks), so a process whose
+//! statements are slower (farther from the database) is not overtaken for ever by a nearer one.
+//! A process alone at a key, whose waiters each find it busy once and get it at the release,
+//! writes nothing to the table.
 //!
 //! A place lasts [`PLACE_LIFETIME`] unless kept: this backend keeps its places every
 //! [`KEEP_EVERY`], one statement for all of them, while a head of its own waits for the key and

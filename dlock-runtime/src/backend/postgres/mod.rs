@@ -30,7 +30,7 @@ mod waiting;
 
 use builder::quote_table;
 pub use builder::PostgresBuilder;
-use rows::{delete_row, Attempt};
+use rows::{delete_row, Attempt, Line};
 use statements::Statements;
 use waiting::{Turn, Waiting};
 
@@ -176,7 +176,10 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 /// every process's head is woken by the same notification of every release (a release made
 /// here gives this process's own waiters no head start), and a line in the database decides:
 /// a process waiting for a key holds one place in the *waiters table* (`<table>_waiters`),
-/// taken by its first busy try, its ticket the database's clock then, and kept alive every
+/// taken by a busy try once the process lost a race for the key (a try after a release it was
+/// woken for, refused) or finds others in line, its ticket the database's clock then (a process
+/// alone at a key, whose waiters each find it busy once and get it at the release, writes
+/// nothing there), and kept alive every
 /// second while its head waits; a try at a free key is refused while another process's live
 /// place is earlier, and the try that gets the key gives its process's place up. So a process
 /// whose statements arrive later than another's (farther from the database, or busier) is not
@@ -414,7 +417,10 @@ impl Backend for PostgresBackend {
             }
             let limits = Limits::new(Some(Instant::now()), request.ttl);
             return Ok(
-                match self.try_acquire(key, &owner, ttl_us, false, limits).await? {
+                match self
+                    .try_acquire(key, &owner, ttl_us, Line::StayOut, limits)
+                    .await?
+                {
                     Attempt::Granted { fence, sent_at } => granted(fence, sent_at),
                     Attempt::Busy { .. } => None,
                 },
@@ -423,6 +429,9 @@ impl Backend for PostgresBackend {
         let deadline = Instant::now() + request.wait;
         let place = self.shared.waiting.join(key);
         let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF, request.owner);
+        // Found busy before: a waiter that is refused again lost a race for the key, and takes
+        // its place in line.
+        let mut refused_before = false;
         loop {
             if let Turn::Behind(head_lapses) = place.turn() {
                 // Woken when the head leaves or is woken itself, and at the time its turn
@@ -445,7 +454,11 @@ impl Backend for PostgresBackend {
                     key,
                     &owner,
                     ttl_us,
-                    true,
+                    if refused_before {
+                        Line::Join
+                    } else {
+                        Line::JoinIfQueued
+                    },
                     Limits::new(Some(deadline), request.ttl),
                 )
                 .await?
@@ -454,8 +467,9 @@ impl Backend for PostgresBackend {
                     self.shared.waiting.in_line(key, false);
                     return Ok(granted(fence, sent_at));
                 }
-                Attempt::Busy { remaining } => {
-                    self.shared.waiting.in_line(key, true);
+                Attempt::Busy { remaining, in_line } => {
+                    self.shared.waiting.in_line(key, in_line);
+                    refused_before = true;
                     remaining
                 }
             };

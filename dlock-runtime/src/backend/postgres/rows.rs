@@ -11,6 +11,17 @@ use super::{backend_error, is_conflict, lock_timed_out, PostgresBackend, Shared}
 use crate::backend::sql::{self, micros, Limits};
 use crate::LockError;
 
+/// Whether a try takes a place in the line across processes when the key is busy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Line {
+    /// A caller that does not wait: never.
+    StayOut,
+    /// A waiter's first try: where others are in line already (or this backend is).
+    JoinIfQueued,
+    /// A waiter that lost a race for the key before.
+    Join,
+}
+
 /// One acquire statement's answer.
 pub(super) enum Attempt {
     Granted {
@@ -22,20 +33,22 @@ pub(super) enum Attempt {
     /// could read neither.
     Busy {
         remaining: Option<Duration>,
+        /// Whether this backend holds a place in line for the key now.
+        in_line: bool,
     },
 }
 
 impl PostgresBackend {
     /// One try at the key, run so that a caller who stops waiting, or does not come back for
     /// its grant within the claim window, leaves no row behind (see [`sql::claimed`]); such a
-    /// grant is busy, its holder's expiry unknown. `in_line`: a busy try takes (or keeps) this
-    /// backend's place in the line across processes.
+    /// grant is busy, its holder's expiry unknown. `line`: whether a busy try may take (or keep)
+    /// this backend's place in the line across processes.
     pub(super) async fn try_acquire(
         &self,
         key: &[u8],
         owner: &str,
         ttl_us: i64,
-        in_line: bool,
+        line: Line,
         limits: Limits,
     ) -> Result<Attempt, LockError> {
         let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
@@ -46,7 +59,7 @@ impl PostgresBackend {
             &self.shared.cleanups,
             &self.shared.tries,
             limits,
-            async move { acquire_row(&shared, &key, &owner, ttl_us, in_line).await },
+            async move { acquire_row(&shared, &key, &owner, ttl_us, line).await },
             |attempt| match attempt {
                 Attempt::Granted { fence, .. } => Some(*fence),
                 Attempt::Busy { .. } => None,
@@ -58,7 +71,10 @@ impl PostgresBackend {
             },
         )
         .await?;
-        Ok(attempt.unwrap_or(Attempt::Busy { remaining: None }))
+        Ok(attempt.unwrap_or(Attempt::Busy {
+            remaining: None,
+            in_line: false,
+        }))
     }
 }
 
@@ -69,7 +85,7 @@ async fn acquire_row(
     key: &[u8],
     owner: &str,
     ttl_us: i64,
-    in_line: bool,
+    line: Line,
 ) -> Result<Attempt, LockError> {
     let place_us = i64::try_from(micros(PLACE_LIFETIME)).unwrap_or(i64::MAX);
     let answer = sql::retry_transient(is_conflict, || async {
@@ -84,8 +100,9 @@ async fn acquire_row(
             .bind(owner)
             .bind(ttl_us)
             .bind(shared.waiter.as_str())
-            .bind(in_line)
+            .bind(line != Line::StayOut)
             .bind(place_us)
+            .bind(line == Line::Join)
             .fetch_one(&mut *connection)
             .await?;
         Ok((row, sent_at))
@@ -94,12 +111,18 @@ async fn acquire_row(
     let (row, sent_at) = match answer {
         Ok(answer) => answer,
         // The row stayed locked by another transaction for longer than the lock timeout.
-        Err(error) if lock_timed_out(&error) => return Ok(Attempt::Busy { remaining: None }),
+        Err(error) if lock_timed_out(&error) => {
+            return Ok(Attempt::Busy {
+                remaining: None,
+                in_line: false,
+            })
+        }
         Err(error) => return Err(backend_error(error)),
     };
     let fence: Option<i64> = row.try_get(0).map_err(backend_error)?;
     let holder_us: Option<i64> = row.try_get(1).map_err(backend_error)?;
     let ahead_us: Option<i64> = row.try_get(2).map_err(backend_error)?;
+    let in_line: bool = row.try_get(3).map_err(backend_error)?;
     // An expired holder's row keeps nobody out: a place ahead does, until it lapses.
     let free_in_us = holder_us.filter(|&us| us > 0).or(ahead_us);
     Ok(match fence {
@@ -109,6 +132,7 @@ async fn acquire_row(
         },
         None => Attempt::Busy {
             remaining: free_in_us.map(|us| Duration::from_micros(us.max(0) as u64)),
+            in_line,
         },
     })
 }

@@ -16,10 +16,11 @@ pub(super) struct Statements {
     pub(super) table: String,
     /// The channel releases are announced on.
     pub(super) channel: String,
-    /// `$1` key, `$2` owner, `$3` ttl in µs, `$4` this backend's waiter name, `$5` whether to
-    /// take (or keep) a place in line when busy, `$6` how long that place lasts in µs →
+    /// `$1` key, `$2` owner, `$3` ttl in µs, `$4` this backend's waiter name, `$5` whether the
+    /// caller waits (it may then take a place in line when busy), `$6` how long that place
+    /// lasts in µs, `$7` whether to take a place whatever (the caller lost a race before) →
     /// (fence if granted; if busy: the holder's µs left, the µs until the first waiter ahead
-    /// lets its place lapse).
+    /// lets its place lapse, whether this backend holds a place now).
     pub(super) acquire: Statement,
     /// `$1` key, `$2` owner, `$3` fence or null → one row where it released (and notified).
     pub(super) release: Statement,
@@ -49,7 +50,10 @@ impl Statements {
         //
         // The line across processes: a waiter of another backend whose place is live and
         // earlier than this backend's (or any such, where this backend has none) is `ahead`,
-        // and keeps a free key from this try. Only the grant and the place are written; the
+        // and keeps a free key from this try. A busy try takes a place where its caller lost a
+        // race for the key before, where others are in line already, or where this backend
+        // holds one (kept): a process alone at a key, whose waiters each find it busy once and
+        // get it at the release, then writes nothing to the waiters table. Only the grant and the place are written; the
         // line never grants anything, so exclusion rests on the row alone, as before. A retried
         // acquire whose grant's answer was lost finds its own row and is granted again, whoever
         // queued meanwhile. Places that lapsed long ago (their processes died) are swept by the
@@ -81,9 +85,11 @@ impl Statements {
                INSERT INTO {waiters} AS line (lock_key, waiter, ticket, expires_at) \
                SELECT $1, $4, {NOW_US}, clock_timestamp() + $6 * interval '1 microsecond' \
                WHERE $5 AND NOT EXISTS (SELECT 1 FROM attempt) \
+                 AND ($7 OR EXISTS (SELECT 1 FROM mine) OR (SELECT lapses FROM ahead) IS NOT NULL) \
                ON CONFLICT (lock_key, waiter) DO UPDATE SET \
                  ticket = CASE WHEN line.expires_at > clock_timestamp() THEN line.ticket ELSE excluded.ticket END, \
-                 expires_at = excluded.expires_at), \
+                 expires_at = excluded.expires_at \
+               RETURNING 1), \
              swept AS ( \
                DELETE FROM {waiters} WHERE lock_key = $1 AND waiter <> $4 \
                  AND expires_at <= clock_timestamp() - interval '1 minute' \
@@ -91,7 +97,8 @@ impl Statements {
              SELECT (SELECT fence FROM attempt), \
                (SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint \
                 FROM {table} WHERE lock_key = $1), \
-               (SELECT (extract(epoch FROM lapses - clock_timestamp()) * 1000000)::bigint FROM ahead)"
+               (SELECT (extract(epoch FROM lapses - clock_timestamp()) * 1000000)::bigint FROM ahead), \
+               EXISTS (SELECT 1 FROM in_line)"
         );
         let release = format!(
             "WITH released AS (DELETE FROM {table} \
