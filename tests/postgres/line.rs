@@ -81,11 +81,12 @@ async fn a_far_process_gets_its_turns_beside_a_near_one() {
 }
 
 /// A process whose listener went deaf without its connection breaking (a load balancer dropped
-/// the idle flow) cannot hear the release of a key it waits for first; it must not keep the
-/// free key from every process until the old holder's lease would have run out (where it holds
-/// a place in line, keeping it reads that the key came free and wakes it).
+/// the idle flow, or the listener goes through PgBouncer) cannot hear the release of the key
+/// it waits for: it learns of it within a second or so all the same (its place keeper reads
+/// whether the keys its waiters wait for came free), not when the old holder's lease would have
+/// run out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deaf_process_waiting_first_does_not_keep_a_free_key_from_everyone() {
+async fn a_deaf_process_learns_of_a_release_within_moments() {
     use std::time::Instant;
 
     use dlock::backend::PostgresBackend;
@@ -103,41 +104,29 @@ async fn a_deaf_process_waiting_first_does_not_keep_a_free_key_from_everyone() {
             .unwrap(),
     );
     listen_proxy.stall_open(Direction::ToClient);
-    let (holder, other) = (db.locker().await, db.locker().await);
+    let holder = db.locker().await;
     let key = support::unique_key("deaf");
-    let held = LockOptions::new().ttl(Duration::from_secs(6)).renew(false);
+    let held = LockOptions::new().ttl(Duration::from_secs(20)).renew(false);
     let lease = holder.lock(&*key, held).await.unwrap();
-    let waiting = LockOptions::new().wait(Duration::from_secs(60));
-    // Each waiter lets the key go as soon as it has it, so neither waits on the other's end.
-    let enter_and_leave = |locker: &Locker| {
-        let (locker, key) = (locker.clone(), key.clone());
-        tokio::spawn(async move {
-            let lease = locker.lock(&*key, waiting).await?;
+    let waiting = tokio::spawn({
+        let (deaf, key) = (deaf.clone(), key.clone());
+        async move {
+            let lease = deaf
+                .lock(&*key, LockOptions::new().wait(Duration::from_secs(60)))
+                .await?;
             let at = Instant::now();
             lease.release().await?;
             Ok::<_, dlock::LockError>(at)
-        })
-    };
-    let first = enter_and_leave(&deaf);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let second = enter_and_leave(&other);
-    tokio::time::sleep(Duration::from_millis(800)).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let released_at = Instant::now();
     lease.release().await.unwrap();
-    let mut entered = Vec::new();
-    for waiter in [first, second] {
-        let got = waiter.await.unwrap();
-        entered.push(got.map(|at| at - released_at).map_err(|e| e.to_string()));
-    }
-    let earliest = entered
-        .iter()
-        .filter_map(|e| e.as_ref().ok())
-        .min()
-        .copied();
+    let entered = waiting.await.unwrap().map(|at| at - released_at);
     assert!(
-        earliest.is_some_and(|earliest| earliest < Duration::from_secs(3)),
-        "after the release, the deaf process waiting first got in {:?} later, the other {:?}",
-        entered[0],
-        entered[1]
+        entered
+            .as_ref()
+            .is_ok_and(|after| *after < Duration::from_secs(3)),
+        "the deaf process got the key {entered:?} after its release"
     );
 }

@@ -470,8 +470,8 @@ async fn leases_through_pgbouncer_are_renewed_and_expire() {
 
 /// Everything through PgBouncer, the listener included. PgBouncer lends the listener a server
 /// connection for its `LISTEN` statement alone and drops the notifications that connection
-/// gets afterwards, so releases are never heard: a waiter learns of one when its process keeps
-/// its place in line (once a second), or when the lease it found busy runs out. The leases
+/// gets afterwards, so releases are never heard: a waiter learns of one from its process's place
+/// keeper, which reads once a second whether the keys its waiters wait for came free. The leases
 /// still exclude one another, and every waiter gets in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_listener_through_pgbouncer_too_no_update_is_lost() {

@@ -84,13 +84,8 @@ type Call = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), LockEr
 
 /// Polls `call` once (it re-enters the held key and takes its first step), then moves it to a
 /// task of its own.
-async fn start_and_spawn(mut call: Call) -> JoinHandle<Result<(), LockError>> {
-    std::future::poll_fn(|cx| {
-        assert!(call.as_mut().poll(cx).is_pending());
-        std::task::Poll::Ready(())
-    })
-    .await;
-    tokio::spawn(call)
+async fn start_and_spawn(call: Call) -> JoinHandle<Result<(), LockError>> {
+    tokio::spawn(start(call).await)
 }
 
 /// Starts a call on the held key, moves it to another task and lets it go on while the body

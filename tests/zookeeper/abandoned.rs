@@ -163,18 +163,13 @@ async fn a_released_node_goes_after_the_link_flapped_for_half_a_minute() {
     drop(holder);
 }
 
-/// A caller that stops waiting for its release (a `select!` that took another branch, an
-/// aborted task) leaves the delete in flight; when the connection then breaks and the delete is
-/// lost with it, the delete is sent again on the session the client reconnects to.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_its_caller_stopped_waiting_for_deletes_the_node_though_the_delete_was_lost() {
-    let zk = Zookeeper::shared().await;
-    let key = unique_key("dropped-release");
+/// Locks `key` through a link of its own, silences the link both ways (the connection stays
+/// open), and releases, giving up on the answer after 200 ms once the delete is on its way: the
+/// holder, and the link, to break.
+async fn a_release_left_on_a_silent_link(zk: &Zookeeper, key: &str) -> (Locker, FaultProxy) {
     let (link, url) = FaultProxy::in_front_of(&zk.url);
     let holder = Locker::with_backend(backend_at(&url, SESSION).await);
-    let lease = holder.lock(&*key, ttl(60)).await.unwrap();
-
-    // The link goes silent both ways with the connection open: the delete is held on its way.
+    let lease = holder.lock(key, ttl(60)).await.unwrap();
     link.stall_open(Direction::Both);
     let sent = link.chunks(Direction::ToServer);
     let answered = tokio::time::timeout(Duration::from_millis(200), lease.release()).await;
@@ -186,6 +181,17 @@ async fn a_release_its_caller_stopped_waiting_for_deletes_the_node_though_the_de
         until_chunks_pass(&link, Direction::ToServer, sent, Duration::from_secs(5)).await,
         "the release sent no delete"
     );
+    (holder, link)
+}
+
+/// A caller that stops waiting for its release (a `select!` that took another branch, an
+/// aborted task) leaves the delete in flight; when the connection then breaks and the delete is
+/// lost with it, the delete is sent again on the session the client reconnects to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_its_caller_stopped_waiting_for_deletes_the_node_though_the_delete_was_lost() {
+    let zk = Zookeeper::shared().await;
+    let key = unique_key("dropped-release");
+    let (holder, link) = a_release_left_on_a_silent_link(&zk, &key).await;
     // The connection breaks with the delete on it; the client reconnects at once, on the same
     // session.
     link.cut_all();
@@ -271,21 +277,7 @@ async fn a_second_release_waits_for_the_first_one_s_delete() {
 async fn a_shutdown_waits_for_the_delete_of_a_release_nobody_waits_for() {
     let zk = Zookeeper::shared().await;
     let key = unique_key("release-at-shutdown");
-    let (link, url) = FaultProxy::in_front_of(&zk.url);
-    let holder = Locker::with_backend(backend_at(&url, SESSION).await);
-    let lease = holder.lock(&*key, ttl(60)).await.unwrap();
-
-    link.stall_open(Direction::Both);
-    let sent = link.chunks(Direction::ToServer);
-    let answered = tokio::time::timeout(Duration::from_millis(200), lease.release()).await;
-    assert!(
-        answered.is_err(),
-        "a release was answered through a silent link"
-    );
-    assert!(
-        until_chunks_pass(&link, Direction::ToServer, sent, Duration::from_secs(5)).await,
-        "the release sent no delete"
-    );
+    let (holder, link) = a_release_left_on_a_silent_link(&zk, &key).await;
     let shutdown = tokio::spawn({
         let holder = holder.clone();
         async move { holder.shutdown().await }

@@ -30,11 +30,13 @@ const KEEP_EVERY: Duration = Duration::from_secs(1);
 /// The place keeper of one backend: keeps its live places, gives up those left, until the
 /// backend is gone. Runs on dlock's background runtime.
 ///
-/// Keeping a place also reads whether its key is free, and wakes the head of a free key: the
-/// release that freed it was announced, but a listener whose connection went deaf without
-/// breaking (a load balancer dropped the idle flow) cannot tell, and its head, first in line,
-/// would rest until the holder's old expiry while every other process is refused the free
-/// key. So a deaf head costs the line a second at most.
+/// The same statement reads, for every key a live head of this backend waits for (in line or
+/// not), whether it is free, and the keeper wakes the head of a free key: the release that
+/// freed it was announced, but a listener whose connection went deaf without breaking (a load
+/// balancer dropped the idle flow, a listener through PgBouncer) cannot tell, and its head
+/// would rest until the holder's old expiry (and, first in line, keep every other process from
+/// the free key meanwhile). So a deaf listener costs a second at most. One statement a second
+/// per backend with waiters, whatever their number.
 pub(super) async fn keep_places(backend: Weak<Shared>) {
     loop {
         let Some(shared) = backend.upgrade() else {
@@ -49,29 +51,26 @@ pub(super) async fn keep_places(backend: Weak<Shared>) {
         let Some(shared) = backend.upgrade() else {
             return;
         };
-        let (keep, leave) = waiting.places();
-        give_up(&shared, leave).await;
-        if keep.is_empty() {
+        let places = waiting.places();
+        give_up(&shared, places.leave).await;
+        if places.waited.is_empty() {
             continue;
         }
         let lifetime_us = i64::try_from(micros(PLACE_LIFETIME)).unwrap_or(i64::MAX);
-        let kept = shared
+        let free = shared
             .sql
             .keep_places
             .query()
             .bind(shared.waiter.as_str())
-            .bind(keep.as_slice())
+            .bind(places.keep.as_slice())
             .bind(lifetime_us)
+            .bind(places.waited.as_slice())
             .fetch_all(&shared.pool)
             .await;
-        match kept {
+        match free {
             Ok(rows) => {
                 for row in rows {
-                    let (key, free): (Vec<u8>, bool) = match (row.try_get(0), row.try_get(1)) {
-                        (Ok(key), Ok(free)) => (key, free),
-                        _ => continue,
-                    };
-                    if free {
+                    if let Ok(key) = row.try_get::<Vec<u8>, _>(0) {
                         waiting.wake(&key);
                     }
                 }

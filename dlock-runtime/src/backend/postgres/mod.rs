@@ -215,8 +215,9 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 ///   session of its own. Through PgBouncer, its `LISTEN` runs on a server connection lent for
 ///   that one statement, and PgBouncer drops the notifications the connection gets afterwards:
 ///   no release is heard, and nothing tells the backend so. Exclusion, fences, renewal and
-///   expiry do not depend on the listener; a waiter then learns of a release only when its
-///   process keeps its place in line (every second), which reads whether the key came free.
+///   expiry do not depend on the listener; a waiter then learns of a release only from its
+///   process's place keeper, which reads every second whether the keys its waiters wait for
+///   came free.
 ///
 /// With prepared statements, the backend's own connections run `SET lock_timeout` when they
 /// open (see the statements above); through PgBouncer in transaction mode, that setting stays
@@ -468,7 +469,9 @@ impl Backend for PostgresBackend {
                     return Ok(granted(fence, sent_at));
                 }
                 Attempt::Busy { remaining, in_line } => {
-                    self.shared.waiting.in_line(key, in_line);
+                    if let Some(in_line) = in_line {
+                        self.shared.waiting.in_line(key, in_line);
+                    }
                     refused_before = true;
                     remaining
                 }

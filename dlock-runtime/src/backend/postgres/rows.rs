@@ -33,8 +33,9 @@ pub(super) enum Attempt {
     /// could read neither.
     Busy {
         remaining: Option<Duration>,
-        /// Whether this backend holds a place in line for the key now.
-        in_line: bool,
+        /// Whether this backend holds a place in line for the key now; `None` where the
+        /// statement did not say (it timed out, or its answer came too late).
+        in_line: Option<bool>,
     },
 }
 
@@ -73,7 +74,7 @@ impl PostgresBackend {
         .await?;
         Ok(attempt.unwrap_or(Attempt::Busy {
             remaining: None,
-            in_line: false,
+            in_line: None,
         }))
     }
 }
@@ -114,7 +115,7 @@ async fn acquire_row(
         Err(error) if lock_timed_out(&error) => {
             return Ok(Attempt::Busy {
                 remaining: None,
-                in_line: false,
+                in_line: None,
             })
         }
         Err(error) => return Err(backend_error(error)),
@@ -132,7 +133,7 @@ async fn acquire_row(
         },
         None => Attempt::Busy {
             remaining: free_in_us.map(|us| Duration::from_micros(us.max(0) as u64)),
-            in_line,
+            in_line: Some(in_line),
         },
     })
 }

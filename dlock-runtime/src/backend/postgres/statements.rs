@@ -26,9 +26,9 @@ pub(super) struct Statements {
     pub(super) release: Statement,
     /// `$1` keys, `$2` owners, `$3` ttls in µs → the (key, owner) pairs renewed.
     pub(super) renew: Statement,
-    /// `$1` waiter name, `$2` keys, `$3` how long the places last in µs: keeps this backend's
-    /// places in line (those not lapsed meanwhile) → the keys of the places kept, each with
-    /// whether nobody holds it now.
+    /// `$1` waiter name, `$2` keys, `$3` how long the places last in µs, `$4` the keys this
+    /// backend's heads wait for: keeps this backend's places in line for `$2` (those not lapsed
+    /// meanwhile) → the keys of `$4` nobody holds now.
     pub(super) keep_places: Statement,
     /// `$1` key, `$2` waiter name: gives up this backend's place in line, announcing it as a
     /// release is (the waiters behind may take the key now).
@@ -114,10 +114,12 @@ impl Statements {
              RETURNING held.lock_key, held.owner"
         );
         let keep_places = format!(
-            "UPDATE {waiters} AS line SET expires_at = clock_timestamp() + $3 * interval '1 microsecond' \
-             WHERE waiter = $1 AND lock_key = ANY($2::bytea[]) AND expires_at > clock_timestamp() \
-             RETURNING line.lock_key, NOT EXISTS (SELECT 1 FROM {table} AS held \
-               WHERE held.lock_key = line.lock_key AND held.expires_at > clock_timestamp())"
+            "WITH kept AS ( \
+               UPDATE {waiters} SET expires_at = clock_timestamp() + $3 * interval '1 microsecond' \
+               WHERE waiter = $1 AND lock_key = ANY($2::bytea[]) AND expires_at > clock_timestamp()) \
+             SELECT waited.lock_key FROM unnest($4::bytea[]) AS waited(lock_key) \
+             WHERE NOT EXISTS (SELECT 1 FROM {table} AS held \
+               WHERE held.lock_key = waited.lock_key AND held.expires_at > clock_timestamp())"
         );
         let leave = format!(
             "WITH gone AS (DELETE FROM {waiters} WHERE lock_key = $1 AND waiter = $2 RETURNING lock_key) \

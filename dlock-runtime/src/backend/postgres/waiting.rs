@@ -133,6 +133,13 @@ fn wake_front(queue: &mut VecDeque<Waiter>, now: Instant) {
     }
 }
 
+/// What the place keeper is to do (see [`Waiting::places`]).
+pub(super) struct Places {
+    pub(super) keep: Vec<Vec<u8>>,
+    pub(super) leave: Vec<Vec<u8>>,
+    pub(super) waited: Vec<Vec<u8>>,
+}
+
 /// Where a waiter stands.
 pub(super) enum Turn {
     /// At the head: it asks the database.
@@ -183,8 +190,9 @@ impl Waiting {
             .is_some_and(|head| !head.lapsed(now))
     }
 
-    /// Records the outcome of a waiting try for `key`: busy, it holds a place in the line across
-    /// processes; granted, its place was given up by the statement that granted it.
+    /// Records whether this backend holds a place in the line across processes for `key`, as a
+    /// try's answer says: busy, whether it holds one now; granted, its place was given up by the
+    /// statement that granted it.
     pub(super) fn in_line(&self, key: &[u8], in_line: bool) {
         let mut state = self.shared.state();
         if in_line {
@@ -196,24 +204,28 @@ impl Waiting {
     }
 
     /// This backend's places in line: those to keep (a head waits for the key and has not let
-    /// its turn lapse) and those to give up (no waiter of this backend is left for the key).
-    pub(super) fn places(&self) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    /// its turn lapse) and those to give up (no waiter of this backend is left for the key);
+    /// and the keys its live heads wait for, in line or not.
+    pub(super) fn places(&self) -> Places {
         let now = Instant::now();
         let mut state = self.shared.state();
         let leave: Vec<Vec<u8>> = state.leaving.drain().collect();
-        let keep = state
-            .in_line
+        let waited: Vec<Vec<u8>> = state
+            .queues
             .iter()
-            .filter(|key| {
-                state
-                    .queues
-                    .get(*key)
-                    .and_then(VecDeque::front)
-                    .is_some_and(|head| !head.lapsed(now))
-            })
+            .filter(|(_, queue)| queue.front().is_some_and(|head| !head.lapsed(now)))
+            .map(|(key, _)| key.clone())
+            .collect();
+        let keep = waited
+            .iter()
+            .filter(|key| state.in_line.contains(*key))
             .cloned()
             .collect();
-        (keep, leave)
+        Places {
+            keep,
+            leave,
+            waited,
+        }
     }
 
     /// Wakes the head of `key`'s queue, to try again now.
