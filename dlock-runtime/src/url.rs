@@ -47,10 +47,12 @@ impl Scheme {
     }
 }
 
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) use settings::bool_param;
 #[cfg(any(feature = "redis", feature = "mysql", feature = "postgres"))]
 pub(crate) use settings::number_param;
 #[cfg(feature = "postgres")]
-pub(crate) use settings::{bool_param, without_params};
+pub(crate) use settings::without_params;
 #[cfg(any(
     feature = "redis",
     feature = "mysql",
@@ -141,7 +143,7 @@ mod settings {
     }
 
     /// The query parameter `name` of `url` as `true` or `false`.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "redis", feature = "postgres"))]
     pub(crate) fn bool_param(url: &str, name: &str) -> Result<Option<bool>, LockError> {
         match query_param(url, name) {
             None => Ok(None),

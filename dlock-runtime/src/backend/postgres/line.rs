@@ -18,8 +18,7 @@ use std::time::Duration;
 
 use sqlx::Row;
 
-use super::Shared;
-use crate::backend::sql::micros;
+use super::{micros_i64, Shared};
 
 /// How long a place in line lasts unless kept.
 pub(super) const PLACE_LIFETIME: Duration = Duration::from_secs(3);
@@ -56,14 +55,13 @@ pub(super) async fn keep_places(backend: Weak<Shared>) {
         if places.waited.is_empty() {
             continue;
         }
-        let lifetime_us = i64::try_from(micros(PLACE_LIFETIME)).unwrap_or(i64::MAX);
         let free = shared
             .sql
             .keep_places
             .query()
             .bind(shared.waiter.as_str())
             .bind(places.keep.as_slice())
-            .bind(lifetime_us)
+            .bind(micros_i64(PLACE_LIFETIME))
             .bind(places.waited.as_slice())
             .fetch_all(&shared.pool)
             .await;

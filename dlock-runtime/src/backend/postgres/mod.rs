@@ -404,7 +404,7 @@ impl Backend for PostgresBackend {
         check_key(request.key)?;
         let key = request.key.as_bytes();
         let owner = request.owner.to_string();
-        let ttl_us = i64::try_from(micros(request.ttl)).unwrap_or(i64::MAX);
+        let ttl_us = micros_i64(request.ttl);
         let granted = |fence, sent_at| {
             Some(Acquired {
                 fence,
@@ -510,7 +510,7 @@ impl Backend for PostgresBackend {
         let leases: Vec<(Vec<u8>, String, i64)> = leases
             .iter()
             .map(|l| {
-                let ttl_us = i64::try_from(micros(l.ttl)).unwrap_or(i64::MAX);
+                let ttl_us = micros_i64(l.ttl);
                 (l.key.as_bytes().to_vec(), l.owner.to_string(), ttl_us)
             })
             .collect();
@@ -565,6 +565,11 @@ fn lock_timed_out(error: &sqlx::Error) -> bool {
         sqlx::Error::Database(db) => db.code().as_deref() == Some("55P03"),
         _ => false,
     }
+}
+
+/// `duration` in microseconds, as the statements take it (a `bigint`).
+fn micros_i64(duration: Duration) -> i64 {
+    i64::try_from(micros(duration)).unwrap_or(i64::MAX)
 }
 
 fn backend_error(error: sqlx::Error) -> LockError {

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use sqlx::Row;
 
 use super::line::PLACE_LIFETIME;
-use super::{backend_error, is_conflict, lock_timed_out, PostgresBackend, Shared};
-use crate::backend::sql::{self, micros, Limits};
+use super::{backend_error, is_conflict, lock_timed_out, micros_i64, PostgresBackend, Shared};
+use crate::backend::sql::{self, Limits};
 use crate::LockError;
 
 /// Whether a try takes a place in the line across processes when the key is busy.
@@ -88,7 +88,6 @@ async fn acquire_row(
     ttl_us: i64,
     line: Line,
 ) -> Result<Attempt, LockError> {
-    let place_us = i64::try_from(micros(PLACE_LIFETIME)).unwrap_or(i64::MAX);
     let answer = sql::retry_transient(is_conflict, || async {
         shared.statements.fetch_add(1, Ordering::Relaxed);
         let mut connection = shared.pool.acquire().await?;
@@ -102,7 +101,7 @@ async fn acquire_row(
             .bind(ttl_us)
             .bind(shared.waiter.as_str())
             .bind(line != Line::StayOut)
-            .bind(place_us)
+            .bind(micros_i64(PLACE_LIFETIME))
             .bind(line == Line::Join)
             .fetch_one(&mut *connection)
             .await?;

@@ -7,7 +7,7 @@ use super::conn::{Connection, Timeouts};
 use super::keys::KeyLayout;
 use super::subscriber::Subscriber;
 use super::{Inner, RedisBackend};
-use crate::url::{duration_param, mask_password, number_param, query_param, Scheme};
+use crate::url::{bool_param, duration_param, mask_password, number_param, query_param, Scheme};
 use crate::{LockError, Owner};
 
 const DEFAULT_PREFIX: &str = "dlock:";
@@ -451,15 +451,7 @@ impl RedisBackend {
             response_timeout: duration_param(url, "response_timeout")?.unwrap_or(DEFAULT_TIMEOUT),
             liveness: duration_param(url, "waiter_liveness")?.unwrap_or(DEFAULT_LIVENESS),
             min_replicas: None,
-            allow_eviction: match query_param(url, "allow_eviction") {
-                None | Some("false") => false,
-                Some("true") => true,
-                Some(other) => {
-                    return Err(invalid(format!(
-                        "allow_eviction must be true or false, not `{other}`"
-                    )))
-                }
-            },
+            allow_eviction: bool_param(url, "allow_eviction")?.unwrap_or(false),
         })
     }
 

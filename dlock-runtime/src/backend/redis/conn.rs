@@ -358,10 +358,7 @@ pub(super) const MIN_SERVER_VERSION: (u32, u32) = (6, 2);
 /// Checks the `redis_version` an `INFO server` reply names against [`MIN_SERVER_VERSION`].
 /// A reply that names none (a server that hides it) passes: the scripts then fail on their own.
 fn check_server_version(info: &str) -> Result<(), String> {
-    let Some(version) = info
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("redis_version:"))
-    else {
+    let Some(version) = info_field(info, "redis_version") else {
         return Ok(());
     };
     let mut parts = version.split('.').map(str::parse::<u32>);
@@ -413,13 +410,15 @@ async fn check_version(conn: &mut Conn) -> Result<(), RedisError> {
 /// Reads an `INFO memory` reply (one node's text): the eviction policy of a server that may
 /// evict keys (a memory limit set, and a policy other than `noeviction`), else `None`.
 pub(super) fn evicting_policy(info: &str) -> Option<String> {
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
-    };
-    let limit: u64 = field("maxmemory")?.parse().ok()?;
-    let policy = field("maxmemory_policy")?;
+    let limit: u64 = info_field(info, "maxmemory")?.parse().ok()?;
+    let policy = info_field(info, "maxmemory_policy")?;
     (limit > 0 && policy != "noeviction").then(|| policy.to_owned())
+}
+
+/// The value of the field `name` in an `INFO` reply's text (`name:value` lines).
+fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
 }
 
 /// Every text in `value`, however nested.

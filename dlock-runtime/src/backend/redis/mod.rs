@@ -336,7 +336,6 @@ impl Backend for RedisBackend {
 }
 
 impl RedisBackend {
-    /// Checks that the server answers (and accepted the credentials).
     /// Refuses a server that may evict keys when its memory runs short (a `maxmemory` set, and
     /// a `maxmemory-policy` other than `noeviction`, as managed Redis services set by default):
     /// every key dlock writes has an expiry, so a `volatile-*` policy may drop a held lock, and
@@ -367,6 +366,7 @@ impl RedisBackend {
         }
     }
 
+    /// Checks that the server answers (and accepted the credentials).
     async fn ping(&self) -> Result<(), LockError> {
         self.inner
             .conn
