@@ -14,6 +14,8 @@ use support::postgres_url;
 
 #[path = "postgres/channels.rs"]
 mod channels;
+#[path = "postgres/handoff.rs"]
+mod handoff;
 #[path = "postgres/line.rs"]
 mod line;
 #[path = "postgres/pgbouncer.rs"]
@@ -120,6 +122,21 @@ impl<const PREPARED: bool> Postgres<PREPARED> {
     /// Makes every `DELETE` of the lock table sleep `pause` before it looks for its rows (a
     /// statement-level trigger, which takes no row lock while it sleeps).
     async fn slow_down_deletes(&self, pause: Duration) {
+        self.slow_down("DELETE", pause).await;
+    }
+
+    /// Undoes [`slow_down`](Self::slow_down).
+    async fn stop_slowing_down(&self) {
+        let sql = format!("DROP TRIGGER \"{0}_pause\" ON \"{0}\"", self.table);
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(&self.admin)
+            .await
+            .unwrap();
+    }
+
+    /// Makes every `command` (`DELETE`, `UPDATE`) of the lock table sleep `pause` before it
+    /// looks for its rows (a statement-level trigger, which takes no row lock while it sleeps).
+    async fn slow_down(&self, command: &str, pause: Duration) {
         let table = &self.table;
         for sql in [
             format!(
@@ -128,7 +145,7 @@ impl<const PREPARED: bool> Postgres<PREPARED> {
                 pause.as_secs_f64()
             ),
             format!(
-                "CREATE TRIGGER \"{table}_pause\" BEFORE DELETE ON \"{table}\" \
+                "CREATE TRIGGER \"{table}_pause\" BEFORE {command} ON \"{table}\" \
                  FOR EACH STATEMENT EXECUTE FUNCTION \"{table}_pause\"()"
             ),
         ] {

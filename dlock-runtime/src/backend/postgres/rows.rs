@@ -2,12 +2,15 @@
 //! background runtime so that a grant nobody claims is undone after the statement that made it.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::Row;
 
 use super::line::PLACE_LIFETIME;
+use super::waiting::{Handed, Offered};
 use super::{backend_error, is_conflict, lock_timed_out, micros_i64, PostgresBackend, Shared};
+use crate::backend::claim::{Caller, DEFAULT_CLAIM_WINDOW};
 use crate::backend::sql::{self, Limits};
 use crate::LockError;
 
@@ -27,6 +30,8 @@ pub(super) enum Attempt {
     Granted {
         fence: u64,
         sent_at: Instant,
+        /// Whether this backend holds a place in line now (kept for its waiters behind).
+        in_line: bool,
     },
     /// How long until the key may be free: the holder's time left, or where nobody holds it,
     /// until the first place in line ahead of this backend lapses; `None` where the statement
@@ -43,13 +48,15 @@ impl PostgresBackend {
     /// One try at the key, run so that a caller who stops waiting, or does not come back for
     /// its grant within the claim window, leaves no row behind (see [`sql::claimed`]); such a
     /// grant is busy, its holder's expiry unknown. `line`: whether a busy try may take (or keep)
-    /// this backend's place in the line across processes.
+    /// this backend's place in the line across processes; `others_behind`: whether other
+    /// waiters of this backend wait behind this one (granted, its place is then kept).
     pub(super) async fn try_acquire(
         &self,
         key: &[u8],
         owner: &str,
         ttl_us: i64,
         line: Line,
+        others_behind: bool,
         limits: Limits,
     ) -> Result<Attempt, LockError> {
         let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
@@ -60,7 +67,7 @@ impl PostgresBackend {
             &self.shared.cleanups,
             &self.shared.tries,
             limits,
-            async move { acquire_row(&shared, &key, &owner, ttl_us, line).await },
+            async move { acquire_row(&shared, &key, &owner, ttl_us, line, others_behind).await },
             |attempt| match attempt {
                 Attempt::Granted { fence, .. } => Some(*fence),
                 Attempt::Busy { .. } => None,
@@ -87,6 +94,7 @@ async fn acquire_row(
     owner: &str,
     ttl_us: i64,
     line: Line,
+    others_behind: bool,
 ) -> Result<Attempt, LockError> {
     let answer = sql::retry_transient(is_conflict, || async {
         shared.statements.fetch_add(1, Ordering::Relaxed);
@@ -103,6 +111,7 @@ async fn acquire_row(
             .bind(line != Line::StayOut)
             .bind(micros_i64(PLACE_LIFETIME))
             .bind(line == Line::Join)
+            .bind(others_behind)
             .fetch_one(&mut *connection)
             .await?;
         Ok((row, sent_at))
@@ -129,6 +138,7 @@ async fn acquire_row(
         Some(fence) => Attempt::Granted {
             fence: fence as u64,
             sent_at,
+            in_line,
         },
         None => Attempt::Busy {
             remaining: free_in_us.map(|us| Duration::from_micros(us.max(0) as u64)),
@@ -160,6 +170,103 @@ pub(super) async fn delete_row(
     .await
     .map_err(backend_error)?;
     // This backend's waiters are woken by the release's notification, as every other backend's
-    // are: waking them here first would let one process's waiters keep the key from others.
+    // are: waking them here first would let one process's waiters keep the key from others (a
+    // hand-over to one of them, `release_row`, asks the line first).
     Ok(!rows.is_empty())
+}
+
+/// Releases `owner`'s lease of `key`, handing the row over to this backend's next waiter at
+/// rest where there is one (see `Statements::hand_over`), else deleting it; whether `owner`
+/// held it.
+///
+/// The waiter gets the grant as it would its own try's: it claims it when its future is polled
+/// again, and a grant it does not claim within the claim window (or that finds it gone, or is
+/// withdrawn as it is passed over) is deleted by a clean-up of the backend, by its fence.
+pub(super) async fn release_row(
+    shared: &Arc<Shared>,
+    key: &[u8],
+    owner: &str,
+) -> Result<bool, LockError> {
+    let Some(offered) = shared.waiting.offer(key) else {
+        return delete_row(shared, key, owner, None).await;
+    };
+    let answer = sql::retry_transient(is_conflict, || async {
+        shared.statements.fetch_add(1, Ordering::Relaxed);
+        let mut connection = shared.pool.acquire().await?;
+        let sent_at = Instant::now();
+        let row = shared
+            .sql
+            .hand_over
+            .query()
+            .bind(key)
+            .bind(owner)
+            .bind(&*offered.owner)
+            .bind(offered.ttl_us)
+            .bind(shared.waiter.as_str())
+            .bind(offered.others_behind)
+            .bind(micros_i64(PLACE_LIFETIME))
+            .fetch_one(&mut *connection)
+            .await?;
+        Ok((row, sent_at))
+    })
+    .await;
+    let read = answer.map_err(backend_error).and_then(|(row, sent_at)| {
+        let fence: Option<i64> = row.try_get(0).map_err(backend_error)?;
+        let released: bool = row.try_get(1).map_err(backend_error)?;
+        let in_line: bool = row.try_get(2).map_err(backend_error)?;
+        Ok((fence, released, in_line, sent_at))
+    });
+    let (fence, released, in_line, sent_at) = match read {
+        Ok(read) => read,
+        Err(error) => {
+            // Whether the row went to the waiter is unknown. A waiter still queued tries now,
+            // and so does one passed over meanwhile, polled again: a try of its owner finds such
+            // a row its own. A waiter whose acquisition is over cannot (its owner is never used
+            // again), so its row, if any, is deleted by owner; never while the waiter may still
+            // try, or the delete could take its next grant.
+            if shared.waiting.settle(key, &offered, None).is_err() && offered.acquisition_over() {
+                let (undo_shared, undo_key) = (Arc::clone(shared), key.to_vec());
+                shared.cleanups.spawn(async move {
+                    undo_hand_over(&undo_shared, &undo_key, &offered, None).await;
+                });
+            }
+            return Err(error);
+        }
+    };
+    let Some(fence) = fence else {
+        // Not handed over (someone is ahead in line, or `owner` held nothing): the waiter, if
+        // still there, tries.
+        let _ = shared.waiting.settle(key, &offered, None);
+        return Ok(released);
+    };
+    let fence = fence as u64;
+    shared.waiting.in_line(key, in_line);
+    let (caller, claim) = Caller::new();
+    let handed = Handed {
+        fence,
+        valid_from: sent_at,
+        caller,
+    };
+    // A grant that finds its waiter gone is dropped here, which withdraws it at once.
+    if let Err(unclaimed) = shared.waiting.settle(key, &offered, Some(handed)) {
+        drop(unclaimed);
+    }
+    let window = DEFAULT_CLAIM_WINDOW.min(Duration::from_micros(offered.ttl_us.max(0) as u64));
+    let (undo_shared, undo_key) = (Arc::clone(shared), key.to_vec());
+    shared.cleanups.spawn(async move {
+        if claim.withdrawn_after(window).await {
+            tracing::debug!("distributed_lock: a PostgreSQL waiter did not claim the key a release handed it; given back");
+            let _permit = undo_shared.tries.acquire().await;
+            undo_hand_over(&undo_shared, &undo_key, &offered, Some(fence)).await;
+        }
+    });
+    Ok(true)
+}
+
+/// Deletes the row a hand-off to `offered` wrote (the grant of `fence` only, where known): its
+/// waiter did not claim it.
+async fn undo_hand_over(shared: &Shared, key: &[u8], offered: &Offered, fence: Option<u64>) {
+    if let Err(error) = delete_row(shared, key, &offered.owner, fence).await {
+        tracing::warn!(%error, "distributed_lock: cannot give back a PostgreSQL key handed to a waiter that is gone; its row expires with its ttl");
+    }
 }
