@@ -55,6 +55,11 @@ mod sql_scenarios {
     async fn an_acquisition_abandoned_while_its_insert_waits_leaves_no_row() {
         scenario::an_acquisition_abandoned_while_its_insert_waits_leaves_no_row::<Postgres>().await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_acquire_of_the_holder_never_shortens_its_lease() {
+        scenario::a_late_acquire_of_the_holder_never_shortens_its_lease::<Postgres>().await;
+    }
 }
 
 /// A lock table of this test's own; dropped with it. Its backends send prepared statements,

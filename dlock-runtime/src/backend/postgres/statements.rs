@@ -61,10 +61,13 @@ impl Statements {
         // and keeps a free key from this try. A busy try takes a place where its caller lost a
         // race for the key before, where others are in line already, or where this backend
         // holds one (kept): a process alone at a key, whose waiters each find it busy once and
-        // get it at the release, then writes nothing to the waiters table. Only the grant and the place are written; the
-        // line never grants anything, so exclusion rests on the row alone, as before. A retried
-        // acquire whose grant's answer was lost finds its own row and is granted again, whoever
-        // queued meanwhile. Places that lapsed long ago (their processes died) are swept by the
+        // get it at the release, then writes nothing to the waiters table. Only the grant and
+        // the place are written; the line never grants anything, so exclusion rests on the row
+        // alone, as before. A retried acquire whose grant's answer was lost finds its own row
+        // and is granted again, whoever queued meanwhile, and never moves its expiry back: the
+        // first copy of a statement re-sent after a broken connection can land after the
+        // second (held up on the server), or after a renewal, with the expiry it computed as
+        // it began, earlier than the one the client counts from. Places that lapsed long ago (their processes died) are swept by the
         // try that gets the key: a refused try sweeping too could deadlock with another refused
         // try, each deleting the other's old place before re-taking its own.
         //
@@ -87,7 +90,10 @@ impl Statements {
                   OR EXISTS (SELECT 1 FROM {table} WHERE lock_key = $1 AND owner = $2) \
                ON CONFLICT (lock_key) DO UPDATE SET owner = excluded.owner, \
                  fence = GREATEST(held.fence + 1, excluded.fence), \
-                 expires_at = excluded.expires_at, created_at = excluded.created_at \
+                 expires_at = CASE WHEN held.owner = excluded.owner \
+                   THEN GREATEST(held.expires_at, excluded.expires_at) \
+                   ELSE excluded.expires_at END, \
+                 created_at = excluded.created_at \
                WHERE held.expires_at <= clock_timestamp() OR held.owner = excluded.owner \
                RETURNING fence), \
              left_line AS ( \
