@@ -138,3 +138,59 @@ async fn a_key_handed_to_a_parked_waiter_goes_back_after_the_claim_window() {
     assert!(late.fence() > rival_fence);
     late.release().await.unwrap();
 }
+
+/// The release's statement hands the row over and commits, but its answer is lost with its
+/// connection; sent again on a fresh one, it finds the row no longer the releaser's and
+/// answers that it handed nothing. The waiter's own wait ran out meanwhile: the row it may hold
+/// is deleted, rather than left held by nobody for its ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_whose_answer_was_lost_leaves_no_row_to_a_waiter_that_gave_up() {
+    use crate::support::fault_proxy::{Direction, FaultProxy};
+    use dlock::backend::PostgresBackend;
+
+    let db = Postgres::fresh().await;
+    let (proxy, url) = FaultProxy::in_front_of(&support::postgres_url());
+    let backend = PostgresBackend::builder(&url)
+        .unwrap()
+        .table(&db.table)
+        .listen_url(&support::postgres_url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend);
+    let elsewhere = db.locker().await;
+    let key = support::unique_key("handoff-lost-answer");
+    let lease = locker.lock(&*key, held(60)).await.unwrap();
+    let waiter = tokio::spawn({
+        let (locker, key) = (locker.clone(), key.clone());
+        async move {
+            locker
+                .lock(&*key, held(60).wait(Duration::from_secs(2)))
+                .await
+                .map(|lease| lease.fence())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The hand-over waits 1 s on the server before it writes; its answer will not come back.
+    db.slow_down("UPDATE", Duration::from_millis(1_000)).await;
+    let releasing = tokio::spawn(async move { lease.release().await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.stall_open(Direction::ToClient);
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    proxy.cut_all();
+    // The waiter gives up (its 2 s wait ran out) while the statement, sent again, is answered.
+    let gave_up = waiter.await.unwrap();
+    assert!(gave_up.is_err(), "the waiter got the key: {gave_up:?}");
+    let _ = releasing.await.unwrap();
+    db.stop_slowing_down().await;
+    let asked = Instant::now();
+    let got = try_until(&elsewhere, &key, Duration::from_secs(15)).await;
+    let (lease, at) = got.expect("the key handed to a waiter that gave up stayed held for 15 s");
+    assert!(
+        at - asked < SLACK,
+        "the key handed to a waiter that gave up came back only {:?} later",
+        at - asked
+    );
+    lease.release().await.unwrap();
+}

@@ -538,7 +538,16 @@ impl Backend for PostgresBackend {
     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
         let shared = self.shared.clone();
         let (key, owner) = (key.as_bytes().to_vec(), owner.to_string());
-        on_background(async move { rows::release_row(&shared, &key, &owner).await }).await
+        // A clean-up, so that `close` waits for it, and for the claim window of a key it hands
+        // over, which it starts before it ends.
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let cleanups = Arc::clone(&self.shared.cleanups);
+        cleanups.spawn(async move {
+            let _ = answer.send(rows::release_row(&shared, &key, &owner).await);
+        });
+        answered
+            .await
+            .map_err(|_| LockError::backend("PostgreSQL: the release's task failed"))?
     }
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {

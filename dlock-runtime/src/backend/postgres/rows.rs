@@ -190,53 +190,65 @@ pub(super) async fn release_row(
     let Some(offered) = shared.waiting.offer(key) else {
         return delete_row(shared, key, owner, None).await;
     };
-    let answer = sql::retry_transient(is_conflict, || async {
-        shared.statements.fetch_add(1, Ordering::Relaxed);
-        let mut connection = shared.pool.acquire().await?;
-        let sent_at = Instant::now();
-        let row = shared
-            .sql
-            .hand_over
-            .query()
-            .bind(key)
-            .bind(owner)
-            .bind(&*offered.owner)
-            .bind(offered.ttl_us)
-            .bind(shared.waiter.as_str())
-            .bind(offered.others_behind)
-            .bind(micros_i64(PLACE_LIFETIME))
-            .fetch_one(&mut *connection)
-            .await?;
-        Ok((row, sent_at))
+    // Settles the offer however this ends (a panic included), so the waiter never waits for a
+    // release that is gone.
+    let mut offer = OfferGuard {
+        shared,
+        key,
+        offered: Some(offered),
+    };
+    let offered = offer.offered.as_ref().expect("set above");
+    let mut sends = 0;
+    let answer = sql::retry_transient(is_conflict, || {
+        sends += 1;
+        async move {
+            shared.statements.fetch_add(1, Ordering::Relaxed);
+            let mut connection = shared.pool.acquire().await?;
+            let sent_at = Instant::now();
+            let row = shared
+                .sql
+                .hand_over
+                .query()
+                .bind(key)
+                .bind(owner)
+                .bind(&*offered.owner)
+                .bind(offered.ttl_us)
+                .bind(shared.waiter.as_str())
+                .bind(offered.others_behind)
+                .bind(micros_i64(PLACE_LIFETIME))
+                .fetch_one(&mut *connection)
+                .await?;
+            Ok((row, sent_at))
+        }
     })
     .await;
-    let read = answer.map_err(backend_error).and_then(|(row, sent_at)| {
-        let fence: Option<i64> = row.try_get(0).map_err(backend_error)?;
-        let released: bool = row.try_get(1).map_err(backend_error)?;
-        let in_line: bool = row.try_get(2).map_err(backend_error)?;
-        Ok((fence, released, in_line, sent_at))
-    });
-    let (fence, released, in_line, sent_at) = match read {
-        Ok(read) => read,
+    let answer = match answer {
+        Ok((row, sent_at)) => read_hand_over(&row).map(|read| (read, sent_at)),
+        Err(error) => Err(error),
+    };
+    let ((fence, released, in_line), sent_at) = match answer {
+        Ok(answer) => answer,
+        // The server refused the statement, sent once (a ttl out of its range, say): it wrote
+        // nothing, and the key is released the plain way.
+        Err(sqlx::Error::Database(_)) if sends == 1 => {
+            offer.settle(None);
+            return delete_row(shared, key, owner, None).await;
+        }
         Err(error) => {
-            // Whether the row went to the waiter is unknown. A waiter still queued tries now,
-            // and so does one passed over meanwhile, polled again: a try of its owner finds such
-            // a row its own. A waiter whose acquisition is over cannot (its owner is never used
-            // again), so its row, if any, is deleted by owner; never while the waiter may still
-            // try, or the delete could take its next grant.
-            if shared.waiting.settle(key, &offered, None).is_err() && offered.acquisition_over() {
-                let (undo_shared, undo_key) = (Arc::clone(shared), key.to_vec());
-                shared.cleanups.spawn(async move {
-                    undo_hand_over(&undo_shared, &undo_key, &offered, None).await;
-                });
-            }
-            return Err(error);
+            offer.outcome_unknown();
+            return Err(backend_error(error));
         }
     };
     let Some(fence) = fence else {
+        if sends > 1 {
+            // Sent again after a broken connection: the first may have handed the row over,
+            // which the second then no longer finds the releaser's.
+            offer.outcome_unknown();
+            return Ok(true);
+        }
         // Not handed over (someone is ahead in line, or `owner` held nothing): the waiter, if
         // still there, tries.
-        let _ = shared.waiting.settle(key, &offered, None);
+        offer.settle(None);
         return Ok(released);
     };
     let fence = fence as u64;
@@ -248,25 +260,71 @@ pub(super) async fn release_row(
         caller,
     };
     // A grant that finds its waiter gone is dropped here, which withdraws it at once.
-    if let Err(unclaimed) = shared.waiting.settle(key, &offered, Some(handed)) {
-        drop(unclaimed);
-    }
+    let offered = offer.settle(Some(handed));
     let window = DEFAULT_CLAIM_WINDOW.min(Duration::from_micros(offered.ttl_us.max(0) as u64));
     let (undo_shared, undo_key) = (Arc::clone(shared), key.to_vec());
     shared.cleanups.spawn(async move {
         if claim.withdrawn_after(window).await {
             tracing::debug!("distributed_lock: a PostgreSQL waiter did not claim the key a release handed it; given back");
             let _permit = undo_shared.tries.acquire().await;
-            undo_hand_over(&undo_shared, &undo_key, &offered, Some(fence)).await;
+            undo_hand_over(&undo_shared, &undo_key, &offered.owner, Some(fence)).await;
         }
     });
     Ok(true)
 }
 
-/// Deletes the row a hand-off to `offered` wrote (the grant of `fence` only, where known): its
-/// waiter did not claim it.
-async fn undo_hand_over(shared: &Shared, key: &[u8], offered: &Offered, fence: Option<u64>) {
-    if let Err(error) = delete_row(shared, key, &offered.owner, fence).await {
+/// The hand-over statement's answer: the new fence where it handed the row over, whether it
+/// released it instead, and whether this backend holds a place in line now.
+fn read_hand_over(row: &sqlx::postgres::PgRow) -> Result<(Option<i64>, bool, bool), sqlx::Error> {
+    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+}
+
+/// An offer of the key to a waiter (see [`Waiting::offer`](super::waiting::Waiting::offer)),
+/// settled exactly once: by the release, or as it is dropped (the release failed or panicked),
+/// with nothing handed.
+struct OfferGuard<'a> {
+    shared: &'a Arc<Shared>,
+    key: &'a [u8],
+    offered: Option<Offered>,
+}
+
+impl OfferGuard<'_> {
+    /// Tells the waiter how the hand-over went; a grant whose waiter is gone is dropped, which
+    /// withdraws it. Returns the offer, for the clean-up that watches the grant.
+    fn settle(&mut self, handed: Option<Handed>) -> Offered {
+        let offered = self.offered.take().expect("an offer is settled once");
+        if let Err(unclaimed) = self.shared.waiting.settle(self.key, &offered, handed) {
+            drop(unclaimed);
+        }
+        offered
+    }
+
+    /// The hand-over's outcome is unknown: the waiter, if still waiting, tries (its own try
+    /// finds a row handed to it); if its acquisition ended without the key, the row it may
+    /// hold is deleted by its owner.
+    fn outcome_unknown(&mut self) {
+        let offered = self.settle(None);
+        if offered.outcome_unknown() {
+            let (shared, key) = (Arc::clone(self.shared), self.key.to_vec());
+            self.shared.cleanups.spawn(async move {
+                undo_hand_over(&shared, &key, &offered.owner, None).await;
+            });
+        }
+    }
+}
+
+impl Drop for OfferGuard<'_> {
+    fn drop(&mut self) {
+        if self.offered.is_some() {
+            self.settle(None);
+        }
+    }
+}
+
+/// Deletes the row a hand-over to `owner` wrote (the grant of `fence` only; by owner alone
+/// only once that owner's acquisition ended without the key): its waiter did not claim it.
+pub(super) async fn undo_hand_over(shared: &Shared, key: &[u8], owner: &str, fence: Option<u64>) {
+    if let Err(error) = delete_row(shared, key, owner, fence).await {
         tracing::warn!(%error, "distributed_lock: cannot give back a PostgreSQL key handed to a waiter that is gone; its row expires with its ttl");
     }
 }

@@ -58,6 +58,8 @@ pub(super) struct Waiting {
 struct Shared {
     /// This backend's name in the waiters table, which its own hand-offs' notifications carry.
     name: String,
+    /// See [`AbandonedRow`].
+    abandoned_row: std::sync::OnceLock<AbandonedRow>,
     state: Mutex<State>,
     listener: Mutex<Option<AbortHandle>>,
     /// Signalled each time the listener starts listening.
@@ -83,6 +85,7 @@ struct State {
 /// One waiter in its key's queue.
 struct Waiter {
     wake: Arc<Notify>,
+    fate: Arc<Fate>,
     /// Who waits, for a release to hand the key to.
     owner: Arc<str>,
     ttl_us: i64,
@@ -118,6 +121,7 @@ pub(super) struct Handed {
 /// The waiter a release offers the key to (see [`Waiting::offer`]).
 pub(super) struct Offered {
     wake: Arc<Notify>,
+    fate: Arc<Fate>,
     pub(super) owner: Arc<str>,
     pub(super) ttl_us: i64,
     /// Whether other waiters of this backend wait behind it.
@@ -125,14 +129,62 @@ pub(super) struct Offered {
 }
 
 impl Offered {
-    /// Whether the waiter's acquisition is over (its [`Place`] dropped, and out of its queue),
-    /// so its owner tries no more. A waiter passed over is out of its queue, but its place
-    /// lives on and queues again when polled.
-    pub(super) fn acquisition_over(&self) -> bool {
-        // The place and its queue entry each hold a clone of `wake`; this is the last one.
-        Arc::strong_count(&self.wake) == 1
+    /// Says that a hand-over to this waiter ended without a known answer (its connection
+    /// broke): the row may be the waiter's now. A waiter still waiting tries, and a try of its
+    /// owner finds such a row its own; true where its acquisition already ended without the
+    /// key, so the row, if any, is held by nobody: the caller deletes it by owner (an owner is
+    /// never used again once its acquisition ended).
+    pub(super) fn outcome_unknown(&self) -> bool {
+        self.fate.outcome_unknown()
     }
 }
+
+/// What became of one waiter's acquisition, for a hand-over to it whose answer was lost.
+#[derive(Default)]
+struct Fate(Mutex<FateState>);
+
+#[derive(Default)]
+struct FateState {
+    /// A hand-over to this waiter may have written a row under its owner.
+    unknown_hand_over: bool,
+    /// How the acquisition ended: `Some(true)` with the key, `Some(false)` without.
+    ended: Option<bool>,
+}
+
+impl Fate {
+    fn state(&self) -> MutexGuard<'_, FateState> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// See [`Offered::outcome_unknown`].
+    fn outcome_unknown(&self) -> bool {
+        let mut state = self.state();
+        match state.ended {
+            Some(granted) => !granted,
+            None => {
+                state.unknown_hand_over = true;
+                false
+            }
+        }
+    }
+
+    /// The acquisition ends, `granted` or not; true where a row a hand-over of unknown outcome
+    /// may have written under its owner is to be deleted (it ended without the key).
+    fn end(&self, granted: bool) -> bool {
+        let mut state = self.state();
+        if state.ended.is_some() {
+            return false;
+        }
+        state.ended = Some(granted);
+        !granted && state.unknown_hand_over
+    }
+}
+
+/// Deletes, by owner, a row a hand-over of unknown outcome may have left to a waiter whose
+/// acquisition ended without the key (set by the backend, which runs the statement).
+pub(super) type AbandonedRow = Box<dyn Fn(Vec<u8>, Arc<str>) + Send + Sync>;
 
 /// What a head is to do next (see [`Place::start_try`]).
 pub(super) enum Start {
@@ -187,7 +239,11 @@ fn wake_front(queue: &mut VecDeque<Waiter>, now: Instant) {
     let Some(head) = queue.front_mut() else {
         return;
     };
-    head.due = Some(head.due.map_or(now, |due| due.min(now)));
+    // A head a release is handing the key to waits for that release, which tells it (and
+    // its turn lapses as a try's does, not sooner).
+    if !matches!(head.offer, Offer::InFlight) {
+        head.due = Some(head.due.map_or(now, |due| due.min(now)));
+    }
     head.wake.notify_one();
     if let Some(next) = queue.get(1) {
         next.wake.notify_one();
@@ -233,6 +289,7 @@ impl Waiting {
         Waiting {
             shared: Arc::new(Shared {
                 name,
+                abandoned_row: std::sync::OnceLock::new(),
                 state: Mutex::default(),
                 listener: Mutex::new(None),
                 listening_changed: Notify::new(),
@@ -258,7 +315,12 @@ impl Waiting {
     /// statement that granted it.
     pub(super) fn in_line(&self, key: &[u8], in_line: bool) {
         let mut state = self.shared.state();
-        if in_line {
+        if in_line && !state.queues.contains_key(key) {
+            // Kept for waiters that have all left since: given up, as their last one would.
+            state.in_line.remove(key);
+            state.leaving.insert(key.to_vec());
+            self.shared.places_left.notify_one();
+        } else if in_line {
             state.leaving.remove(key);
             state.in_line.insert(key.to_vec());
         } else {
@@ -310,6 +372,12 @@ impl Waiting {
         self.shared.places_left.notified().await;
     }
 
+    /// Sets what deletes a row a hand-over of unknown outcome may have left to a waiter whose
+    /// acquisition ended without the key.
+    pub(super) fn on_abandoned_row(&self, delete: AbandonedRow) {
+        let _ = self.shared.abandoned_row.set(delete);
+    }
+
     /// Queues `owner`, waiting for `key` with a lease of `ttl_us`, last. Dropping the place
     /// leaves the queue.
     pub(super) fn join(&self, key: &[u8], owner: &str, ttl_us: i64) -> Place {
@@ -317,6 +385,7 @@ impl Waiting {
             shared: self.shared.clone(),
             key: key.to_vec(),
             wake: Arc::new(Notify::new()),
+            fate: Arc::default(),
             owner: Arc::from(owner),
             ttl_us,
         };
@@ -343,6 +412,7 @@ impl Waiting {
         head.trying_since = Some(now);
         Some(Offered {
             wake: head.wake.clone(),
+            fate: head.fate.clone(),
             owner: head.owner.clone(),
             ttl_us: head.ttl_us,
             others_behind,
@@ -368,7 +438,9 @@ impl Waiting {
             return Err(handed);
         };
         if !matches!(waiter.offer, Offer::InFlight) {
-            return Err(handed); // Unreachable: only one release offers it the key at a time.
+            // Passed over while the release was on its way, and queued again since: a new
+            // entry, which no release offered the key to.
+            return Err(handed);
         }
         waiter.offer = handed.map_or(Offer::None, Offer::Handed);
         // Due now: to claim the grant, or to try. A waiter that does not come for its grant
@@ -435,6 +507,7 @@ fn enqueue(state: &mut State, place: &Place) {
     let due = queue.is_empty().then(Instant::now);
     queue.push_back(Waiter {
         wake: place.wake.clone(),
+        fate: place.fate.clone(),
         owner: place.owner.clone(),
         ttl_us: place.ttl_us,
         offer: Offer::None,
@@ -448,6 +521,7 @@ pub(super) struct Place {
     shared: Arc<Shared>,
     key: Vec<u8>,
     wake: Arc<Notify>,
+    fate: Arc<Fate>,
     owner: Arc<str>,
     ttl_us: i64,
 }
@@ -559,6 +633,7 @@ impl Place {
     /// as the holder releases, miss the key the release would have handed it). A release
     /// announced, or handed to it, wakes it sooner.
     pub(super) fn holds_until(self, expires: Instant) {
+        self.fate.end(true);
         self.leave(Some(expires));
     }
 
@@ -596,6 +671,11 @@ impl Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
+        if self.fate.end(false) {
+            if let Some(delete) = self.shared.abandoned_row.get() {
+                delete(self.key.clone(), self.owner.clone());
+            }
+        }
         self.leave(None);
     }
 }
