@@ -248,7 +248,7 @@ impl LeaseState {
             }
             tokio::select! {
                 () = woken => {}
-                () = tokio::time::sleep_until(until.into()) => {}
+                () = clock::sleep_until(until) => {}
             }
         }
     }
