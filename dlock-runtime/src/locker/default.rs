@@ -76,8 +76,9 @@ pub fn set_default_locker(locker: Locker) {
 ///
 /// The default locker is set only once the connection succeeded: if this future is dropped
 /// before, it is not set. The connection attempt goes on in the background, shared with the
-/// default built on first use: if it succeeds, a call that names no locker uses it, as it would
-/// have built it anyway.
+/// default built on first use: if it succeeds, a call that names no locker uses it where no
+/// default was set before (one set by an earlier call of this function stays the default until
+/// this function completes).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
@@ -88,6 +89,17 @@ pub fn set_default_locker(locker: Locker) {
 /// # Ok(()) }
 /// ```
 pub async fn init_from_env() -> Result<Locker, LockError> {
+    // A locker from `DLOCK_URL` that was shut down may still have bodies at work under its
+    // leases (a shutdown waits for them to rest): its successor connects once they are done and
+    // their keys released, so that a `memory://` store of its own never lets a key in beside
+    // them. A second `shutdown` waits for the first one's releases.
+    let shut_down = match &*FROM_ENV.lock().unwrap_or_else(|p| p.into_inner()) {
+        FromEnv::Ready { locker, .. } if locker.is_shut_down() => Some(locker.clone()),
+        _ => None,
+    };
+    if let Some(shut_down) = shut_down {
+        let _ = shut_down.shutdown().await;
+    }
     let locker = locker_from_env(Reuse::SameUrlNotShutDown).await?;
     set_default_locker(locker.clone());
     Ok(locker)
