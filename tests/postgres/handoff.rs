@@ -194,3 +194,46 @@ async fn a_hand_over_whose_answer_was_lost_leaves_no_row_to_a_waiter_that_gave_u
     );
     lease.release().await.unwrap();
 }
+
+/// As above, but the waiter is parked (its future kept, no longer polled) rather than gone: it
+/// cannot try, so the row a lost hand-over may have given it is deleted for it, and the key
+/// goes to others at once rather than after the waiter's ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_whose_answer_was_lost_leaves_no_row_to_a_parked_waiter() {
+    use crate::support::fault_proxy::{Direction, FaultProxy};
+    use dlock::backend::PostgresBackend;
+
+    let db = Postgres::fresh().await;
+    let (proxy, url) = FaultProxy::in_front_of(&support::postgres_url());
+    let backend = PostgresBackend::builder(&url)
+        .unwrap()
+        .table(&db.table)
+        .listen_url(&support::postgres_url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend);
+    let elsewhere = db.locker().await;
+    let key = support::unique_key("handoff-lost-parked");
+    let lease = locker.lock(&*key, held(60)).await.unwrap();
+    let parked = a_waiter_at_rest(&locker, &key).await;
+    db.slow_down("UPDATE", Duration::from_millis(1_000)).await;
+    let releasing = tokio::spawn(async move { lease.release().await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.stall_open(Direction::ToClient);
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    proxy.cut_all();
+    let _ = releasing.await.unwrap();
+    db.stop_slowing_down().await;
+    let asked = Instant::now();
+    let got = try_until(&elsewhere, &key, Duration::from_secs(15)).await;
+    let (lease, at) = got.expect("the key handed to a parked waiter stayed held for 15 s");
+    assert!(
+        at - asked < CLAIM_WINDOW + SLACK,
+        "the key handed to a parked waiter came back only {:?} later",
+        at - asked
+    );
+    lease.release().await.unwrap();
+    drop(parked);
+}

@@ -369,16 +369,6 @@ impl PostgresBuilder {
             cleanups: Arc::default(),
             tries,
         });
-        let backend = Arc::downgrade(&shared);
-        shared.waiting.on_abandoned_row(Box::new(move |key, owner| {
-            let Some(shared) = backend.upgrade() else {
-                return;
-            };
-            let cleanups = Arc::clone(&shared.cleanups);
-            cleanups.spawn(async move {
-                super::rows::undo_hand_over(&shared, &key, &owner, None).await;
-            });
-        }));
         crate::background::handle().spawn(line::keep_places(Arc::downgrade(&shared)));
         Ok(PostgresBackend { shared })
     }

@@ -235,7 +235,7 @@ pub(super) async fn release_row(
             return delete_row(shared, key, owner, None).await;
         }
         Err(error) => {
-            offer.outcome_unknown();
+            offer.outcome_unknown(owner);
             return Err(backend_error(error));
         }
     };
@@ -243,7 +243,7 @@ pub(super) async fn release_row(
         if sends > 1 {
             // Sent again after a broken connection: the first may have handed the row over,
             // which the second then no longer finds the releaser's.
-            offer.outcome_unknown();
+            offer.outcome_unknown(owner);
             return Ok(true);
         }
         // Not handed over (someone is ahead in line, or `owner` held nothing): the waiter, if
@@ -299,19 +299,44 @@ impl OfferGuard<'_> {
         offered
     }
 
-    /// The hand-over's outcome is unknown: the waiter, if still waiting, tries (its own try
-    /// finds a row handed to it); if its acquisition ended without the key, the row it may
-    /// hold is deleted by its owner.
-    fn outcome_unknown(&mut self) {
-        let offered = self.settle(None);
-        if offered.outcome_unknown() {
-            let (shared, key) = (Arc::clone(self.shared), self.key.to_vec());
-            self.shared.cleanups.spawn(async move {
-                undo_hand_over(&shared, &key, &offered.owner, None).await;
-            });
-        }
+    /// The hand-over's outcome is unknown (its answer was lost with its connection): the row
+    /// may be the waiter's now, or still `releaser`'s. Both are deleted by owner, in a
+    /// clean-up, before the waiter is told to try: the waiter starts no try and is not passed
+    /// over until then, so no grant of its owner can come meanwhile but this hand-over's, and
+    /// the releaser's owner is done with. (A late copy of the hand-over, landing after, finds
+    /// no row of the releaser's to hand over.) A waiter at rest or parked then costs the others
+    /// nothing more, and one that is polled tries again at once.
+    fn outcome_unknown(mut self, releaser: &str) {
+        let offered = self.offered.take().expect("an offer is settled once");
+        let (shared, key, releaser) = (
+            Arc::clone(self.shared),
+            self.key.to_vec(),
+            releaser.to_owned(),
+        );
+        self.shared.cleanups.spawn(async move {
+            let mut pause = Duration::from_millis(100);
+            for _ in 0..UNKNOWN_HAND_OVER_TRIES {
+                let deleted = match delete_row(&shared, &key, &offered.owner, None).await {
+                    Ok(_) => delete_row(&shared, &key, &releaser, None).await,
+                    Err(error) => Err(error),
+                };
+                match deleted {
+                    Ok(_) => break,
+                    Err(error) => {
+                        tracing::debug!(%error, "distributed_lock: cannot delete what a PostgreSQL hand-over of unknown outcome wrote yet; trying again");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(2));
+                    }
+                }
+            }
+            let _ = shared.waiting.settle(&key, &offered, None);
+        });
     }
 }
+
+/// How many times the clean-up of a hand-over of unknown outcome tries its deletes (about 20 s
+/// in all) before it gives up: the rows then expire with their ttls.
+const UNKNOWN_HAND_OVER_TRIES: u32 = 12;
 
 impl Drop for OfferGuard<'_> {
     fn drop(&mut self) {

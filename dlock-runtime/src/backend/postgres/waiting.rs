@@ -58,8 +58,6 @@ pub(super) struct Waiting {
 struct Shared {
     /// This backend's name in the waiters table, which its own hand-offs' notifications carry.
     name: String,
-    /// See [`AbandonedRow`].
-    abandoned_row: std::sync::OnceLock<AbandonedRow>,
     state: Mutex<State>,
     listener: Mutex<Option<AbortHandle>>,
     /// Signalled each time the listener starts listening.
@@ -85,7 +83,6 @@ struct State {
 /// One waiter in its key's queue.
 struct Waiter {
     wake: Arc<Notify>,
-    fate: Arc<Fate>,
     /// Who waits, for a release to hand the key to.
     owner: Arc<str>,
     ttl_us: i64,
@@ -121,70 +118,11 @@ pub(super) struct Handed {
 /// The waiter a release offers the key to (see [`Waiting::offer`]).
 pub(super) struct Offered {
     wake: Arc<Notify>,
-    fate: Arc<Fate>,
     pub(super) owner: Arc<str>,
     pub(super) ttl_us: i64,
     /// Whether other waiters of this backend wait behind it.
     pub(super) others_behind: bool,
 }
-
-impl Offered {
-    /// Says that a hand-over to this waiter ended without a known answer (its connection
-    /// broke): the row may be the waiter's now. A waiter still waiting tries, and a try of its
-    /// owner finds such a row its own; true where its acquisition already ended without the
-    /// key, so the row, if any, is held by nobody: the caller deletes it by owner (an owner is
-    /// never used again once its acquisition ended).
-    pub(super) fn outcome_unknown(&self) -> bool {
-        self.fate.outcome_unknown()
-    }
-}
-
-/// What became of one waiter's acquisition, for a hand-over to it whose answer was lost.
-#[derive(Default)]
-struct Fate(Mutex<FateState>);
-
-#[derive(Default)]
-struct FateState {
-    /// A hand-over to this waiter may have written a row under its owner.
-    unknown_hand_over: bool,
-    /// How the acquisition ended: `Some(true)` with the key, `Some(false)` without.
-    ended: Option<bool>,
-}
-
-impl Fate {
-    fn state(&self) -> MutexGuard<'_, FateState> {
-        self.0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// See [`Offered::outcome_unknown`].
-    fn outcome_unknown(&self) -> bool {
-        let mut state = self.state();
-        match state.ended {
-            Some(granted) => !granted,
-            None => {
-                state.unknown_hand_over = true;
-                false
-            }
-        }
-    }
-
-    /// The acquisition ends, `granted` or not; true where a row a hand-over of unknown outcome
-    /// may have written under its owner is to be deleted (it ended without the key).
-    fn end(&self, granted: bool) -> bool {
-        let mut state = self.state();
-        if state.ended.is_some() {
-            return false;
-        }
-        state.ended = Some(granted);
-        !granted && state.unknown_hand_over
-    }
-}
-
-/// Deletes, by owner, a row a hand-over of unknown outcome may have left to a waiter whose
-/// acquisition ended without the key (set by the backend, which runs the statement).
-pub(super) type AbandonedRow = Box<dyn Fn(Vec<u8>, Arc<str>) + Send + Sync>;
 
 /// What a head is to do next (see [`Place::start_try`]).
 pub(super) enum Start {
@@ -202,7 +140,8 @@ impl Waiter {
     }
 
     /// When this head's turn lapses: [`HEAD_TURN`] after it was due to try, or [`TRY_TURN`]
-    /// after its try started, whichever is first.
+    /// after its try started, whichever is first; never while a release hands it the key (see
+    /// [`Waiting::offer`]).
     fn lapses_at(&self) -> Option<Instant> {
         let due = self.due.map(|due| due + HEAD_TURN);
         let trying = self.trying_since.map(|since| since + TRY_TURN);
@@ -289,7 +228,6 @@ impl Waiting {
         Waiting {
             shared: Arc::new(Shared {
                 name,
-                abandoned_row: std::sync::OnceLock::new(),
                 state: Mutex::default(),
                 listener: Mutex::new(None),
                 listening_changed: Notify::new(),
@@ -372,12 +310,6 @@ impl Waiting {
         self.shared.places_left.notified().await;
     }
 
-    /// Sets what deletes a row a hand-over of unknown outcome may have left to a waiter whose
-    /// acquisition ended without the key.
-    pub(super) fn on_abandoned_row(&self, delete: AbandonedRow) {
-        let _ = self.shared.abandoned_row.set(delete);
-    }
-
     /// Queues `owner`, waiting for `key` with a lease of `ttl_us`, last. Dropping the place
     /// leaves the queue.
     pub(super) fn join(&self, key: &[u8], owner: &str, ttl_us: i64) -> Place {
@@ -385,7 +317,6 @@ impl Waiting {
             shared: self.shared.clone(),
             key: key.to_vec(),
             wake: Arc::new(Notify::new()),
-            fate: Arc::default(),
             owner: Arc::from(owner),
             ttl_us,
         };
@@ -395,9 +326,10 @@ impl Waiting {
 
     /// The waiter a release of `key` by this backend is to hand the key to: the head of its
     /// queue, at rest (no try of its own under way, which could be granted beside the hand-off)
-    /// and its turn not lapsed. It starts no try until [`settle`](Self::settle) says how the
-    /// hand-off went, and its turn lapses as a try's does (see [`TRY_TURN`]) if the release's
-    /// statement takes that long.
+    /// and its turn not lapsed. Until [`settle`](Self::settle) says how the hand-off went, it
+    /// starts no try and is not passed over: no grant of its owner can come but the release's,
+    /// so a release whose answer was lost can delete by that owner whatever it wrote. (The
+    /// release's statement is bounded in time, and so is that clean-up.)
     pub(super) fn offer(&self, key: &[u8]) -> Option<Offered> {
         let now = Instant::now();
         let mut state = self.shared.state();
@@ -409,10 +341,9 @@ impl Waiting {
         }
         head.offer = Offer::InFlight;
         head.due = None;
-        head.trying_since = Some(now);
+        head.trying_since = None;
         Some(Offered {
             wake: head.wake.clone(),
-            fate: head.fate.clone(),
             owner: head.owner.clone(),
             ttl_us: head.ttl_us,
             others_behind,
@@ -507,7 +438,6 @@ fn enqueue(state: &mut State, place: &Place) {
     let due = queue.is_empty().then(Instant::now);
     queue.push_back(Waiter {
         wake: place.wake.clone(),
-        fate: place.fate.clone(),
         owner: place.owner.clone(),
         ttl_us: place.ttl_us,
         offer: Offer::None,
@@ -521,7 +451,6 @@ pub(super) struct Place {
     shared: Arc<Shared>,
     key: Vec<u8>,
     wake: Arc<Notify>,
-    fate: Arc<Fate>,
     owner: Arc<str>,
     ttl_us: i64,
 }
@@ -633,7 +562,6 @@ impl Place {
     /// as the holder releases, miss the key the release would have handed it). A release
     /// announced, or handed to it, wakes it sooner.
     pub(super) fn holds_until(self, expires: Instant) {
-        self.fate.end(true);
         self.leave(Some(expires));
     }
 
@@ -671,11 +599,6 @@ impl Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
-        if self.fate.end(false) {
-            if let Some(delete) = self.shared.abandoned_row.get() {
-                delete(self.key.clone(), self.owner.clone());
-            }
-        }
         self.leave(None);
     }
 }
