@@ -360,3 +360,35 @@ async fn a_server_that_may_evict_keys_is_refused_unless_allowed() {
         .unwrap();
     assert!(RedisBackend::connect(&url).await.is_ok());
 }
+
+/// Sets the ACL user `dl` (password `pw`) on the server behind `raw`: every key and command,
+/// and the channels `channels` says (`allchannels`, `resetchannels`, `&pattern`). Redis 7 gives a
+/// new user no channel at all (`acl-pubsub-default resetchannels`).
+async fn set_acl_user(raw: &mut redis::aio::MultiplexedConnection, channels: &str) {
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "dl", "on", ">pw", "~*", "+@all", channels])
+        .query_async(raw)
+        .await
+        .unwrap();
+}
+
+/// A user who may not use the lock channels (Redis 7's default for a new ACL user) would see
+/// every hand-off to another process fail after the script granted it, and its waiters could
+/// not subscribe: `connect` refuses it with a message that names the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_who_may_not_publish_on_the_lock_channels_is_refused() {
+    let redis = Redis::start();
+    let mut raw = redis.raw().await;
+    set_acl_user(&mut raw, "resetchannels").await;
+    let url = format!("redis://dl:pw@127.0.0.1:{}", redis.server.port());
+    let refused = RedisBackend::connect(&url).await.map(drop);
+    assert!(
+        matches!(&refused, Err(LockError::InvalidOptions { reason }) if reason.contains("&dlock:*") && reason.contains("allchannels")),
+        "a user who may not publish on the lock channels was accepted, or the error names no fix: {refused:?}"
+    );
+    assert!(!format!("{refused:?}").contains("pw@"), "{refused:?}");
+    // The prefix's channels granted, it connects.
+    set_acl_user(&mut raw, "&dlock:*").await;
+    let granted = RedisBackend::connect(&url).await;
+    assert!(granted.is_ok(), "{:?}", granted.map(drop));
+}
