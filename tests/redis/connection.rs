@@ -372,6 +372,19 @@ async fn set_acl_user(raw: &mut redis::aio::MultiplexedConnection, channels: &st
         .unwrap();
 }
 
+/// `total_connections_received` of the server's `INFO stats`.
+async fn connections_received(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(raw)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .and_then(|count| count.trim().parse().ok())
+        .expect("INFO stats has total_connections_received")
+}
+
 /// A user who may not use the lock channels (Redis 7's default for a new ACL user) would see
 /// every hand-off to another process fail after the script granted it, and its waiters could
 /// not subscribe: `connect` refuses it with a message that names the fix.
@@ -391,4 +404,35 @@ async fn a_user_who_may_not_publish_on_the_lock_channels_is_refused() {
     set_acl_user(&mut raw, "&dlock:*").await;
     let granted = RedisBackend::connect(&url).await;
     assert!(granted.is_ok(), "{:?}", granted.map(drop));
+}
+
+/// A waiter whose SUBSCRIBE the server refuses (its user lost the channels after `connect`)
+/// waits on its timer: it neither reconnects nor polls in a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_refused_subscribe_backs_off_instead_of_reconnecting_in_a_loop() {
+    let redis = Redis::start();
+    let mut raw = redis.raw().await;
+    set_acl_user(&mut raw, "allchannels").await;
+    let url = format!("redis://dl:pw@127.0.0.1:{}", redis.server.port());
+    let waiting = Locker::connect(&url).await.unwrap();
+    let holding = locker_on(&redis.server).await;
+    let key = unique_key("refused-subscribe");
+    let holder = holding
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    set_acl_user(&mut raw, "resetchannels").await;
+    let before = connections_received(&mut raw).await;
+    let waited = waiting
+        .lock(&*key, LockOptions::new().wait(Duration::from_secs(3)))
+        .await
+        .map(drop);
+    let opened = connections_received(&mut raw).await - before;
+    eprintln!("connections opened while waiting 3 s: {opened}");
+    assert!(matches!(waited, Err(LockError::Busy { .. })), "{waited:?}");
+    assert!(
+        opened <= 5,
+        "a waiter refused SUBSCRIBE opened {opened} connections in 3 s"
+    );
+    holder.release().await.unwrap();
 }
