@@ -10,7 +10,7 @@ use redis::AsyncCommands;
 use crate::support::fault_proxy::{Direction, FaultProxy};
 use crate::support::redis_server::RedisServer;
 use crate::support::{lock_and_release, unique_key};
-use crate::{locker_on, spawn_lock, Redis};
+use crate::{locker_on, spawn_lock, wait_for_subscribers, Redis};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_call_after_a_server_restart_succeeds() {
@@ -435,4 +435,71 @@ async fn a_waiter_refused_subscribe_backs_off_instead_of_reconnecting_in_a_loop(
         "a waiter refused SUBSCRIBE opened {opened} connections in 3 s"
     );
     holder.release().await.unwrap();
+}
+
+/// The ids of the server's pub/sub clients.
+async fn pub_sub_clients(raw: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+    let list: String = redis::cmd("CLIENT")
+        .arg(&["LIST", "TYPE", "pubsub"])
+        .query_async(raw)
+        .await
+        .unwrap();
+    list.lines()
+        .filter_map(|line| line.split(' ').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A pub/sub connection that goes silent without closing (a NAT that forgot it, a peer gone
+/// without a word) would leave the waiters deaf for good, woken by their timers only: a PING
+/// notices it, and the waiters subscribe on a new one. A healthy one is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_pub_sub_connection_is_noticed_and_replaced() {
+    let redis = Redis::start();
+    let (proxy, proxied) = FaultProxy::in_front_of(&redis.server.url());
+    // Short timeouts: a connection silent for a few of them is pinged.
+    let timeout = Duration::from_millis(500);
+    let backend = RedisBackend::builder(&proxied)
+        .unwrap()
+        .connect_timeout(timeout)
+        .response_timeout(timeout)
+        .connect()
+        .await
+        .unwrap();
+    let waiting = Locker::with_backend(backend);
+    let direct = locker_on(&redis.server).await;
+    let key = unique_key("silent-pub-sub");
+    let holder = direct
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let waiter = spawn_lock(
+        &waiting,
+        &key,
+        LockOptions::new().wait(Duration::from_secs(60)),
+    );
+    let mut raw = redis.raw().await;
+    let channel = format!("{}:ch", redis.names.lock_key(&key));
+    wait_for_subscribers(&mut raw, &channel, 1).await;
+    let subscriber = pub_sub_clients(&mut raw).await;
+    assert_eq!(subscriber.len(), 1, "{subscriber:?}");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        pub_sub_clients(&mut raw).await,
+        subscriber,
+        "a healthy pub/sub connection was replaced"
+    );
+
+    // The pub/sub connection, the last one the waiting backend opened, goes silent; the server
+    // still counts it a subscriber.
+    proxy.stall_newest(Direction::Both);
+    wait_for_subscribers(&mut raw, &channel, 2).await;
+    holder.release().await.unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter never got the key")
+        .unwrap()
+        .unwrap();
+    lease.release().await.unwrap();
+    proxy.resume(Direction::Both);
 }

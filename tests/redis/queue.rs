@@ -10,7 +10,7 @@ use redis::AsyncCommands;
 use crate::support::fault_proxy::{Direction, FaultProxy};
 use crate::support::redis_server::RedisServer;
 use crate::support::unique_key;
-use crate::{locker_on, spawn_lock, wait_for_queue_length, Redis};
+use crate::{locker_on, spawn_lock, wait_for_queue_length, wait_for_subscribers, Redis};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_waiter_leaves_the_queue() {
@@ -244,20 +244,7 @@ async fn waiters_keep_their_places_while_pub_sub_cannot_reconnect() {
         wait_for_queue_length(&mut raw, &queue, length).await;
     }
     let channel = format!("{}:ch", redis.names.lock_key(&key));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, subscribers): (String, u64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query_async(&mut raw)
-            .await
-            .unwrap();
-        if subscribers == 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the waiters never subscribed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_subscribers(&mut raw, &channel, 1).await;
 
     // Every new connection through the proxy hangs; the waiters' pub/sub connection is cut.
     proxy.stall_new_connections(true);

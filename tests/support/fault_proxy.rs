@@ -191,6 +191,17 @@ impl FaultProxy {
         }
     }
 
+    /// Holds every byte going `direction` on the connection opened last, and only on that one:
+    /// a connection that went silent (forgotten by a NAT, say) while the others work. `resume`
+    /// ends it.
+    pub fn stall_newest(&self, direction: Direction) {
+        let open = self.faults.open.lock().unwrap();
+        let newest = open.last().expect("no connection is open");
+        for &i in direction.indices() {
+            newest.stalled[i].store(true, Ordering::SeqCst);
+        }
+    }
+
     /// Forwards `direction` again, the held bytes first.
     pub fn resume(&self, direction: Direction) {
         for &i in direction.indices() {

@@ -6,7 +6,9 @@
 //! backend directly ([`Subscriber::wake_local`]) and publishes nothing. A channel is
 //! subscribed while at least one waiter of this backend needs it. When the connection drops,
 //! every waiter is woken, without a fence, to look at the lock again (a message may have been
-//! missed), and the next one to wait reconnects and subscribes again.
+//! missed), and the next one to wait reconnects and subscribes again. A connection that carried
+//! no message for five timeouts is pinged, and counts as dropped unless it answers in time: it
+//! only receives, and could otherwise go silent (a NAT that forgot it) without anyone noticing.
 //!
 //! Connecting and subscribing never hold up a waiter's polls for more than a moment (the
 //! `grace` of [`Subscription::ensure`]): the attempt runs on the background runtime, and a
@@ -59,6 +61,10 @@ struct State {
     /// that was waited, which doubles with each failure in a row.
     retry: Option<(Instant, Duration)>,
 }
+
+/// How many timeouts (the longer of the connect and response timeouts) of silence on the
+/// pub/sub connection pass before it is pinged: 15 s by default.
+const PING_AFTER_TIMEOUTS: u32 = 5;
 
 /// The pause after a first failed attempt to connect or subscribe, and the longest.
 const FIRST_RETRY: Duration = Duration::from_millis(100);
@@ -379,13 +385,35 @@ async fn connect(shared: &Arc<Shared>) -> Result<(u64, PubSubSink), RedisError> 
         state.next_client = index;
         let generation = state.generation;
         let weak: Weak<Shared> = Arc::downgrade(shared);
+        let mut pinger = sink.clone();
         let reader = background::handle().spawn(async move {
-            while let Some(message) = stream.next().await {
-                let Some(shared) = weak.upgrade() else { return };
-                let payload = String::from_utf8_lossy(message.get_payload_bytes());
-                shared
-                    .state()
-                    .wake(message.get_channel_name(), parse_hand_off(&payload));
+            // The connection only receives, so one that went silent without closing (a NAT
+            // that forgot it, a peer gone without a word) would never be noticed: after a
+            // while without a message it is pinged, and dropped unless it answers in time.
+            let silence = timeout * PING_AFTER_TIMEOUTS;
+            let mut heard = tokio::time::Instant::now();
+            loop {
+                let pinged = async {
+                    tokio::time::sleep_until(heard + silence).await;
+                    tokio::time::timeout(timeout, pinger.ping::<redis::Value>()).await
+                };
+                tokio::select! {
+                    message = stream.next() => {
+                        let Some(message) = message else { break };
+                        let Some(shared) = weak.upgrade() else { return };
+                        let payload = String::from_utf8_lossy(message.get_payload_bytes());
+                        shared
+                            .state()
+                            .wake(message.get_channel_name(), parse_hand_off(&payload));
+                    }
+                    answer = pinged => {
+                        if !matches!(answer, Ok(Ok(_))) {
+                            tracing::debug!("distributed_lock: redis pub/sub connection did not answer a PING");
+                            break;
+                        }
+                    }
+                }
+                heard = tokio::time::Instant::now();
             }
             if let Some(shared) = weak.upgrade() {
                 drop_connection(&shared, generation);
