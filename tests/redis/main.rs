@@ -102,3 +102,28 @@ async fn wait_for_queue_length(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Waits until `count` connections subscribe to `channel` (fails after 10 s).
+async fn wait_for_subscribers(
+    raw: &mut redis::aio::MultiplexedConnection,
+    channel: &str,
+    count: u64,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, now): (String, u64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query_async(raw)
+            .await
+            .unwrap();
+        if now == count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "channel {channel} has {now} subscribers, expected {count}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -14,6 +14,11 @@ use crate::{LockError, Owner};
 /// window.
 const FIRST_POLL: Duration = Duration::from_millis(250);
 
+/// How long a waiter lets an attempt to subscribe run before it polls all the same: longer
+/// than a SUBSCRIBE takes on a working connection, or a new connection to a server that
+/// answers, so that it then polls once only; far shorter than a waiter key lives.
+const SUBSCRIBE_GRACE: Duration = Duration::from_millis(100);
+
 impl RedisBackend {
     /// Waits for a busy key in its queue, until it is handed over or `deadline` passes.
     pub(super) async fn wait_in_queue(
@@ -35,10 +40,14 @@ impl RedisBackend {
             armed: true,
         };
         let mut backoff = Backoff::new(FIRST_POLL, self.inner.liveness / 3, request.owner);
+        // Subscribing waits no longer than this before the poll: the polls keep the waiter key
+        // alive, and a claim is one of them.
+        let grace = SUBSCRIBE_GRACE.min(self.inner.liveness / 10);
         loop {
             // Subscribed before the script queues this waiter, so the hand-off's message cannot
-            // come first. Without pub/sub (it failed), the timer below still finds the hand-off.
-            if let Err(error) = subscription.ensure().await {
+            // come first; or, where that takes longer, polled again once subscribed. Without
+            // pub/sub (it failed), the timer below still finds the hand-off.
+            if let Err(error) = subscription.ensure(grace).await {
                 tracing::debug!(%error, key = request.key, "distributed_lock: redis subscribe failed; polling meanwhile");
             }
             let sent_at = Instant::now();
@@ -81,10 +90,7 @@ impl RedisBackend {
                         // the lapse of a grant to a waiter before it that never claimed it.
                         until = until.min(now + pttl);
                     }
-                    tokio::select! {
-                        () = subscription.woken() => {}
-                        () = tokio::time::sleep_until(until.into()) => {}
-                    }
+                    subscription.wait(until).await;
                     // Woken by a hand-off (or to look again): the next acquire call claims a lock
                     // handed to this owner — it finds it its own, extends it to the full ttl and
                     // answers the fence — within the claim window the hand-off granted.
