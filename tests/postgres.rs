@@ -130,6 +130,29 @@ impl<const PREPARED: bool> Postgres<PREPARED> {
         self.slow_down("DELETE", pause).await;
     }
 
+    /// Makes a release's hand-over statement (and no other) sleep `pause` before it writes (a
+    /// statement-level trigger that recognises it by its text, and takes no row lock).
+    async fn hold_up_hand_overs(&self, pause: Duration) {
+        let table = &self.table;
+        for sql in [
+            format!(
+                "CREATE FUNCTION \"{table}_hold\"() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN IF current_query() LIKE '%handed AS%' THEN PERFORM pg_sleep({}); END IF; \
+                 RETURN NULL; END $$",
+                pause.as_secs_f64()
+            ),
+            format!(
+                "CREATE TRIGGER \"{table}_hold\" BEFORE UPDATE ON \"{table}\" \
+                 FOR EACH STATEMENT EXECUTE FUNCTION \"{table}_hold\"()"
+            ),
+        ] {
+            sqlx::query(AssertSqlSafe(sql))
+                .execute(&self.admin)
+                .await
+                .unwrap();
+        }
+    }
+
     /// Undoes [`slow_down`](Self::slow_down).
     async fn stop_slowing_down(&self) {
         let sql = format!("DROP TRIGGER \"{0}_pause\" ON \"{0}\"", self.table);

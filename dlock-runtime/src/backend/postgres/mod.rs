@@ -444,6 +444,11 @@ impl Backend for PostgresBackend {
         // writes nothing to the waiters table.
         let mut waited_before = false;
         loop {
+            if place.hand_over_lost() {
+                return Err(LockError::backend(
+                    "PostgreSQL: the connection of a release that was handing this waiter the key broke; whether it was handed over is unknown, and what it may have written is deleted",
+                ));
+            }
             if let Turn::Behind(head_lapses) = place.turn() {
                 waited_before = true;
                 // Woken when the head leaves or is woken itself, and at the time its turn

@@ -1,7 +1,7 @@
 //! One try at a key, and the deletion of a row: the statements an acquisition sends, run on the
 //! background runtime so that a grant nobody claims is undone after the statement that made it.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -198,39 +198,67 @@ pub(super) async fn release_row(
         offered: Some(offered),
     };
     let offered = offer.offered.as_ref().expect("set above");
-    let mut sends = 0;
-    let answer = sql::retry_transient(is_conflict, || {
-        sends += 1;
-        async move {
-            shared.statements.fetch_add(1, Ordering::Relaxed);
-            let mut connection = shared.pool.acquire().await?;
-            let sent_at = Instant::now();
-            let row = shared
-                .sql
-                .hand_over
-                .query()
-                .bind(key)
-                .bind(owner)
-                .bind(&*offered.owner)
-                .bind(offered.ttl_us)
-                .bind(shared.waiter.as_str())
-                .bind(offered.others_behind)
-                .bind(micros_i64(PLACE_LIFETIME))
-                .fetch_one(&mut *connection)
-                .await?;
-            Ok((row, sent_at))
-        }
-    })
+    // Whether a send failed in a way that leaves it unknown whether it wrote (its connection
+    // broke): a conflict (a deadlock victim) was rolled back whole, and is sent again.
+    let sent_blind = AtomicBool::new(false);
+    let sent_blind = &sent_blind;
+    // When the first send went: a hand-over found only after a resend counts from it.
+    let first_sent = std::sync::Mutex::new(None::<Instant>);
+    let first_sent = &first_sent;
+    let answer = tokio::time::timeout(
+        HAND_OVER_PATIENCE,
+        sql::retry_transient(is_conflict, || async move {
+            let sent = async {
+                shared.statements.fetch_add(1, Ordering::Relaxed);
+                let mut connection = shared.pool.acquire().await?;
+                let sent_at = Instant::now();
+                first_sent
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .get_or_insert(sent_at);
+                let row = shared
+                    .sql
+                    .hand_over
+                    .query()
+                    .bind(key)
+                    .bind(owner)
+                    .bind(&*offered.owner)
+                    .bind(offered.ttl_us)
+                    .bind(shared.waiter.as_str())
+                    .bind(offered.others_behind)
+                    .bind(micros_i64(PLACE_LIFETIME))
+                    .fetch_one(&mut *connection)
+                    .await?;
+                Ok((row, sent_at))
+            }
+            .await;
+            if let Err(error) = &sent {
+                if !is_conflict(error) {
+                    sent_blind.store(true, Ordering::SeqCst);
+                }
+            }
+            sent
+        }),
+    )
     .await;
+    let sent_blind = sent_blind.load(Ordering::SeqCst);
     let answer = match answer {
-        Ok((row, sent_at)) => read_hand_over(&row).map(|read| (read, sent_at)),
-        Err(error) => Err(error),
+        Ok(Ok((row, sent_at))) => read_hand_over(&row).map(|read| (read, sent_at)),
+        Ok(Err(error)) => Err(error),
+        Err(_) => {
+            // No answer in time (a connection gone half-open, a server that stalls): the
+            // statement may still run.
+            offer.outcome_unknown(owner);
+            return Err(LockError::backend(
+                "PostgreSQL: a release's statement did not answer in time",
+            ));
+        }
     };
     let ((fence, released, in_line), sent_at) = match answer {
         Ok(answer) => answer,
-        // The server refused the statement, sent once (a ttl out of its range, say): it wrote
-        // nothing, and the key is released the plain way.
-        Err(sqlx::Error::Database(_)) if sends == 1 => {
+        // The server refused the statement (a ttl out of its range, say), and no earlier send
+        // went astray: it wrote nothing, and the key is released the plain way.
+        Err(sqlx::Error::Database(_)) if !sent_blind => {
             offer.settle(None);
             return delete_row(shared, key, owner, None).await;
         }
@@ -239,17 +267,33 @@ pub(super) async fn release_row(
             return Err(backend_error(error));
         }
     };
-    let Some(fence) = fence else {
-        if sends > 1 {
-            // Sent again after a broken connection: the first may have handed the row over,
-            // which the second then no longer finds the releaser's.
-            offer.outcome_unknown(owner);
-            return Ok(true);
+    let first_sent = first_sent
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .unwrap_or(sent_at);
+    let (fence, sent_at) = match fence {
+        Some(fence) => (fence, sent_at),
+        // Sent again after a send went astray (its connection broke, or read a message it did
+        // not expect): the first may have handed the row over, which the second then no longer
+        // finds the releaser's. The waiter's owner can hold no row but one this release wrote
+        // (it starts no try while offered the key): a row of its owner is that hand-over's.
+        None if sent_blind => match handed_by_an_earlier_send(shared, key, &offered.owner).await {
+            Ok(Some(fence)) => (fence, first_sent),
+            Ok(None) => {
+                offer.outcome_unknown(owner);
+                return Ok(true);
+            }
+            Err(error) => {
+                offer.outcome_unknown(owner);
+                return Err(error);
+            }
+        },
+        None => {
+            // Not handed over (someone is ahead in line, or `owner` held nothing): the waiter,
+            // if still there, tries.
+            offer.settle(None);
+            return Ok(released);
         }
-        // Not handed over (someone is ahead in line, or `owner` held nothing): the waiter, if
-        // still there, tries.
-        offer.settle(None);
-        return Ok(released);
     };
     let fence = fence as u64;
     shared.waiting.in_line(key, in_line);
@@ -267,10 +311,37 @@ pub(super) async fn release_row(
         if claim.withdrawn_after(window).await {
             tracing::debug!("distributed_lock: a PostgreSQL waiter did not claim the key a release handed it; given back");
             let _permit = undo_shared.tries.acquire().await;
-            undo_hand_over(&undo_shared, &undo_key, &offered.owner, Some(fence)).await;
+            undo_hand_over(&undo_shared, &undo_key, &offered.owner, fence).await;
         }
     });
     Ok(true)
+}
+
+/// The fence of `key`'s row where `waiter` holds it: what an earlier send of a hand-over to it
+/// wrote, whose answer was lost.
+async fn handed_by_an_earlier_send(
+    shared: &Shared,
+    key: &[u8],
+    waiter: &str,
+) -> Result<Option<i64>, LockError> {
+    let read = tokio::time::timeout(HAND_OVER_PATIENCE, async {
+        shared.statements.fetch_add(1, Ordering::Relaxed);
+        shared
+            .sql
+            .held_by
+            .query()
+            .bind(key)
+            .bind(waiter)
+            .fetch_all(&shared.pool)
+            .await
+    })
+    .await
+    .map_err(|_| LockError::backend("PostgreSQL: a statement did not answer in time"))?
+    .map_err(backend_error)?;
+    read.first()
+        .map(|row| row.try_get(0))
+        .transpose()
+        .map_err(backend_error)
 }
 
 /// The hand-over statement's answer: the new fence where it handed the row over, whether it
@@ -299,43 +370,55 @@ impl OfferGuard<'_> {
         offered
     }
 
-    /// The hand-over's outcome is unknown (its answer was lost with its connection): the row
-    /// may be the waiter's now, or still `releaser`'s. Both are deleted by owner, in a
-    /// clean-up, before the waiter is told to try: the waiter starts no try and is not passed
-    /// over until then, so no grant of its owner can come meanwhile but this hand-over's, and
-    /// the releaser's owner is done with. (A late copy of the hand-over, landing after, finds
-    /// no row of the releaser's to hand over.) A waiter at rest or parked then costs the others
-    /// nothing more, and one that is polled tries again at once.
+    /// The hand-over's outcome is unknown (its answer was lost with its connection, or did not
+    /// come in time): the row may be the waiter's now, or still `releaser`'s, or the statement
+    /// may still be on its way. The waiter's acquisition fails (it does not try again under its
+    /// owner), and a clean-up deletes the row under either owner, in one statement that checks
+    /// the row again once a hand-over still holding it commits. (A copy of the hand-over
+    /// landing after finds no row of the releaser's to hand over; a late copy of the delete
+    /// finds no lease of either owner to take, as neither is used again.)
     fn outcome_unknown(mut self, releaser: &str) {
         let offered = self.offered.take().expect("an offer is settled once");
-        let (shared, key, releaser) = (
-            Arc::clone(self.shared),
-            self.key.to_vec(),
-            releaser.to_owned(),
-        );
+        self.shared.waiting.hand_over_lost(self.key, &offered);
+        let (shared, key) = (Arc::clone(self.shared), self.key.to_vec());
+        let owners = vec![offered.owner.to_string(), releaser.to_owned()];
         self.shared.cleanups.spawn(async move {
             let mut pause = Duration::from_millis(100);
             for _ in 0..UNKNOWN_HAND_OVER_TRIES {
-                let deleted = match delete_row(&shared, &key, &offered.owner, None).await {
-                    Ok(_) => delete_row(&shared, &key, &releaser, None).await,
-                    Err(error) => Err(error),
-                };
+                let deleted = tokio::time::timeout(HAND_OVER_PATIENCE, async {
+                    shared.statements.fetch_add(1, Ordering::Relaxed);
+                    shared
+                        .sql
+                        .release_any
+                        .query()
+                        .bind(key.as_slice())
+                        .bind(owners.as_slice())
+                        .fetch_all(&shared.pool)
+                        .await
+                })
+                .await;
                 match deleted {
-                    Ok(_) => break,
-                    Err(error) => {
-                        tracing::debug!(%error, "distributed_lock: cannot delete what a PostgreSQL hand-over of unknown outcome wrote yet; trying again");
+                    Ok(Ok(_)) => return,
+                    Ok(Err(sqlx::Error::PoolClosed)) => break,
+                    failed => {
+                        tracing::debug!(?failed, "distributed_lock: cannot delete what a PostgreSQL hand-over of unknown outcome wrote yet; trying again");
                         tokio::time::sleep(pause).await;
                         pause = (pause * 2).min(Duration::from_secs(2));
                     }
                 }
             }
-            let _ = shared.waiting.settle(&key, &offered, None);
+            tracing::warn!("distributed_lock: cannot delete what a PostgreSQL hand-over of unknown outcome wrote; the row expires with its ttl");
         });
     }
 }
 
-/// How many times the clean-up of a hand-over of unknown outcome tries its deletes (about 20 s
-/// in all) before it gives up: the rows then expire with their ttls.
+/// How long a release's hand-over statement, and each delete of the clean-up after one whose
+/// answer was lost, may take before its outcome counts as unknown: the waiter it is offered to
+/// waits that long at most, and the waiters behind it with it.
+const HAND_OVER_PATIENCE: Duration = super::waiting::TRY_TURN;
+
+/// How many times the clean-up of a hand-over of unknown outcome tries its delete before it
+/// gives up (the row then expires with its ttl): with its pauses, half a minute to a minute.
 const UNKNOWN_HAND_OVER_TRIES: u32 = 12;
 
 impl Drop for OfferGuard<'_> {
@@ -346,10 +429,10 @@ impl Drop for OfferGuard<'_> {
     }
 }
 
-/// Deletes the row a hand-over to `owner` wrote (the grant of `fence` only; by owner alone
-/// only once that owner's acquisition ended without the key): its waiter did not claim it.
-pub(super) async fn undo_hand_over(shared: &Shared, key: &[u8], owner: &str, fence: Option<u64>) {
-    if let Err(error) = delete_row(shared, key, owner, fence).await {
+/// Deletes the row a hand-over to `owner` wrote, the grant of `fence` only: its waiter did not
+/// claim it.
+async fn undo_hand_over(shared: &Shared, key: &[u8], owner: &str, fence: u64) {
+    if let Err(error) = delete_row(shared, key, owner, Some(fence)).await {
         tracing::warn!(%error, "distributed_lock: cannot give back a PostgreSQL key handed to a waiter that is gone; its row expires with its ttl");
     }
 }

@@ -26,6 +26,10 @@ pub(super) struct Statements {
     pub(super) acquire: Statement,
     /// `$1` key, `$2` owner, `$3` fence or null → one row where it released (and notified).
     pub(super) release: Statement,
+    /// `$1` key, `$2` owners → one row where it deleted the row of one of them (and notified).
+    pub(super) release_any: Statement,
+    /// `$1` key, `$2` owner → the row's fence, where that owner holds it unexpired.
+    pub(super) held_by: Statement,
     /// `$1` key, `$2` owner, `$3` the owner to hand the key to (a waiter of this backend),
     /// `$4` its ttl in µs, `$5` this backend's waiter name, `$6` whether other waiters of this
     /// backend wait behind that one, `$7` how long a place lasts in µs → (the new fence where it
@@ -136,6 +140,14 @@ impl Statements {
         // release announced instead, and the waiters in line get the key. A hand-off is
         // announced too, its payload naming this backend: other processes' heads, woken, find
         // the key busy, and take their places in line; this backend's listener passes it by.
+        // One statement for either owner: where a hand-over from one to the other is on its way
+        // still, waiting on its row lock, the delete checks the row again once it commits, and
+        // finds it under the other owner.
+        let release_any = format!(
+            "WITH released AS (DELETE FROM {table} \
+               WHERE lock_key = $1 AND owner = ANY($2::text[]) RETURNING lock_key) \
+             SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM released"
+        );
         let hand_over = format!(
             "WITH mine AS ( \
                SELECT ticket FROM {waiters} \
@@ -193,6 +205,14 @@ impl Statements {
             acquire: Statement::new(acquire, protocol),
             release: Statement::new(release, protocol),
             hand_over: Statement::new(hand_over, protocol),
+            release_any: Statement::new(release_any, protocol),
+            held_by: Statement::new(
+                format!(
+                    "SELECT fence FROM {table} WHERE lock_key = $1 AND owner = $2 \
+                     AND expires_at > clock_timestamp()"
+                ),
+                protocol,
+            ),
             renew: Statement::new(renew, protocol),
             keep_places: Statement::new(keep_places, protocol),
             leave: Statement::new(leave, protocol),

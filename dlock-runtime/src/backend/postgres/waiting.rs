@@ -21,6 +21,7 @@
 //! heads poll with jittered back-off meanwhile, and the listener connects again by itself.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -83,6 +84,8 @@ struct State {
 /// One waiter in its key's queue.
 struct Waiter {
     wake: Arc<Notify>,
+    /// See [`Place::hand_over_lost`].
+    lost: Arc<AtomicBool>,
     /// Who waits, for a release to hand the key to.
     owner: Arc<str>,
     ttl_us: i64,
@@ -118,6 +121,7 @@ pub(super) struct Handed {
 /// The waiter a release offers the key to (see [`Waiting::offer`]).
 pub(super) struct Offered {
     wake: Arc<Notify>,
+    lost: Arc<AtomicBool>,
     pub(super) owner: Arc<str>,
     pub(super) ttl_us: i64,
     /// Whether other waiters of this backend wait behind it.
@@ -178,8 +182,8 @@ fn wake_front(queue: &mut VecDeque<Waiter>, now: Instant) {
     let Some(head) = queue.front_mut() else {
         return;
     };
-    // A head a release is handing the key to waits for that release, which tells it (and
-    // its turn lapses as a try's does, not sooner).
+    // A head a release is handing the key to waits for that release, which tells it (its
+    // turn does not lapse meanwhile).
     if !matches!(head.offer, Offer::InFlight) {
         head.due = Some(head.due.map_or(now, |due| due.min(now)));
     }
@@ -317,6 +321,7 @@ impl Waiting {
             shared: self.shared.clone(),
             key: key.to_vec(),
             wake: Arc::new(Notify::new()),
+            lost: Arc::default(),
             owner: Arc::from(owner),
             ttl_us,
         };
@@ -327,9 +332,8 @@ impl Waiting {
     /// The waiter a release of `key` by this backend is to hand the key to: the head of its
     /// queue, at rest (no try of its own under way, which could be granted beside the hand-off)
     /// and its turn not lapsed. Until [`settle`](Self::settle) says how the hand-off went, it
-    /// starts no try and is not passed over: no grant of its owner can come but the release's,
-    /// so a release whose answer was lost can delete by that owner whatever it wrote. (The
-    /// release's statement is bounded in time, and so is that clean-up.)
+    /// starts no try and is not passed over (the release's statement is bounded in time: see
+    /// `HAND_OVER_PATIENCE`).
     pub(super) fn offer(&self, key: &[u8]) -> Option<Offered> {
         let now = Instant::now();
         let mut state = self.shared.state();
@@ -344,10 +348,20 @@ impl Waiting {
         head.trying_since = None;
         Some(Offered {
             wake: head.wake.clone(),
+            lost: head.lost.clone(),
             owner: head.owner.clone(),
             ttl_us: head.ttl_us,
             others_behind,
         })
+    }
+
+    /// Tells the waiter `offered` that its hand-over ended without a known answer: its
+    /// acquisition fails at its next poll (see [`Place::hand_over_lost`]), and its turn is over
+    /// (passed over 1 s on if it is not polled), so the waiters behind it go on.
+    pub(super) fn hand_over_lost(&self, key: &[u8], offered: &Offered) {
+        offered.lost.store(true, Ordering::SeqCst);
+        let _ = self.settle(key, offered, None);
+        offered.wake.notify_one();
     }
 
     /// Tells the waiter `offered` how its hand-off went: `Some`, it holds the key once it
@@ -438,6 +452,7 @@ fn enqueue(state: &mut State, place: &Place) {
     let due = queue.is_empty().then(Instant::now);
     queue.push_back(Waiter {
         wake: place.wake.clone(),
+        lost: place.lost.clone(),
         owner: place.owner.clone(),
         ttl_us: place.ttl_us,
         offer: Offer::None,
@@ -451,6 +466,7 @@ pub(super) struct Place {
     shared: Arc<Shared>,
     key: Vec<u8>,
     wake: Arc<Notify>,
+    lost: Arc<AtomicBool>,
     owner: Arc<str>,
     ttl_us: i64,
 }
@@ -489,6 +505,14 @@ impl Place {
             wake_front(queue, now);
         }
         Turn::Behind(queue.front().and_then(Waiter::lapses_at))
+    }
+
+    /// Whether a release that was handing this waiter the key lost its answer: whether the key
+    /// is this waiter's is unknown, and its acquisition fails rather than try again under the
+    /// same owner (the release's clean-up deletes by that owner what it may have written, and a
+    /// late copy of that delete must find no lease of this owner to take).
+    pub(super) fn hand_over_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
     }
 
     /// What this head is to do: claim a key a release handed it, wait while a release is
