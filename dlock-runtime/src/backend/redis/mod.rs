@@ -93,7 +93,9 @@
 //!    whose first call takes a free key all the same.
 //! 2. If the key is busy, it subscribes to the key's channel on the backend's one pub/sub
 //!    connection (one `SUBSCRIBE` per channel, shared by all the backend's waiters on the key,
-//!    and an `UNSUBSCRIBE` when the last of them leaves), then runs the acquire script in
+//!    and an `UNSUBSCRIBE` when the last of them leaves; a subscription that takes longer than
+//!    100 ms goes on in the background, and the waiter polls again once it is done, while
+//!    failures back off, shared by the backend's waiters), then runs the acquire script in
 //!    queueing mode, which appends its owner to the key's queue and sets its waiter key (its
 //!    *claim window* and its backend's id, with a PX of the *liveness window*). The claim window
 //!    is the liveness window, or the waiter's ttl where that is shorter.

@@ -39,10 +39,15 @@ impl RedisBackend {
             owner: request.owner,
             armed: true,
         };
-        let mut backoff = Backoff::new(FIRST_POLL, self.inner.liveness / 3, request.owner);
+        // A hand-off grants the key for the waiter's claim window (the liveness window, or the
+        // ttl where shorter): a waiter whose message is lost (not subscribed yet, pub/sub down)
+        // finds the grant by its fallback poll, which therefore comes within a third of that
+        // window, not of the liveness window alone.
+        let claim_window = self.inner.liveness.min(request.ttl);
+        let mut backoff = Backoff::new(FIRST_POLL, claim_window / 3, request.owner);
         // Subscribing waits no longer than this before the poll: the polls keep the waiter key
         // alive, and a claim is one of them.
-        let grace = SUBSCRIBE_GRACE.min(self.inner.liveness / 10);
+        let grace = SUBSCRIBE_GRACE.min(claim_window / 10);
         loop {
             // Subscribed before the script queues this waiter, so the hand-off's message cannot
             // come first; or, where that takes longer, polled again once subscribed. Without
