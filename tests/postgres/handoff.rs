@@ -5,8 +5,10 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use dlock::backend::PostgresBackend;
 use dlock::{Lease, LockOptions, Locker};
 
+use crate::support::fault_proxy::{Direction, FaultProxy};
 use crate::support::{self, Store};
 use crate::Postgres;
 
@@ -139,16 +141,12 @@ async fn a_key_handed_to_a_parked_waiter_goes_back_after_the_claim_window() {
     late.release().await.unwrap();
 }
 
-/// The release's statement hands the row over and commits, but its answer is lost with its
-/// connection; sent again on a fresh one, it finds the row no longer the releaser's and
-/// answers that it handed nothing. The waiter's own wait ran out meanwhile: the row it may hold
-/// is deleted, rather than left held by nobody for its ttl.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hand_over_whose_answer_was_lost_leaves_no_row_to_a_waiter_that_gave_up() {
-    use crate::support::fault_proxy::{Direction, FaultProxy};
-    use dlock::backend::PostgresBackend;
-
-    let db = Postgres::fresh().await;
+/// A locker whose statements go through a proxy (its listener straight to the server), holding
+/// a lease of a fresh key; and another locker, to try the key from elsewhere.
+async fn a_holder_behind_a_proxy(
+    db: &Postgres,
+    name: &str,
+) -> (FaultProxy, Locker, Locker, String, Lease) {
     let (proxy, url) = FaultProxy::in_front_of(&support::postgres_url());
     let backend = PostgresBackend::builder(&url)
         .unwrap()
@@ -159,9 +157,46 @@ async fn a_hand_over_whose_answer_was_lost_leaves_no_row_to_a_waiter_that_gave_u
         .await
         .unwrap();
     let locker = Locker::with_backend(backend);
-    let elsewhere = db.locker().await;
-    let key = support::unique_key("handoff-lost-answer");
+    let key = support::unique_key(name);
     let lease = locker.lock(&*key, held(60)).await.unwrap();
+    (proxy, locker, db.locker().await, key, lease)
+}
+
+/// Releases `lease` so that the release's statement hands the row over and commits, but its
+/// answer is lost with its connection: the hand-over waits 1 s on the server before it writes,
+/// its answer is held meanwhile, and its connection is cut. Sent again on a fresh connection,
+/// it finds the row no longer the releaser's.
+async fn release_losing_the_answer(db: &Postgres, proxy: &FaultProxy, lease: Lease) {
+    db.slow_down("UPDATE", Duration::from_millis(1_000)).await;
+    let releasing = tokio::spawn(async move { lease.release().await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.stall_open(Direction::ToClient);
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    proxy.cut_all();
+    let _ = releasing.await.unwrap();
+    db.stop_slowing_down().await;
+}
+
+/// Asserts that `elsewhere` gets `key` within `within`, the key `what` held.
+async fn comes_back_within(elsewhere: &Locker, key: &str, within: Duration, what: &str) {
+    let asked = Instant::now();
+    let got = try_until(elsewhere, key, Duration::from_secs(15)).await;
+    let (lease, at) = got.unwrap_or_else(|| panic!("the key {what} stayed held for 15 s"));
+    assert!(
+        at - asked < within,
+        "the key {what} came back only {:?} later",
+        at - asked
+    );
+    lease.release().await.unwrap();
+}
+
+/// A hand-over whose answer was lost, while the waiter's own wait ran out: the row it may hold
+/// is deleted, rather than left held by nobody for its ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_whose_answer_was_lost_leaves_no_row_to_a_waiter_that_gave_up() {
+    let db = Postgres::fresh().await;
+    let (proxy, locker, elsewhere, key, lease) =
+        a_holder_behind_a_proxy(&db, "handoff-lost-answer").await;
     let waiter = tokio::spawn({
         let (locker, key) = (locker.clone(), key.clone());
         async move {
@@ -172,74 +207,34 @@ async fn a_hand_over_whose_answer_was_lost_leaves_no_row_to_a_waiter_that_gave_u
         }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    // The hand-over waits 1 s on the server before it writes; its answer will not come back.
-    db.slow_down("UPDATE", Duration::from_millis(1_000)).await;
-    let releasing = tokio::spawn(async move { lease.release().await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    proxy.stall_open(Direction::ToClient);
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
-    proxy.cut_all();
-    // The waiter gives up (its 2 s wait ran out) while the statement, sent again, is answered.
+    // The waiter gives up (its 2 s wait runs out) while the statement, sent again, is answered.
+    release_losing_the_answer(&db, &proxy, lease).await;
     let gave_up = waiter.await.unwrap();
     assert!(gave_up.is_err(), "the waiter got the key: {gave_up:?}");
-    let _ = releasing.await.unwrap();
-    db.stop_slowing_down().await;
-    let asked = Instant::now();
-    let got = try_until(&elsewhere, &key, Duration::from_secs(15)).await;
-    let (lease, at) = got.expect("the key handed to a waiter that gave up stayed held for 15 s");
-    assert!(
-        at - asked < SLACK,
-        "the key handed to a waiter that gave up came back only {:?} later",
-        at - asked
-    );
-    lease.release().await.unwrap();
+    comes_back_within(&elsewhere, &key, SLACK, "handed to a waiter that gave up").await;
 }
 
-/// As above, but the waiter is parked (its future kept, no longer polled) rather than gone: it
-/// cannot try, so the row a lost hand-over may have given it is deleted for it, and the key
-/// goes to others at once rather than after the waiter's ttl.
+/// As above, but the waiter is parked (its future kept, no longer polled) rather than gone: the
+/// key goes to others within the claim window rather than after the waiter's ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_over_whose_answer_was_lost_leaves_no_row_to_a_parked_waiter() {
-    use crate::support::fault_proxy::{Direction, FaultProxy};
-    use dlock::backend::PostgresBackend;
-
     let db = Postgres::fresh().await;
-    let (proxy, url) = FaultProxy::in_front_of(&support::postgres_url());
-    let backend = PostgresBackend::builder(&url)
-        .unwrap()
-        .table(&db.table)
-        .listen_url(&support::postgres_url())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let locker = Locker::with_backend(backend);
-    let elsewhere = db.locker().await;
-    let key = support::unique_key("handoff-lost-parked");
-    let lease = locker.lock(&*key, held(60)).await.unwrap();
+    let (proxy, locker, elsewhere, key, lease) =
+        a_holder_behind_a_proxy(&db, "handoff-lost-parked").await;
     let parked = a_waiter_at_rest(&locker, &key).await;
-    db.slow_down("UPDATE", Duration::from_millis(1_000)).await;
-    let releasing = tokio::spawn(async move { lease.release().await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    proxy.stall_open(Direction::ToClient);
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
-    proxy.cut_all();
-    let _ = releasing.await.unwrap();
-    db.stop_slowing_down().await;
-    let asked = Instant::now();
-    let got = try_until(&elsewhere, &key, Duration::from_secs(15)).await;
-    let (lease, at) = got.expect("the key handed to a parked waiter stayed held for 15 s");
-    assert!(
-        at - asked < CLAIM_WINDOW + SLACK,
-        "the key handed to a parked waiter came back only {:?} later",
-        at - asked
-    );
-    lease.release().await.unwrap();
+    release_losing_the_answer(&db, &proxy, lease).await;
+    comes_back_within(
+        &elsewhere,
+        &key,
+        CLAIM_WINDOW + SLACK,
+        "handed to a parked waiter",
+    )
+    .await;
     drop(parked);
 }
 
 /// The release's statement does not answer (it stands here for a connection gone half-open:
-/// a trigger holds up the hand-over alone for a minute): after a few seconds its outcome counts
+/// a trigger holds up the hand-over alone for 10 s): after a few seconds its outcome counts
 /// as unknown, the waiter it was offered to gives up with an error, and the key, deleted under
 /// either owner, goes to others rather than wait for that statement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -220,8 +220,10 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 ///   connects, and PgBouncer refuses a connection with a parameter it does not know.
 /// - The listener pointed at the server, with [`PostgresBuilder::listen_url`]: it needs a
 ///   session of its own. Through PgBouncer, its `LISTEN` runs on a server connection lent for
-///   that one statement, and PgBouncer drops the notifications the connection gets afterwards:
-///   no release is heard, and nothing tells the backend so. Exclusion, fences, renewal and
+///   that one statement, and the notifications that connection gets afterwards never reach the
+///   listener: no release is heard, and nothing tells the backend so. (PgBouncer passes them to
+///   whichever client it lends the connection to next, whose statement then fails: calls fail
+///   now and then.) Exclusion, fences, renewal and
 ///   expiry do not depend on the listener; a waiter then learns of a release only from its
 ///   process's place keeper, which reads every second whether the keys its waiters wait for
 ///   came free.

@@ -187,6 +187,9 @@ pub(super) async fn release_row(
     key: &[u8],
     owner: &str,
 ) -> Result<bool, LockError> {
+    if shared.waiting.take_lost_owner(owner) {
+        return delete_row(shared, key, owner, None).await;
+    }
     let Some(offered) = shared.waiting.offer(key) else {
         return delete_row(shared, key, owner, None).await;
     };
@@ -198,67 +201,79 @@ pub(super) async fn release_row(
         offered: Some(offered),
     };
     let offered = offer.offered.as_ref().expect("set above");
-    // Whether a send failed in a way that leaves it unknown whether it wrote (its connection
-    // broke): a conflict (a deadlock victim) was rolled back whole, and is sent again.
+    // Whether a send went astray: its connection broke (or it read a message it did not expect)
+    // once it was sent, which leaves it unknown whether it wrote. A send sent after one went
+    // astray also takes over a row of the waiter's own owner, which the one astray may have
+    // written (see `Statements::hand_over`). A conflict (a deadlock victim) was rolled back
+    // whole; an error before the send (no connection) wrote nothing.
     let sent_blind = AtomicBool::new(false);
     let sent_blind = &sent_blind;
-    // When the first send went: a hand-over found only after a resend counts from it.
-    let first_sent = std::sync::Mutex::new(None::<Instant>);
-    let first_sent = &first_sent;
-    let answer = tokio::time::timeout(
-        HAND_OVER_PATIENCE,
-        sql::retry_transient(is_conflict, || async move {
-            let sent = async {
-                shared.statements.fetch_add(1, Ordering::Relaxed);
-                let mut connection = shared.pool.acquire().await?;
-                let sent_at = Instant::now();
-                first_sent
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .get_or_insert(sent_at);
-                let row = shared
-                    .sql
-                    .hand_over
-                    .query()
-                    .bind(key)
-                    .bind(owner)
-                    .bind(&*offered.owner)
-                    .bind(offered.ttl_us)
-                    .bind(shared.waiter.as_str())
-                    .bind(offered.others_behind)
-                    .bind(micros_i64(PLACE_LIFETIME))
-                    .fetch_one(&mut *connection)
-                    .await?;
-                Ok((row, sent_at))
-            }
+    // Whether a send started (a statement still running when the time runs out may write).
+    let sending = AtomicBool::new(false);
+    let sending = &sending;
+    let send = || async move {
+        shared.statements.fetch_add(1, Ordering::Relaxed);
+        let mut connection = shared.pool.acquire().await?;
+        let sent_at = Instant::now();
+        sending.store(true, Ordering::SeqCst);
+        let again = sent_blind.load(Ordering::SeqCst);
+        let sent = shared
+            .sql
+            .hand_over
+            .query()
+            .bind(key)
+            .bind(owner)
+            .bind(&*offered.owner)
+            .bind(offered.ttl_us)
+            .bind(shared.waiter.as_str())
+            .bind(offered.others_behind)
+            .bind(micros_i64(PLACE_LIFETIME))
+            .bind(again)
+            .fetch_one(&mut *connection)
             .await;
-            if let Err(error) = &sent {
-                if !is_conflict(error) {
-                    sent_blind.store(true, Ordering::SeqCst);
-                }
+        if let Err(sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed) = &sent
+        {
+            sent_blind.store(true, Ordering::SeqCst);
+        }
+        Ok::<_, sqlx::Error>((sent?, sent_at))
+    };
+    // Sent again, within the patience, after a send that went astray (a send after it takes
+    // over what it wrote) or was rolled back as a deadlock victim: a pooler that passes a
+    // notification to a connection that did not ask for it (PgBouncer, where the listener goes
+    // through it too) makes sends go astray in a row.
+    let answer = tokio::time::timeout(HAND_OVER_PATIENCE, async {
+        let mut sends = 0;
+        loop {
+            sends += 1;
+            match send().await {
+                Err(sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed)
+                    if sends < HAND_OVER_SENDS => {}
+                Err(error) if is_conflict(&error) && sends < HAND_OVER_SENDS => {}
+                answer => return answer,
             }
-            sent
-        }),
-    )
+        }
+    })
     .await;
     let sent_blind = sent_blind.load(Ordering::SeqCst);
     let answer = match answer {
         Ok(Ok((row, sent_at))) => read_hand_over(&row).map(|read| (read, sent_at)),
         Ok(Err(error)) => Err(error),
-        Err(_) => {
-            // No answer in time (a connection gone half-open, a server that stalls): the
-            // statement may still run.
+        // No answer in time (a connection gone half-open, a server that stalls): a statement
+        // sent may still run, and write.
+        Err(_) if sending.load(Ordering::SeqCst) => {
             offer.outcome_unknown(owner);
             return Err(LockError::backend(
                 "PostgreSQL: a release's statement did not answer in time",
             ));
         }
+        Err(_) => Err(sqlx::Error::PoolTimedOut),
     };
     let ((fence, released, in_line), sent_at) = match answer {
         Ok(answer) => answer,
-        // The server refused the statement (a ttl out of its range, say), and no earlier send
-        // went astray: it wrote nothing, and the key is released the plain way.
-        Err(sqlx::Error::Database(_)) if !sent_blind => {
+        // Nothing was written, and no send went astray: refused by the server (a ttl out of
+        // its range, a row another transaction keeps locked past the lock timeout), or never
+        // sent (no connection in time). The key is released the plain way.
+        Err(sqlx::Error::Database(_) | sqlx::Error::PoolTimedOut) if !sent_blind => {
             offer.settle(None);
             return delete_row(shared, key, owner, None).await;
         }
@@ -267,33 +282,11 @@ pub(super) async fn release_row(
             return Err(backend_error(error));
         }
     };
-    let first_sent = first_sent
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .unwrap_or(sent_at);
-    let (fence, sent_at) = match fence {
-        Some(fence) => (fence, sent_at),
-        // Sent again after a send went astray (its connection broke, or read a message it did
-        // not expect): the first may have handed the row over, which the second then no longer
-        // finds the releaser's. The waiter's owner can hold no row but one this release wrote
-        // (it starts no try while offered the key): a row of its owner is that hand-over's.
-        None if sent_blind => match handed_by_an_earlier_send(shared, key, &offered.owner).await {
-            Ok(Some(fence)) => (fence, first_sent),
-            Ok(None) => {
-                offer.outcome_unknown(owner);
-                return Ok(true);
-            }
-            Err(error) => {
-                offer.outcome_unknown(owner);
-                return Err(error);
-            }
-        },
-        None => {
-            // Not handed over (someone is ahead in line, or `owner` held nothing): the waiter,
-            // if still there, tries.
-            offer.settle(None);
-            return Ok(released);
-        }
+    let Some(fence) = fence else {
+        // Not handed over (someone is ahead in line, or `owner` held nothing, and no send went
+        // astray that may have): the waiter, if still there, tries.
+        offer.settle(None);
+        return Ok(released);
     };
     let fence = fence as u64;
     shared.waiting.in_line(key, in_line);
@@ -315,33 +308,6 @@ pub(super) async fn release_row(
         }
     });
     Ok(true)
-}
-
-/// The fence of `key`'s row where `waiter` holds it: what an earlier send of a hand-over to it
-/// wrote, whose answer was lost.
-async fn handed_by_an_earlier_send(
-    shared: &Shared,
-    key: &[u8],
-    waiter: &str,
-) -> Result<Option<i64>, LockError> {
-    let read = tokio::time::timeout(HAND_OVER_PATIENCE, async {
-        shared.statements.fetch_add(1, Ordering::Relaxed);
-        shared
-            .sql
-            .held_by
-            .query()
-            .bind(key)
-            .bind(waiter)
-            .fetch_all(&shared.pool)
-            .await
-    })
-    .await
-    .map_err(|_| LockError::backend("PostgreSQL: a statement did not answer in time"))?
-    .map_err(backend_error)?;
-    read.first()
-        .map(|row| row.try_get(0))
-        .transpose()
-        .map_err(backend_error)
 }
 
 /// The hand-over statement's answer: the new fence where it handed the row over, whether it
@@ -416,6 +382,9 @@ impl OfferGuard<'_> {
 /// answer was lost, may take before its outcome counts as unknown: the waiter it is offered to
 /// waits that long at most, and the waiters behind it with it.
 const HAND_OVER_PATIENCE: Duration = super::waiting::TRY_TURN;
+
+/// How many times a release sends its hand-over statement at most, within its patience.
+const HAND_OVER_SENDS: u32 = 5;
 
 /// How many times the clean-up of a hand-over of unknown outcome tries its delete before it
 /// gives up (the row then expires with its ttl): with its pauses, half a minute to a minute.

@@ -28,13 +28,12 @@ pub(super) struct Statements {
     pub(super) release: Statement,
     /// `$1` key, `$2` owners → one row where it deleted the row of one of them (and notified).
     pub(super) release_any: Statement,
-    /// `$1` key, `$2` owner → the row's fence, where that owner holds it unexpired.
-    pub(super) held_by: Statement,
     /// `$1` key, `$2` owner, `$3` the owner to hand the key to (a waiter of this backend),
     /// `$4` its ttl in µs, `$5` this backend's waiter name, `$6` whether other waiters of this
-    /// backend wait behind that one, `$7` how long a place lasts in µs → (the new fence where it
-    /// handed the key over; whether it released it instead, another process's waiter being
-    /// ahead in line; whether this backend holds a place now).
+    /// backend wait behind that one, `$7` how long a place lasts in µs, `$8` whether an earlier
+    /// send of this hand-over went astray (it then takes over a row of the waiter's owner too)
+    /// → (the new fence where it handed the key over; whether it released it instead, another
+    /// process's waiter being ahead in line; whether this backend holds a place now).
     pub(super) hand_over: Statement,
     /// `$1` keys, `$2` owners, `$3` ttls in µs → the (key, owner) pairs renewed.
     pub(super) renew: Statement,
@@ -71,22 +70,18 @@ impl Statements {
         // and is granted again, whoever queued meanwhile, and never moves its expiry back: the
         // first copy of a statement re-sent after a broken connection can land after the
         // second (held up on the server), or after a renewal, with the expiry it computed as
-        // it began, earlier than the one the client counts from. Places that lapsed long ago (their processes died) are swept by the
-        // try that gets the key: a refused try sweeping too could deadlock with another refused
-        // try, each deleting the other's old place before re-taking its own.
+        // it began, earlier than the one the client counts from. Places that lapsed long ago
+        // (their processes died) are swept by the try that gets the key: a refused try sweeping
+        // too could deadlock with another refused try, each deleting the other's old place
+        // before re-taking its own.
         //
         // A backend granted the key while more of its waiters wait for it keeps its place, with
         // a new ticket: it is back at the end of the line, and its next waiter need not lose a
         // race again to be in it. So processes with waiters take turns at a key.
+        let line_at_acquire = line_ahead(waiters, "$4");
+        let place_at_acquire = place_after_grant(waiters, "$4", "$8", "$6", "attempt");
         let acquire = format!(
-            "WITH mine AS ( \
-               SELECT ticket FROM {waiters} \
-               WHERE lock_key = $1 AND waiter = $4 AND expires_at > clock_timestamp()), \
-             ahead AS ( \
-               SELECT min(line.expires_at) AS lapses FROM {waiters} AS line \
-               WHERE line.lock_key = $1 AND line.waiter <> $4 AND line.expires_at > clock_timestamp() \
-                 AND (NOT EXISTS (SELECT 1 FROM mine) \
-                      OR (line.ticket, line.waiter) < (SELECT ticket, $4::text FROM mine))), \
+            "WITH {line_at_acquire}, \
              attempt AS ( \
                INSERT INTO {table} AS held (lock_key, owner, fence, expires_at, created_at) \
                SELECT $1, $2, {NOW_US}, clock_timestamp() + $3 * interval '1 microsecond', clock_timestamp() \
@@ -100,14 +95,7 @@ impl Statements {
                  created_at = excluded.created_at \
                WHERE held.expires_at <= clock_timestamp() OR held.owner = excluded.owner \
                RETURNING fence), \
-             left_line AS ( \
-               DELETE FROM {waiters} WHERE lock_key = $1 AND waiter = $4 AND NOT $8 \
-                 AND EXISTS (SELECT 1 FROM attempt)), \
-             requeued AS ( \
-               UPDATE {waiters} SET ticket = {NOW_US}, \
-                 expires_at = clock_timestamp() + $6 * interval '1 microsecond' \
-               WHERE lock_key = $1 AND waiter = $4 AND $8 AND EXISTS (SELECT 1 FROM attempt) \
-               RETURNING 1), \
+             {place_at_acquire}, \
              in_line AS ( \
                INSERT INTO {waiters} AS line (lock_key, waiter, ticket, expires_at) \
                SELECT $1, $4, {NOW_US}, clock_timestamp() + $6 * interval '1 microsecond' \
@@ -137,7 +125,12 @@ impl Statements {
         // the waiter needs no statement of its own, and no notification to wake it. The line
         // across processes decides as for a try: where another backend's live place is ahead
         // of this backend's (or any, where this backend has none), the row is deleted and the
-        // release announced instead, and the waiters in line get the key. A hand-off is
+        // release announced instead, and the waiters in line get the key. A send after one that
+        // went astray (its answer lost with its connection) may find the row handed over
+        // already: it takes over a row of the waiter's owner too, whatever wrote it (that
+        // waiter starts no try while offered the key, but a grant of its own try withdrawn
+        // unclaimed may be on its way to being undone), with a new fence (so that undo misses)
+        // and an expiry counted from this send, never moved back. A hand-off is
         // announced too, its payload naming this backend: other processes' heads, woken, find
         // the key busy, and take their places in line; this backend's listener passes it by.
         // One statement for either owner: where a hand-over from one to the other is on its way
@@ -148,33 +141,24 @@ impl Statements {
                WHERE lock_key = $1 AND owner = ANY($2::text[]) RETURNING lock_key) \
              SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM released"
         );
+        let line_at_hand_over = line_ahead(waiters, "$5");
+        let place_at_hand_over = place_after_grant(waiters, "$5", "$6", "$7", "handed");
         let hand_over = format!(
-            "WITH mine AS ( \
-               SELECT ticket FROM {waiters} \
-               WHERE lock_key = $1 AND waiter = $5 AND expires_at > clock_timestamp()), \
-             ahead AS ( \
-               SELECT 1 FROM {waiters} AS line \
-               WHERE line.lock_key = $1 AND line.waiter <> $5 AND line.expires_at > clock_timestamp() \
-                 AND (NOT EXISTS (SELECT 1 FROM mine) \
-                      OR (line.ticket, line.waiter) < (SELECT ticket, $5::text FROM mine))), \
+            "WITH {line_at_hand_over}, \
              handed AS ( \
                UPDATE {table} AS held SET owner = $3, fence = GREATEST(held.fence + 1, {NOW_US}), \
-                 expires_at = clock_timestamp() + $4 * interval '1 microsecond', \
+                 expires_at = GREATEST(CASE WHEN held.owner = $3 THEN held.expires_at END, \
+                   clock_timestamp() + $4 * interval '1 microsecond'), \
                  created_at = clock_timestamp() \
-               WHERE held.lock_key = $1 AND held.owner = $2 AND NOT EXISTS (SELECT 1 FROM ahead) \
+               WHERE held.lock_key = $1 \
+                 AND ((held.owner = $2 AND (SELECT lapses FROM ahead) IS NULL) \
+                      OR ($8 AND held.owner = $3)) \
                RETURNING held.fence), \
              released AS ( \
                DELETE FROM {table} WHERE lock_key = $1 AND owner = $2 \
-                 AND EXISTS (SELECT 1 FROM ahead) \
+                 AND (SELECT lapses FROM ahead) IS NOT NULL \
                RETURNING lock_key), \
-             left_line AS ( \
-               DELETE FROM {waiters} WHERE lock_key = $1 AND waiter = $5 AND NOT $6 \
-                 AND EXISTS (SELECT 1 FROM handed)), \
-             requeued AS ( \
-               UPDATE {waiters} SET ticket = {NOW_US}, \
-                 expires_at = clock_timestamp() + $7 * interval '1 microsecond' \
-               WHERE lock_key = $1 AND waiter = $5 AND $6 AND EXISTS (SELECT 1 FROM handed) \
-               RETURNING 1) \
+             {place_at_hand_over} \
              SELECT (SELECT fence FROM handed), EXISTS (SELECT 1 FROM released), \
                EXISTS (SELECT 1 FROM requeued), \
                CASE WHEN EXISTS (SELECT 1 FROM handed) \
@@ -206,13 +190,6 @@ impl Statements {
             release: Statement::new(release, protocol),
             hand_over: Statement::new(hand_over, protocol),
             release_any: Statement::new(release_any, protocol),
-            held_by: Statement::new(
-                format!(
-                    "SELECT fence FROM {table} WHERE lock_key = $1 AND owner = $2 \
-                     AND expires_at > clock_timestamp()"
-                ),
-                protocol,
-            ),
             renew: Statement::new(renew, protocol),
             keep_places: Statement::new(keep_places, protocol),
             leave: Statement::new(leave, protocol),
@@ -220,6 +197,46 @@ impl Statements {
             channel: channel.to_owned(),
         }
     }
+}
+
+/// The line across processes as a statement sees it, for the backend whose waiter name is the
+/// placeholder `waiter` (of the key `$1`): `mine`, its own live place, if any; and `ahead`, one
+/// row whose `lapses` is when the first of the other backends' live places ahead of it lapses
+/// (all of theirs count where it has none), null where none is.
+fn line_ahead(waiters: &str, waiter: &str) -> String {
+    format!(
+        "mine AS ( \
+           SELECT ticket FROM {waiters} \
+           WHERE lock_key = $1 AND waiter = {waiter} AND expires_at > clock_timestamp()), \
+         ahead AS ( \
+           SELECT min(line.expires_at) AS lapses FROM {waiters} AS line \
+           WHERE line.lock_key = $1 AND line.waiter <> {waiter} AND line.expires_at > clock_timestamp() \
+             AND (NOT EXISTS (SELECT 1 FROM mine) \
+                  OR (line.ticket, line.waiter) < (SELECT ticket, {waiter}::text FROM mine)))"
+    )
+}
+
+/// What a grant (a row of the CTE `granted`) does to the place of the backend whose waiter name
+/// is the placeholder `waiter`: `left_line` gives it up, or, where the placeholder `keep` says
+/// more of its waiters wait, `requeued` takes it anew at the end of the line, to last the
+/// placeholder `lifetime` (µs).
+fn place_after_grant(
+    waiters: &str,
+    waiter: &str,
+    keep: &str,
+    lifetime: &str,
+    granted: &str,
+) -> String {
+    format!(
+        "left_line AS ( \
+           DELETE FROM {waiters} WHERE lock_key = $1 AND waiter = {waiter} AND NOT {keep} \
+             AND EXISTS (SELECT 1 FROM {granted})), \
+         requeued AS ( \
+           UPDATE {waiters} SET ticket = {NOW_US}, \
+             expires_at = clock_timestamp() + {lifetime} * interval '1 microsecond' \
+           WHERE lock_key = $1 AND waiter = {waiter} AND {keep} AND EXISTS (SELECT 1 FROM {granted}) \
+           RETURNING 1)"
+    )
 }
 
 /// The notification channel of the lock table `table` (quoted) names: `dlock_` and a hash of

@@ -79,6 +79,9 @@ struct State {
     in_line: HashSet<Vec<u8>>,
     /// Places in line this backend's last waiter for the key left without the key: to give up.
     leaving: HashSet<Vec<u8>>,
+    /// Owners whose acquisition failed as a hand-over to them was lost (see
+    /// [`Waiting::hand_over_lost`]), until the release of what they may hold.
+    lost_owners: HashSet<Arc<str>>,
 }
 
 /// One waiter in its key's queue.
@@ -340,7 +343,11 @@ impl Waiting {
         let queue = state.queues.get_mut(key)?;
         let others_behind = queue.len() > 1;
         let head = queue.front_mut()?;
-        if head.trying_since.is_some() || !matches!(head.offer, Offer::None) || head.lapsed(now) {
+        if head.trying_since.is_some()
+            || !matches!(head.offer, Offer::None)
+            || head.lapsed(now)
+            || head.lost.load(Ordering::SeqCst)
+        {
             return None;
         }
         head.offer = Offer::InFlight;
@@ -360,8 +367,19 @@ impl Waiting {
     /// (passed over 1 s on if it is not polled), so the waiters behind it go on.
     pub(super) fn hand_over_lost(&self, key: &[u8], offered: &Offered) {
         offered.lost.store(true, Ordering::SeqCst);
+        self.shared
+            .state()
+            .lost_owners
+            .insert(offered.owner.clone());
         let _ = self.settle(key, offered, None);
         offered.wake.notify_one();
+    }
+
+    /// Whether `owner`'s acquisition failed as a hand-over to it was lost; forgets it. Its
+    /// release (the locker's, of the failed acquisition) is a plain delete: handed on to the
+    /// next waiter, a row a lost hand-over's clean-up is to delete could leave its reach.
+    pub(super) fn take_lost_owner(&self, owner: &str) -> bool {
+        self.shared.state().lost_owners.remove(owner)
     }
 
     /// Tells the waiter `offered` how its hand-off went: `Some`, it holds the key once it
