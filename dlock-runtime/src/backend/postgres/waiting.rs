@@ -366,11 +366,12 @@ impl Waiting {
     /// acquisition fails at its next poll (see [`Place::hand_over_lost`]), and its turn is over
     /// (passed over 1 s on if it is not polled), so the waiters behind it go on.
     pub(super) fn hand_over_lost(&self, key: &[u8], offered: &Offered) {
-        offered.lost.store(true, Ordering::SeqCst);
+        // Recorded before the waiter can see it failed: its acquisition's release must find it.
         self.shared
             .state()
             .lost_owners
             .insert(offered.owner.clone());
+        offered.lost.store(true, Ordering::SeqCst);
         let _ = self.settle(key, offered, None);
         offered.wake.notify_one();
     }
