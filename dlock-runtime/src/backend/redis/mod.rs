@@ -280,7 +280,7 @@ impl Backend for RedisBackend {
         let sent_at = Instant::now();
         // First without queueing: an uncontended acquire is one round trip, and `wait = 0`
         // never leaves anything behind.
-        match self.try_acquire(&keys, request.ttl, Mode::FirstTry).await? {
+        match self.try_acquire(&keys, request.ttl, Mode::FirstTry, 0).await? {
             Attempt::Granted(fence) => Ok(Some(Acquired {
                 fence,
                 valid_from: sent_at,
@@ -379,32 +379,35 @@ impl RedisBackend {
             .map(drop)
     }
 
-    /// Runs the acquire script once, as `mode` says.
+    /// Runs the acquire script once, as `mode` says; a waiter's calls are numbered by `call`.
     async fn try_acquire(
         &self,
         keys: &LockKeys,
         ttl: Duration,
         mode: Mode,
+        call: u64,
     ) -> Result<Attempt, LockError> {
-        let mut call = keys.call(&ACQUIRE);
-        call.arg(lease_millis(ttl));
+        let mut invocation = keys.call(&ACQUIRE);
+        invocation.arg(lease_millis(ttl));
         // A first try passes no more than the ttl: the uncontended path reads nothing else.
         match mode {
             Mode::FirstTry => {}
             Mode::Queue => {
-                call.arg(millis(self.inner.liveness))
-                    .arg(&self.inner.instance);
+                invocation
+                    .arg(millis(self.inner.liveness))
+                    .arg(&self.inner.instance)
+                    .arg(call);
             }
             // A liveness window of 0 says to leave the queue.
             Mode::Leave => {
-                call.arg(0).arg(&self.inner.instance);
+                invocation.arg(0).arg(&self.inner.instance).arg(call);
             }
         }
         if self.inner.min_replicas == 0 {
             let reply = self
                 .inner
                 .conn
-                .run_acquire(|conn| invoke(conn, &ACQUIRE, &call))
+                .run_acquire(|conn| invoke(conn, &ACQUIRE, &invocation))
                 .await?;
             return parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason));
         }
@@ -412,7 +415,7 @@ impl RedisBackend {
         let (reply, acknowledged) = self
             .inner
             .conn
-            .run_acquire(|conn| invoke_then_wait(conn, &ACQUIRE, &call, replicas))
+            .run_acquire(|conn| invoke_then_wait(conn, &ACQUIRE, &invocation, replicas))
             .await?;
         match parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason))? {
             Attempt::Granted(_) if acknowledged < replicas.count => {
@@ -439,11 +442,11 @@ impl RedisBackend {
             .await?;
         let released =
             parse_release(reply).map_err(|reason| self.inner.conn.error("release", reason))?;
-        if let Some(head) = &released.handed_to {
-            // A waiter of this process need not wait for the published message. It must claim
-            // the lock now: let it run before this caller goes on (to queue for the key again,
-            // say), so that its claim is not sent behind the caller's request.
-            if self.inner.subscriber.wake_local(&keys.channel(), head) {
+        if let Some(handed) = &released.handed_to {
+            // A waiter of this process need not wait for the published message: it is woken
+            // with the grant. Let it run before this caller goes on (to queue for the key again,
+            // say), so that it starts (or sends its claim) ahead of the caller's request.
+            if self.inner.subscriber.wake_local(&keys.channel(), handed) {
                 tokio::task::yield_now().await;
             }
         }

@@ -1,9 +1,11 @@
 //! The backend's one pub/sub connection, carrying the channels of all its waiters.
 //!
 //! A waiter registers under its lock's channel and its owner; a message on the channel names the
-//! owner the lock was handed to (`<owner>`; an older dlock adds ` <fence>`), and only that waiter
-//! is woken, to claim the lock. A release made through this backend wakes a waiter of the same
-//! backend directly ([`Subscriber::wake_local`]) and publishes nothing. A channel is
+//! owner the lock was handed to, with the grant's fence and the waiter's call it came after
+//! (`<owner> <fence> <call>`; an older dlock's release publishes `<owner>` or `<owner> <fence>`),
+//! and only that waiter is woken, with the grant where the message carries it. A release made
+//! through this backend wakes a waiter of the same backend directly
+//! ([`Subscriber::wake_local`]) and publishes nothing. A channel is
 //! subscribed while at least one waiter of this backend needs it. When the connection drops,
 //! every waiter is woken, without a fence, to look at the lock again (a message may have been
 //! missed), and the next one to wait reconnects and subscribes again.
@@ -18,6 +20,7 @@ use redis::RedisError;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
+use super::scripts::{Grant, HandOff};
 use crate::background;
 
 pub(super) struct Subscriber {
@@ -51,21 +54,40 @@ struct State {
 #[derive(Default)]
 struct Channel {
     /// owner → that waiter's wake-up.
-    waiters: HashMap<String, Arc<Notify>>,
+    waiters: HashMap<String, Arc<Wake>>,
     /// The generation of the connection the channel was subscribed on.
     subscribed: Option<u64>,
 }
 
+/// One waiter's wake-up, and the grant that came with it.
+#[derive(Default)]
+struct Wake {
+    notify: Notify,
+    grant: Mutex<Option<Grant>>,
+}
+
+impl Wake {
+    /// Wakes the waiter; with `grant`, leaves it the grant to find (replacing any earlier one:
+    /// only the latest grant can still be in force).
+    fn wake(&self, grant: Option<Grant>) {
+        if grant.is_some() {
+            *self.grant.lock().unwrap_or_else(|p| p.into_inner()) = grant;
+        }
+        self.notify.notify_one();
+    }
+}
+
 impl State {
-    /// Wakes `owner`'s waiter on `channel`, if this backend has one; says whether it has.
-    fn wake(&self, channel: &str, owner: &str) -> bool {
+    /// Wakes `owner`'s waiter on `channel`, if this backend has one, leaving it `grant`; says
+    /// whether it has.
+    fn wake(&self, channel: &str, owner: &str, grant: Option<Grant>) -> bool {
         match self
             .channels
             .get(channel)
             .and_then(|channel| channel.waiters.get(owner))
         {
             Some(wake) => {
-                wake.notify_one();
+                wake.wake(grant);
                 true
             }
             None => false,
@@ -110,7 +132,7 @@ impl Subscriber {
     /// Registers a waiter for `owner` on `channel`. Call [`Subscription::ensure`] before the
     /// waiter enqueues, so the message that hands it the lock cannot come before the SUBSCRIBE.
     pub(super) fn register(&self, channel: String, owner: String) -> Subscription {
-        let wake = Arc::new(Notify::new());
+        let wake = Arc::new(Wake::default());
         self.shared
             .state()
             .channels
@@ -132,11 +154,13 @@ impl Subscriber {
         self.shared.state().is_subscribed(channel)
     }
 
-    /// Wakes `owner`'s waiter on `channel`, where it is one of this backend's, to claim the
-    /// lock a release made here handed it: no message is published for it. Returns whether the
-    /// waiter is this backend's.
-    pub(super) fn wake_local(&self, channel: &str, owner: &str) -> bool {
-        self.shared.state().wake(channel, owner)
+    /// Wakes the waiter of `handed`, where it is one of this backend's, with the grant a
+    /// release made here handed it: no message is published for it. Returns whether the waiter
+    /// is this backend's.
+    pub(super) fn wake_local(&self, channel: &str, handed: &HandOff) -> bool {
+        self.shared
+            .state()
+            .wake(channel, &handed.owner, handed.grant())
     }
 }
 
@@ -146,7 +170,7 @@ pub(super) struct Subscription {
     shared: Arc<Shared>,
     channel: String,
     owner: String,
-    wake: Arc<Notify>,
+    wake: Arc<Wake>,
 }
 
 impl Subscription {
@@ -191,7 +215,17 @@ impl Subscription {
     /// Resolves when a message hands the lock to this waiter, or the connection dropped (a
     /// message may have been missed). A wake-up that came before this call is not lost.
     pub(super) async fn woken(&self) {
-        self.wake.notified().await;
+        self.wake.notify.notified().await;
+    }
+
+    /// The grant a hand-off left this waiter, if one did since the last call: taken, so that
+    /// each is looked at once.
+    pub(super) fn take_grant(&self) -> Option<Grant> {
+        self.wake
+            .grant
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 }
 
@@ -278,9 +312,10 @@ async fn connect(shared: &Arc<Shared>) -> Result<(u64, PubSubSink), RedisError> 
             while let Some(message) = stream.next().await {
                 let Some(shared) = weak.upgrade() else { return };
                 let payload = String::from_utf8_lossy(message.get_payload_bytes());
+                let (owner, grant) = HandOff::parse(&payload);
                 shared
                     .state()
-                    .wake(message.get_channel_name(), parse_hand_off(&payload));
+                    .wake(message.get_channel_name(), owner, grant);
             }
             if let Some(shared) = weak.upgrade() {
                 drop_connection(&shared, generation);
@@ -312,24 +347,7 @@ fn drop_connection(shared: &Shared, generation: u64) {
     state.next_client = (state.next_client + 1) % shared.clients.len().max(1);
     for channel in state.channels.values() {
         for wake in channel.waiters.values() {
-            wake.notify_one();
+            wake.wake(None);
         }
-    }
-}
-
-/// Reads a hand-off message: the owner it names, `<owner>`, or `<owner> <fence>` from a release
-/// by an older dlock (the waiter claims the lock all the same).
-fn parse_hand_off(payload: &str) -> &str {
-    payload.split_once(' ').map_or(payload, |(owner, _)| owner)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_hand_off;
-
-    #[test]
-    fn hand_off_messages_name_the_owner() {
-        assert_eq!(parse_hand_off("abc"), "abc");
-        assert_eq!(parse_hand_off("abc 42"), "abc");
     }
 }
