@@ -58,10 +58,15 @@ impl Watchdog {
     }
 
     /// Starts renewing `state` every ttl/3, counting from `confirmed_at`, the instant its
-    /// validity counts from: a grant that took long to arrive is renewed at once, not a full
-    /// period after it arrived.
+    /// validity counts from: a grant that took long to arrive is renewed soon, not a full period
+    /// after it arrived — once a third of the validity it has left has passed, which leaves two
+    /// thirds for the renewal to be confirmed. (A grant for less than the ttl, which a store
+    /// reports as a `confirmed_at` far back, so gets its first renewal a third of the way into
+    /// what it was granted: a body that ends sooner needs none.)
     pub(crate) fn watch(&self, state: &Arc<LeaseState>, confirmed_at: Instant) {
-        let renew_at = confirmed_at + clock::renew_interval(state.ttl);
+        let now = Instant::now();
+        let renew_at = (confirmed_at + clock::renew_interval(state.ttl))
+            .max(now + state.valid_until().saturating_duration_since(now) / 3);
         let mut registry = self.shared.registry();
         registry.leases.insert(
             state.id,

@@ -128,8 +128,8 @@ pub struct Acquired {
     /// Where the store granted less than the ttl for now (a grant that its first renewal is to
     /// extend, for a request that is [`renewed`](AcquireRequest::renewed)), this is the start of
     /// a ttl-long lease whose validity, less the margin the client takes off a ttl, ends no later
-    /// than the shorter grant's, less the same share of it. It may lie so far back that the
-    /// first renewal is due at once.
+    /// than the shorter grant's, less the same share of it. It may lie further back than a
+    /// third of the ttl: the first renewal then comes a third of the way into the validity left.
     pub valid_from: Instant,
 }
 

@@ -29,10 +29,10 @@
 --
 -- A waiter's key, `<lock>:w:<owner>`, holds `<claim window in ms> <instance> <call>` (how long
 -- a grant to the waiter lasts until it claims it, the id of the backend it waits on, and the
--- number of the waiter's call that wrote it), with a PX of the liveness window; the lock's
--- channel is `<lock>:ch`. Both share the lock's hash slot, and are named here from the lock's
--- name rather than passed, which keeps the uncontended calls short. (An older dlock's waiter
--- key holds the first two, or the first alone.)
+-- number of the waiter's call that wrote it), with a PX of the liveness window. It shares the
+-- lock's hash slot, and is named here from the lock's name rather than passed, which keeps the
+-- uncontended calls short. (An older dlock's waiter key holds the first two, or the first
+-- alone.)
 
 local function waiter_key(who)
   return lock .. ':w:' .. who
@@ -68,28 +68,26 @@ local function pop_live_head()
 end
 
 -- Hands the (free) lock to waiter `head`, whose waiter key held `waiter`, for its claim window
--- only, and names it on the channel: `<owner> <fence> <call>`, where `<call>` is the number of
--- the waiter's call that last wrote its waiter key. That call reached the server before this
--- grant, so the grant lasts at least the claim window from the moment the waiter sent it: a
--- waiter that sent it recently enough starts on the message alone, its lease counted from that
--- send time, and claims the lock for its full ttl with its first renewal; one that did not
--- (or an older dlock's waiter, whose key names no call) claims it with an acquire call, which
--- finds the lock its own and extends it to the full ttl. A waiter that died meanwhile never
--- does either, and the grant lapses after the window, to be handed on by the next call that
--- finds the lock free. The message is left out where the waiter waits on backend
--- `skip_publish_for`: the caller, which wakes it in-process with the same three. (A waiter of
--- an older dlock put its ttl where the window is: it is granted that, as before; it reads the
--- owner from the message and ignores the rest.) Returns the fence and the call's number (''
--- where the key names none).
+-- only, and tells it on the channel of its backend, `dlock-waiters:<instance>`: `<owner> <fence>
+-- <call>`, where `<call>` is the number of the waiter's call that last wrote its waiter key.
+-- That call reached the server before this grant, so the grant lasts at least the claim window
+-- from the moment the waiter sent it: a waiter that sent it recently enough starts on the
+-- message alone, its lease counted from that send time, and claims the lock for its full ttl
+-- with its first renewal; one that did not claims it with an acquire call, which finds the lock
+-- its own and extends it to the full ttl. A waiter that died meanwhile never does either, and
+-- the grant lapses after the window, to be handed on by the next call that finds the lock
+-- free. The message is left out where the waiter waits on backend `skip_publish_for`: the
+-- caller, which wakes it in-process with the same three. A waiter of an older dlock (its key
+-- names no call) is told as it expects, with its owner alone on the lock's channel
+-- `<lock>:ch`; it put its ttl where the window is, and is granted that, as before. Returns the
+-- fence and the call's number ('' where the key names none).
 local function hand_to(head, waiter, skip_publish_for)
   local claim, instance, call = string.match(waiter, '^(%d+) ?(%S*) ?(%d*)$')
   local n = grant(head, claim)
-  if instance == '' or instance ~= skip_publish_for then
-    local message = head .. ' ' .. string.format('%.0f', n)
-    if call ~= '' then
-      message = message .. ' ' .. call
-    end
-    redis.call('PUBLISH', lock .. ':ch', message)
+  if call == '' then
+    redis.call('PUBLISH', lock .. ':ch', head)
+  elseif instance ~= skip_publish_for then
+    redis.call('PUBLISH', 'dlock-waiters:' .. instance, head .. ' ' .. string.format('%.0f', n) .. ' ' .. call)
   end
   return n, call
 end

@@ -271,7 +271,7 @@ impl Backend for RedisBackend {
         check_key(request.key)?;
         let keys = self.inner.layout.lock_keys(request.key, request.owner);
         let deadline = Instant::now() + request.wait;
-        if !request.wait.is_zero() && self.inner.subscriber.is_subscribed(&keys.channel()) {
+        if !request.wait.is_zero() && self.inner.subscriber.has_waiters(&keys.channel()) {
             // Other waiters of this backend wait for the key: it is most likely busy, so queue
             // up in the first call, which spares a round trip. The channel is subscribed
             // already, so the hand-off's message cannot come before it.
@@ -446,7 +446,7 @@ impl RedisBackend {
             // A waiter of this process need not wait for the published message: it is woken
             // with the grant. Let it run before this caller goes on (to queue for the key again,
             // say), so that it starts (or sends its claim) ahead of the caller's request.
-            if self.inner.subscriber.wake_local(&keys.channel(), handed) {
+            if self.inner.subscriber.wake_local(handed) {
                 tokio::task::yield_now().await;
             }
         }

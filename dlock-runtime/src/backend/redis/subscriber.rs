@@ -1,18 +1,23 @@
-//! The backend's one pub/sub connection, carrying the channels of all its waiters.
+//! The backend's one pub/sub connection, on which it hears the hand-offs to its waiters.
 //!
-//! A waiter registers under its lock's channel and its owner; a message on the channel names the
-//! owner the lock was handed to, with the grant's fence and the waiter's call it came after
-//! (`<owner> <fence> <call>`; an older dlock's release publishes `<owner>` or `<owner> <fence>`),
-//! and only that waiter is woken, with the grant where the message carries it. A release made
+//! Each backend subscribes to a channel of its own, `dlock-waiters:<instance>` (its random id,
+//! which its waiters write into their waiter keys), once per connection: a release that hands a
+//! lock to one of its waiters publishes there, so a message reaches the one process that waits
+//! for it, and waiting on a key costs no SUBSCRIBE of its own. The message names the owner the
+//! lock was handed to, with the grant's fence and the waiter's call it came after
+//! (`<owner> <fence> <call>`), and only that waiter is woken, with the grant. A release made
 //! through this backend wakes a waiter of the same backend directly
-//! ([`Subscriber::wake_local`]) and publishes nothing. A channel is
-//! subscribed while at least one waiter of this backend needs it. When the connection drops,
-//! every waiter is woken, without a fence, to look at the lock again (a message may have been
-//! missed), and the next one to wait reconnects and subscribes again.
+//! ([`Subscriber::wake_local`]) and publishes nothing. When the connection drops, every waiter
+//! is woken, without a grant, to look at the lock again (a message may have been missed), and
+//! the next one to wait reconnects and subscribes again.
+//!
+//! (An older dlock subscribed to a channel per lock, `<lock>:ch`, and its releases publish
+//! `<owner>` there. A waiter of this backend does not hear those: during an upgrade, a lock an
+//! older dlock hands to it is found by its fallback poll, within the claim window.)
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
@@ -23,6 +28,17 @@ use tokio::task::AbortHandle;
 use super::scripts::{Grant, HandOff};
 use crate::background;
 
+/// How long after its last waiter of this backend left a key still counts as waited for (see
+/// [`Subscriber::has_waiters`]). A waiter of this backend handed the key by a release made here
+/// leaves at once, often just before the releasing caller queues again: that caller had better
+/// queue at once too than try first.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// The channel of the backend whose id is `instance` (see `hand_to` in common.lua).
+pub(super) fn channel_of(instance: &str) -> String {
+    format!("dlock-waiters:{instance}")
+}
+
 pub(super) struct Subscriber {
     shared: Arc<Shared>,
 }
@@ -32,31 +48,35 @@ struct Shared {
     /// names, where a PUBLISH reaches every node).
     clients: Vec<redis::Client>,
     timeout: Duration,
+    /// This backend's channel.
+    channel: String,
     state: Mutex<State>,
-    /// Serialises connecting, SUBSCRIBE and UNSUBSCRIBE, so that an UNSUBSCRIBE for a channel
-    /// that lost its last waiter cannot overtake the SUBSCRIBE of a new one.
+    /// Serialises connecting and SUBSCRIBE.
     ops: tokio::sync::Mutex<()>,
 }
 
 #[derive(Default)]
 struct State {
-    /// The channels some waiter of this backend needs.
-    channels: HashMap<String, Channel>,
+    /// owner → that waiter's wake-up. Owners are random and never reused: the owner alone names
+    /// the waiter, whatever its key.
+    waiters: HashMap<String, Arc<Wake>>,
+    /// Per key (its channel name), how many of this backend's waiters wait for it, and when the
+    /// last one left.
+    keys: HashMap<String, KeyWaiters>,
     /// The current connection's sink and generation.
     sink: Option<(u64, PubSubSink)>,
     generation: u64,
+    /// The generation of the connection the channel was subscribed on.
+    subscribed: Option<u64>,
     /// The task reading the current connection.
     reader: Option<AbortHandle>,
     /// Which server to try first.
     next_client: usize,
 }
 
-#[derive(Default)]
-struct Channel {
-    /// owner → that waiter's wake-up.
-    waiters: HashMap<String, Arc<Wake>>,
-    /// The generation of the connection the channel was subscribed on.
-    subscribed: Option<u64>,
+struct KeyWaiters {
+    count: usize,
+    last_left: Instant,
 }
 
 /// One waiter's wake-up, and the grant that came with it.
@@ -78,14 +98,9 @@ impl Wake {
 }
 
 impl State {
-    /// Wakes `owner`'s waiter on `channel`, if this backend has one, leaving it `grant`; says
-    /// whether it has.
-    fn wake(&self, channel: &str, owner: &str, grant: Option<Grant>) -> bool {
-        match self
-            .channels
-            .get(channel)
-            .and_then(|channel| channel.waiters.get(owner))
-        {
+    /// Wakes `owner`'s waiter, if this backend has one, leaving it `grant`; says whether it has.
+    fn wake(&self, owner: &str, grant: Option<Grant>) -> bool {
+        match self.waiters.get(owner) {
             Some(wake) => {
                 wake.wake(grant);
                 true
@@ -94,10 +109,10 @@ impl State {
         }
     }
 
-    /// Whether `channel` is subscribed on the current connection.
-    fn is_subscribed(&self, channel: &str) -> bool {
+    /// Whether the channel is subscribed on the current connection.
+    fn is_subscribed(&self) -> bool {
         let current = self.sink.as_ref().map(|(generation, _)| *generation);
-        current.is_some() && self.channels.get(channel).and_then(|c| c.subscribed) == current
+        current.is_some() && self.subscribed == current
     }
 }
 
@@ -118,70 +133,83 @@ impl Drop for Shared {
 }
 
 impl Subscriber {
-    pub(super) fn new(clients: Vec<redis::Client>, timeout: Duration) -> Self {
+    /// A subscriber that will listen on `channel`, this backend's.
+    pub(super) fn new(clients: Vec<redis::Client>, timeout: Duration, channel: String) -> Self {
         Subscriber {
             shared: Arc::new(Shared {
                 clients,
                 timeout,
+                channel,
                 state: Mutex::default(),
                 ops: tokio::sync::Mutex::new(()),
             }),
         }
     }
 
-    /// Registers a waiter for `owner` on `channel`. Call [`Subscription::ensure`] before the
-    /// waiter enqueues, so the message that hands it the lock cannot come before the SUBSCRIBE.
-    pub(super) fn register(&self, channel: String, owner: String) -> Subscription {
+    /// Registers a waiter for `owner` on the key whose channel name is `key`. Call
+    /// [`Subscription::ensure`] before the waiter enqueues, so the message that hands it the
+    /// lock cannot come before the SUBSCRIBE.
+    pub(super) fn register(&self, key: String, owner: String) -> Subscription {
         let wake = Arc::new(Wake::default());
-        self.shared
-            .state()
-            .channels
-            .entry(channel.clone())
-            .or_default()
-            .waiters
-            .insert(owner.clone(), wake.clone());
+        let mut state = self.shared.state();
+        state.waiters.insert(owner.clone(), wake.clone());
+        if state.keys.len() >= 1024 {
+            // Keys no longer waited for, kept a moment for `has_waiters`.
+            state
+                .keys
+                .retain(|_, waiters| waiters.count > 0 || waiters.last_left.elapsed() < LINGER);
+        }
+        state
+            .keys
+            .entry(key.clone())
+            .or_insert(KeyWaiters {
+                count: 0,
+                last_left: Instant::now(),
+            })
+            .count += 1;
         Subscription {
             shared: self.shared.clone(),
-            channel,
+            key,
             owner,
             wake,
         }
     }
 
-    /// Whether `channel` is subscribed on a live connection (for another waiter), so that a new
-    /// waiter on it may queue at once.
-    pub(super) fn is_subscribed(&self, channel: &str) -> bool {
-        self.shared.state().is_subscribed(channel)
+    /// Whether other waiters of this backend wait for `key` (or did less than [`LINGER`] ago),
+    /// with the channel subscribed on a live connection: a new waiter on it may queue at once.
+    pub(super) fn has_waiters(&self, key: &str) -> bool {
+        let state = self.shared.state();
+        state.is_subscribed()
+            && state.keys.get(key).is_some_and(|waiters| {
+                waiters.count > 0 || waiters.last_left.elapsed() < LINGER
+            })
     }
 
     /// Wakes the waiter of `handed`, where it is one of this backend's, with the grant a
     /// release made here handed it: no message is published for it. Returns whether the waiter
     /// is this backend's.
-    pub(super) fn wake_local(&self, channel: &str, handed: &HandOff) -> bool {
-        self.shared
-            .state()
-            .wake(channel, &handed.owner, handed.grant())
+    pub(super) fn wake_local(&self, handed: &HandOff) -> bool {
+        self.shared.state().wake(&handed.owner, handed.grant())
     }
 }
 
-/// One waiter's registration; dropping it unregisters it, and unsubscribes the channel when no
-/// other waiter of the backend needs it.
+/// One waiter's registration; dropping it unregisters it.
 pub(super) struct Subscription {
     shared: Arc<Shared>,
-    channel: String,
+    key: String,
     owner: String,
     wake: Arc<Wake>,
 }
 
 impl Subscription {
-    /// Makes sure the channel is subscribed on a live connection, connecting if need be. Cheap
-    /// (no I/O) when it already is, for this waiter or another of the same channel.
+    /// Makes sure the backend's channel is subscribed on a live connection, connecting if need
+    /// be. Cheap (no I/O) when it already is.
     pub(super) async fn ensure(&mut self) -> Result<(), RedisError> {
-        if self.shared.state().is_subscribed(&self.channel) {
+        if self.shared.state().is_subscribed() {
             return Ok(());
         }
         let _ops = self.shared.ops.lock().await;
-        if self.shared.state().is_subscribed(&self.channel) {
+        if self.shared.state().is_subscribed() {
             return Ok(());
         }
         let current = self.shared.state().sink.clone();
@@ -190,11 +218,12 @@ impl Subscription {
             None => connect(&self.shared).await?,
         };
         let subscribed =
-            tokio::time::timeout(self.shared.timeout, sink.subscribe(&self.channel)).await;
+            tokio::time::timeout(self.shared.timeout, sink.subscribe(&self.shared.channel)).await;
         match subscribed {
             Ok(Ok(())) => {
-                if let Some(channel) = self.shared.state().channels.get_mut(&self.channel) {
-                    channel.subscribed = Some(generation);
+                let mut state = self.shared.state();
+                if state.sink.as_ref().map(|(g, _)| *g) == Some(generation) {
+                    state.subscribed = Some(generation);
                 }
                 Ok(())
             }
@@ -231,45 +260,12 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let unused = {
-            let mut state = self.shared.state();
-            match state.channels.get_mut(&self.channel) {
-                Some(channel) => {
-                    channel.waiters.remove(&self.owner);
-                    let unused = channel.waiters.is_empty();
-                    if unused {
-                        state.channels.remove(&self.channel);
-                    }
-                    unused
-                }
-                None => false,
-            }
-        };
-        if !unused {
-            return;
+        let mut state = self.shared.state();
+        state.waiters.remove(&self.owner);
+        if let Some(waiters) = state.keys.get_mut(&self.key) {
+            waiters.count = waiters.count.saturating_sub(1);
+            waiters.last_left = Instant::now();
         }
-        let shared = Arc::downgrade(&self.shared);
-        let channel = std::mem::take(&mut self.channel);
-        background::spawn(async move {
-            let Some(shared) = shared.upgrade() else {
-                return;
-            };
-            let _ops = shared.ops.lock().await;
-            let sink = {
-                let state = shared.state();
-                if state.channels.contains_key(&channel) {
-                    // A new waiter came meanwhile; it is subscribed already.
-                    return;
-                }
-                state.sink.clone()
-            };
-            if let Some((generation, mut sink)) = sink {
-                match tokio::time::timeout(shared.timeout, sink.unsubscribe(&channel)).await {
-                    Ok(Ok(())) => {}
-                    _ => drop_connection(&shared, generation),
-                }
-            }
-        });
     }
 }
 
@@ -313,9 +309,7 @@ async fn connect(shared: &Arc<Shared>) -> Result<(u64, PubSubSink), RedisError> 
                 let Some(shared) = weak.upgrade() else { return };
                 let payload = String::from_utf8_lossy(message.get_payload_bytes());
                 let (owner, grant) = HandOff::parse(&payload);
-                shared
-                    .state()
-                    .wake(message.get_channel_name(), owner, grant);
+                shared.state().wake(owner, grant);
             }
             if let Some(shared) = weak.upgrade() {
                 drop_connection(&shared, generation);
@@ -345,9 +339,8 @@ fn drop_connection(shared: &Shared, generation: u64) {
     }
     // Move to the next server for the next attempt (the nodes a cluster's URL names).
     state.next_client = (state.next_client + 1) % shared.clients.len().max(1);
-    for channel in state.channels.values() {
-        for wake in channel.waiters.values() {
-            wake.wake(None);
-        }
+    state.subscribed = None;
+    for wake in state.waiters.values() {
+        wake.wake(None);
     }
 }

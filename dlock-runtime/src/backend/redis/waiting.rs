@@ -113,8 +113,8 @@ impl RedisBackend {
     /// the waiter at least until `sent_at` + the claim window, and the waiter may count on it,
     /// less the client's margin on that window, as on any lease counted from a send time. It
     /// starts on that where at least half of it is left, and leaves the extension to the full
-    /// ttl to its first renewal, which the returned `valid_from` makes due at once (see
-    /// [`Acquired::valid_from`]); with less left (a waiter whose runtime stalled, a message
+    /// ttl to its first renewal, which the watchdog makes a third of the way into that validity
+    /// (see [`Acquired::valid_from`]): a body that ends sooner costs no claim at all; with less left (a waiter whose runtime stalled, a message
     /// that took long), a claim call costs less than a lease about to run out. Not for a lease
     /// nobody renews (it would end with the claim window), nor where `min_replicas` wants the
     /// replicas' word on each grant, which only the claim call's `WAIT` gets.
