@@ -25,7 +25,12 @@ async fn hand_off_once(
     let key = unique_key("handed-off");
     let holder_owner = Owner::random();
     let holder_fence = holder
-        .acquire(&AcquireRequest::new(&key, holder_owner, ttl, Duration::ZERO))
+        .acquire(&AcquireRequest::new(
+            &key,
+            holder_owner,
+            ttl,
+            Duration::ZERO,
+        ))
         .await
         .unwrap()
         .expect("the key was busy")
@@ -112,9 +117,15 @@ async fn a_handed_off_lease_starts_on_the_release_alone_and_its_first_renewal_cl
         let valid_until = acquired.valid_from + ttl - ttl / 10;
         assert!(valid_until > now + Duration::from_secs(1), "{how}");
         assert!(valid_until < now + Duration::from_secs(3), "{how}");
-        assert!(acquired.valid_from + ttl / 3 <= now, "{how}: no renewal due");
+        assert!(
+            acquired.valid_from + ttl / 3 <= now,
+            "{how}: no renewal due"
+        );
         let pttl: i64 = raw.pttl(&lock_key).await.unwrap();
-        assert!(pttl <= 3_000, "{how}: the handed-off key expires in {pttl} ms");
+        assert!(
+            pttl <= 3_000,
+            "{how}: the handed-off key expires in {pttl} ms"
+        );
         // The first renewal claims the key for the full ttl.
         let renewed = waiter_backend
             .renew(&[Renewal::new(&key, owner, ttl)])

@@ -23,12 +23,14 @@
 //!
 //! | Redis key | type | what |
 //! | --- | --- | --- |
-//! | `P{K}` | string, with PX | the holder's owner token (32 hex digits); the lease's ttl is its PTTL |
+//! | `P{K}` | string, with PX | the holder's owner token (32 hex digits), followed by `-` where it was granted while nobody waited and nobody has queued since; the lease's ttl is its PTTL |
 //! | `P{K}:fences` | integer, with PX 1 h | the last fence handed out (one more than the last, never below the server's clock in µs); while `P{K}` holds an owner (for up to an hour), the fence of that owner's grant |
 //! | `P{K}:q` | list, expires when idle | the owners waiting for the lock, in arrival order |
-//! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: `<claim window in ms> <backend id>`, kept alive while it waits |
+//! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: `<claim window in ms> <backend id> <call>` (the number of the waiter's call that wrote it), kept alive while it waits |
 //! | `P{K}:x:<owner>` | string, with PX 60 s | an acquisition cancelled by its caller (see below): an acquire call of that owner that reaches the server after the undo takes no effect |
-//! | `P{K}:ch` | pub/sub channel | `<owner>`: the owner a release handed the lock to, which is to claim it |
+//!
+//! and every backend listens on a pub/sub channel of its own, `dlock-waiters:<backend id>`,
+//! where a release that hands a lock to one of its waiters says so: `<owner> <fence> <call>`.
 //!
 //! So `redis-cli GET 'dlock:{acct:42}'` shows who holds `acct:42`. Rendered keys never contain
 //! `{` or `}` from placeholder values, which are percent-encoded; a brace written in a key
@@ -56,18 +58,27 @@
 //! # Round trips
 //!
 //! - Acquire is one Lua script (`SET NX PX` in effect, plus the fence's count): one round trip.
-//!   Uncontended, it runs five commands: an `EXISTS` of the lock, its queue and the owner's
-//!   cancel marker together, the server's `TIME`, the `GET` and `SET` of the counter, and the
-//!   `SET` of the lock. It is idempotent for its owner: where the lock already holds the owner,
-//!   it extends it to the full ttl and answers the same fence (the counter's value: every grant
-//!   counts its fence and sets the lock in one step), so a call retried after a lost reply is
-//!   harmless.
+//!   Uncontended, it runs four commands: an `EXISTS` of the lock, its queue and the owner's
+//!   cancel marker together, the server's `TIME`, one `SET … GET` of the counter (it writes the
+//!   clock's value and answers the last fence), and the `SET` of the lock. It is idempotent for
+//!   its owner: where the lock already holds the owner, it extends it to the full ttl and
+//!   answers the same fence (the counter's value: every grant counts its fence and sets the
+//!   lock in one step), so a call retried after a lost reply is harmless.
 //! - Release is one script: compare-and-delete, hand-off to the first live waiter, `PUBLISH`.
-//!   Where nobody waits, that is a `GET`, an `LPOP` that finds no queue, and a `DEL`.
+//!   Where nobody waited since the grant (the lock holds its owner and `-`), that is a `GET` and
+//!   a `DEL`: the first waiter to queue behind a holder unmarks the lock, so only the release
+//!   of an unmarked lock looks at the queue.
 //!
-//!   A waiter handed the lock claims it with one acquire call when the message (or, in the
-//!   releasing process, the release's reply) reaches it: a contended hand-off costs the
-//!   release's round trip and the claim's.
+//!   An uncontended acquire and release so cost the server eight commands, as `INFO
+//!   commandstats` counts them (each script's `EVALSHA` and the commands it runs). Two of them
+//!   buy what a plain `SET NX` does not: the `TIME` and the counter's `SET … GET` give each grant
+//!   a fence above every earlier one, even from a counter that was lost or went back to an older
+//!   value (only the clock can tell); the `EXISTS` covers the queue (waiters are served in
+//!   arrival order) and the cancel marker (see *Cancellation*) in the same command.
+//!
+//!   A waiter handed the lock starts on the release's word: the release's message (or, in the
+//!   releasing process, its reply) carries the grant, and a contended hand-off costs the
+//!   release's round trip alone (see *Waiting*, step 4).
 //! - Renewal is one compare-and-`PEXPIRE` script per lease, all leases of a `renew` call in one
 //!   pipeline: one round trip per watchdog tick, whatever the number of leases. (On a cluster,
 //!   one pipeline per hash slot, sent concurrently, each awaited for a third of the shortest
@@ -89,28 +100,36 @@
 //! Waiters on a key are served in arrival order, and woken rather than polling:
 //!
 //! 1. A waiter first tries once (an uncontended acquire costs one round trip), unless other
-//!    waiters of the same backend wait for the key already: it then goes straight to step 2,
-//!    whose first call takes a free key all the same.
-//! 2. If the key is busy, it subscribes to the key's channel on the backend's one pub/sub
-//!    connection (one `SUBSCRIBE` per channel, shared by all the backend's waiters on the key,
-//!    and an `UNSUBSCRIBE` when the last of them leaves), then runs the acquire script in
-//!    queueing mode, which appends its owner to the key's queue and sets its waiter key (its
-//!    *claim window* and its backend's id, with a PX of the *liveness window*). The claim window
-//!    is the liveness window, or the waiter's ttl where that is shorter.
+//!    waiters of the same backend wait for the key already (or did less than a second ago): it
+//!    then goes straight to step 2, whose first call takes a free key all the same.
+//! 2. If the key is busy, it makes sure the backend's channel is subscribed on its one pub/sub
+//!    connection (one `SUBSCRIBE` per connection, whatever the keys waited for), then runs the
+//!    acquire script in queueing mode, which appends its owner to the key's queue, unmarks the
+//!    lock, and sets its waiter key (its *claim window*, its backend's id and the number of the
+//!    call, with a PX of the *liveness window*). The claim window is the liveness window, or the
+//!    waiter's ttl where that is shorter.
 //! 3. A release hands the lock straight to the first live waiter, for that waiter's claim
 //!    window only (read from its waiter key): the lock is set to the waiter's owner with that
-//!    PX, a fresh fence is counted for it, and the owner is published on the channel. (Where
-//!    nobody waits, the lock is deleted.) Waiters whose waiter key expired (their process died)
-//!    are skipped and dropped. The release script answers the owner it handed the lock to;
-//!    where that owner waits on the releasing backend (the same process), it is woken at once,
-//!    in-process, and the script publishes nothing: each waiter key names the backend its waiter
-//!    waits on, and a release names its own.
-//! 4. The waiter woken claims the lock with one acquire call, which finds the lock already the
-//!    owner's, extends it to the waiter's full ttl and answers its fence; the lease's validity
-//!    counts from that call's send time. A waiter whose process died before its turn never
-//!    claims the lock: the grant lapses after the claim window, and the next acquire call that
-//!    finds the lock free (the head of the queue watches its PTTL) hands it on. A waiter that
-//!    died costs the waiters after it at most one claim window, never a ttl.
+//!    PX, a fresh fence is counted for it, and `<owner> <fence> <call>` is published on the
+//!    waiter's backend's channel. (Where nobody waits, the lock is deleted.) Waiters whose
+//!    waiter key expired (their process died) are skipped and dropped. The release script
+//!    answers the same three; where the waiter waits on the releasing backend (the same
+//!    process), it is woken at once, in-process, and the script publishes nothing: each waiter
+//!    key names the backend its waiter waits on, and a release names its own.
+//! 4. The waiter woken starts on the grant without a round trip. The grant came after the
+//!    server ran the call the message names, so the server keeps the lock for the waiter at
+//!    least a claim window from that call's send time: the lease counts from there, for the
+//!    claim window less the client's margin on it, and the watchdog's first renewal, a third
+//!    of the way in, extends the lock to the full ttl (a body that ends sooner needs none). A
+//!    waiter with less than half of that left (its runtime stalled, the message was slow), one
+//!    whose lease is not renewed (`renew = false`), and every waiter where `min_replicas` asks
+//!    for the replicas' word on each grant, claims the lock with one acquire call instead, which
+//!    finds the lock already the owner's, extends it to the full ttl and answers its fence; the
+//!    lease's validity then counts from that call's send time. A waiter whose process died
+//!    before its turn never claims the lock: the grant lapses after the claim window, and the
+//!    next acquire call that finds the lock free (the head of the queue watches its PTTL) hands
+//!    it on. A waiter that died costs the waiters after it at most one claim window, never a
+//!    ttl.
 //!
 //! While waiting, a waiter re-runs the acquire script on a timer — jittered exponential back-off
 //! up to a third of the liveness window — which keeps its waiter key alive and is the fallback
@@ -122,10 +141,17 @@
 //! the queue (or, if the lock was handed to it meanwhile, releases it with hand-off) from dlock's
 //! background runtime.
 //!
-//! A release by an older dlock publishes `<owner> <fence>` and grants a waiter's full ttl: the
-//! waiter claims it all the same. A waiter of an older dlock confirms a message naming its owner
-//! alone with one acquire call, which claims the lock; its waiter key holds its ttl where a
-//! claim window goes, and a release grants it that.
+//! # Older versions on the same server
+//!
+//! Processes of this dlock and of an older one may lock the same keys during a rolling upgrade:
+//! the Redis names are the same, and so are the fence counter's rules, so no two processes
+//! hold a key at once and fences keep rising. Each version only ever takes its own owners for
+//! its own, and treats any other value of the lock as busy. Hand-offs between versions work
+//! but wait longer: an older release publishes on a per-key channel this version does not
+//! listen on, and an older waiter does not unmark a lock it queues behind, so the release of a
+//! lock granted while nobody waited deletes it rather than handing it on. Either way the
+//! waiter's fallback poll (at most a third of the liveness window) finds the free key or the
+//! grant. A release of this version tells an older waiter on its per-key channel, as it expects.
 //!
 //! # Cancellation
 //!
@@ -280,7 +306,10 @@ impl Backend for RedisBackend {
         let sent_at = Instant::now();
         // First without queueing: an uncontended acquire is one round trip, and `wait = 0`
         // never leaves anything behind.
-        match self.try_acquire(&keys, request.ttl, Mode::FirstTry, 0).await? {
+        match self
+            .try_acquire(&keys, request.ttl, Mode::FirstTry, 0)
+            .await?
+        {
             Attempt::Granted(fence) => Ok(Some(Acquired {
                 fence,
                 valid_from: sent_at,

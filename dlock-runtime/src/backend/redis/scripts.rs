@@ -283,7 +283,10 @@ mod tests {
         let released = parse_release(reply(1, "abc", 9, "4")).unwrap();
         assert!(released.held);
         let handed = released.handed_to.unwrap();
-        assert_eq!((handed.owner.as_str(), handed.fence, handed.call), ("abc", 9, Some(4)));
+        assert_eq!(
+            (handed.owner.as_str(), handed.fence, handed.call),
+            ("abc", 9, Some(4))
+        );
         assert_eq!(handed.grant(), Some(Grant { fence: 9, call: 4 }));
         let released = parse_release(reply(0, "abc", 3, "")).unwrap();
         assert!(!released.held);

@@ -180,9 +180,10 @@ impl Subscriber {
     pub(super) fn has_waiters(&self, key: &str) -> bool {
         let state = self.shared.state();
         state.is_subscribed()
-            && state.keys.get(key).is_some_and(|waiters| {
-                waiters.count > 0 || waiters.last_left.elapsed() < LINGER
-            })
+            && state
+                .keys
+                .get(key)
+                .is_some_and(|waiters| waiters.count > 0 || waiters.last_left.elapsed() < LINGER)
     }
 
     /// Wakes the waiter of `handed`, where it is one of this backend's, with the grant a

@@ -129,9 +129,8 @@ impl RedisBackend {
         }
         let sent_at = calls.sent_at(grant.call)?;
         // As the acquire script computes it, in the waiter key the grant read.
-        let claim = Duration::from_millis(
-            lease_millis(request.ttl).min(millis(self.inner.liveness)),
-        );
+        let claim =
+            Duration::from_millis(lease_millis(request.ttl).min(millis(self.inner.liveness)));
         let span = claim.saturating_sub(safety_margin(claim));
         let valid_until = sent_at + span;
         if valid_until.saturating_duration_since(Instant::now()) < span / 2 {
