@@ -131,8 +131,13 @@ impl Shared {
             let early = clock::renew_interval(state.ttl) / 2;
             if entry.renew_at <= now + early {
                 batch.push(state.clone());
-                // Until an answer comes, try again after a retry delay: a reply may be lost.
-                entry.renew_at = now + retry_delay(state.ttl);
+                // Until an answer comes, try again after a retry delay: a reply may be lost. A
+                // lease with little validity left (a grant for less than its ttl, or renewals
+                // that failed) tries again within a third of what is left, so that a lost reply
+                // leaves room for another attempt before its deadline.
+                let left = state.valid_until().saturating_duration_since(now);
+                entry.renew_at =
+                    now + retry_delay(state.ttl).min((left / 3).max(RETRY_AFTER_FAILURE));
             }
             next = Some(next.map_or(entry.renew_at, |n| n.min(entry.renew_at)));
         }
