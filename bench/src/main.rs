@@ -593,6 +593,8 @@ async fn w3() {
     let per_lease = (LIVE_BYTES.load(Ordering::Relaxed) - before - held_bytes) as f64
         / W3_LEASES as f64
         + std::mem::size_of::<dlock::Lease>() as f64;
+    let mut stats = Commands::connect().await;
+    let commands0 = stats.so_far().await;
     let (calls0, leases0, cpu0, t0) = (
         backend.calls.load(Ordering::SeqCst),
         backend.leases.load(Ordering::SeqCst),
@@ -603,6 +605,7 @@ async fn w3() {
     tokio::time::sleep(ttl / 3 * ticks).await;
     let calls = backend.calls.load(Ordering::SeqCst) - calls0;
     let renewed = backend.leases.load(Ordering::SeqCst) - leases0;
+    let commands = stats.so_far().await - commands0;
     let cpu = cpu_time() - cpu0;
     let held = leases.iter().filter(|l| l.is_held()).count();
     println!(
@@ -610,8 +613,9 @@ async fn w3() {
         t0.elapsed().as_secs_f64()
     );
     println!(
-        "  {:.1} renewal round trips per tick ({calls} for {renewed} renewals), {held} leases held at the end",
-        calls as f64 / ticks as f64
+        "  {:.1} renewal round trips per tick ({calls} for {renewed} renewals), {held} leases held at the end, {:.1} commands per renewal",
+        calls as f64 / ticks as f64,
+        commands as f64 / renewed.max(1) as f64,
     );
     println!(
         "  client CPU {:.1}% of one core while holding; {per_lease:.0} bytes per held lease",

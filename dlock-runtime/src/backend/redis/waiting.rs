@@ -114,10 +114,11 @@ impl RedisBackend {
     /// less the client's margin on that window, as on any lease counted from a send time. It
     /// starts on that where at least half of it is left, and leaves the extension to the full
     /// ttl to its first renewal, which the watchdog makes a third of the way into that validity
-    /// (see [`Acquired::valid_from`]): a body that ends sooner costs no claim at all; with less left (a waiter whose runtime stalled, a message
-    /// that took long), a claim call costs less than a lease about to run out. Not for a lease
-    /// nobody renews (it would end with the claim window), nor where `min_replicas` wants the
-    /// replicas' word on each grant, which only the claim call's `WAIT` gets.
+    /// (see [`Acquired::valid_from`]): a body that ends sooner costs no claim at all. With less
+    /// left (a waiter whose runtime stalled, a message that took long), a claim call costs less
+    /// than a lease about to run out. Not for a lease nobody renews (it would end with the claim
+    /// window), nor where `min_replicas` wants the replicas' word on each grant, which only the
+    /// claim call's `WAIT` gets.
     fn start_on_hand_off(
         &self,
         request: &AcquireRequest<'_>,
