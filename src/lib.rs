@@ -235,7 +235,8 @@
 //!
 //! Without a `locker = …` argument the attribute uses the default locker: the one given to
 //! [`set_default_locker`] or [`init_from_env`], else one built on first use from `DLOCK_URL`,
-//! else it fails with [`LockError::NoLocker`]. A service calls [`init_from_env`] at start-up, so
+//! else it fails with [`LockError::NoLocker`]. The two ways from `DLOCK_URL` share one locker:
+//! calls made before [`init_from_env`] and after it exclude each other. A service calls [`init_from_env`] at start-up, so
 //! a missing URL or an unreachable store fails its boot rather than its first request, and
 //! [`Locker::shutdown`] last:
 //!

@@ -232,3 +232,67 @@ mod unpolled_waiters {
         }
     }
 }
+
+/// Locks taken while tokio's clock is paused (`start_paused`, which skips ahead to the next timer
+/// whenever the runtime is idle): a lease's validity and the in-process store's expiries are real
+/// time, so the timers that watch them must not fire at once again and again.
+mod paused_clock {
+    use std::time::Duration;
+
+    use dlock::{distributed_lock, LockError, LockOptions, Locker};
+    use tokio::sync::oneshot;
+
+    #[distributed_lock(key = "paused", ttl = "1s", locker = locker)]
+    async fn waits_for_another_thread(
+        locker: &Locker,
+        ready: oneshot::Receiver<()>,
+    ) -> Result<(), LockError> {
+        ready.await.unwrap();
+        Ok(())
+    }
+
+    /// The CPU time the calling thread has used.
+    fn cpu_time_of_this_thread() -> Duration {
+        // SAFETY: a zeroed rusage is a valid value, which getrusage overwrites.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `usage` is a valid, writable rusage.
+        assert_eq!(
+            unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) },
+            0
+        );
+        let time = |t: libc::timeval| {
+            Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+        };
+        time(usage.ru_utime) + time(usage.ru_stime)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_and_a_waiter_under_a_paused_clock_leave_their_thread_idle() {
+        let locker = Locker::memory();
+        let (ready, wait) = oneshot::channel();
+        let other = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(1));
+            ready.send(()).unwrap();
+        });
+        let before = cpu_time_of_this_thread();
+        let body = tokio::spawn({
+            let locker = locker.clone();
+            async move { waits_for_another_thread(&locker, wait).await }
+        });
+        tokio::task::yield_now().await;
+        // Waits for the key the body holds until the body is done.
+        let waiter = locker
+            .lock("paused", LockOptions::new().wait(Duration::from_secs(5)))
+            .await
+            .unwrap();
+        let used = cpu_time_of_this_thread() - before;
+        body.await.unwrap().unwrap();
+        waiter.release().await.unwrap();
+        other.join().unwrap();
+        assert!(
+            used < Duration::from_millis(100),
+            "the runtime's thread used {used:?} of CPU while a body waited 1 s for another \
+             thread and a caller waited for its key: a timer on the paused clock spun"
+        );
+    }
+}

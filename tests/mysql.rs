@@ -43,6 +43,11 @@ mod sql_scenarios {
     async fn an_acquisition_abandoned_while_its_insert_waits_leaves_no_row() {
         scenario::an_acquisition_abandoned_while_its_insert_waits_leaves_no_row::<Mysql>().await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_acquire_of_the_holder_never_shortens_its_lease() {
+        scenario::a_late_acquire_of_the_holder_never_shortens_its_lease::<Mysql>().await;
+    }
 }
 
 /// A lock table of this test's own; dropped with it.

@@ -14,6 +14,8 @@ use support::postgres_url;
 
 #[path = "postgres/channels.rs"]
 mod channels;
+#[path = "postgres/handoff.rs"]
+mod handoff;
 #[path = "postgres/line.rs"]
 mod line;
 #[path = "postgres/pgbouncer.rs"]
@@ -52,6 +54,11 @@ mod sql_scenarios {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_acquisition_abandoned_while_its_insert_waits_leaves_no_row() {
         scenario::an_acquisition_abandoned_while_its_insert_waits_leaves_no_row::<Postgres>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_acquire_of_the_holder_never_shortens_its_lease() {
+        scenario::a_late_acquire_of_the_holder_never_shortens_its_lease::<Postgres>().await;
     }
 }
 
@@ -120,6 +127,44 @@ impl<const PREPARED: bool> Postgres<PREPARED> {
     /// Makes every `DELETE` of the lock table sleep `pause` before it looks for its rows (a
     /// statement-level trigger, which takes no row lock while it sleeps).
     async fn slow_down_deletes(&self, pause: Duration) {
+        self.slow_down("DELETE", pause).await;
+    }
+
+    /// Makes a release's hand-over statement (and no other) sleep `pause` before it writes (a
+    /// statement-level trigger that recognises it by its text, and takes no row lock).
+    async fn hold_up_hand_overs(&self, pause: Duration) {
+        let table = &self.table;
+        for sql in [
+            format!(
+                "CREATE FUNCTION \"{table}_hold\"() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN IF current_query() LIKE '%handed AS%' THEN PERFORM pg_sleep({}); END IF; \
+                 RETURN NULL; END $$",
+                pause.as_secs_f64()
+            ),
+            format!(
+                "CREATE TRIGGER \"{table}_hold\" BEFORE UPDATE ON \"{table}\" \
+                 FOR EACH STATEMENT EXECUTE FUNCTION \"{table}_hold\"()"
+            ),
+        ] {
+            sqlx::query(AssertSqlSafe(sql))
+                .execute(&self.admin)
+                .await
+                .unwrap();
+        }
+    }
+
+    /// Undoes [`slow_down`](Self::slow_down).
+    async fn stop_slowing_down(&self) {
+        let sql = format!("DROP TRIGGER \"{0}_pause\" ON \"{0}\"", self.table);
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(&self.admin)
+            .await
+            .unwrap();
+    }
+
+    /// Makes every `command` (`DELETE`, `UPDATE`) of the lock table sleep `pause` before it
+    /// looks for its rows (a statement-level trigger, which takes no row lock while it sleeps).
+    async fn slow_down(&self, command: &str, pause: Duration) {
         let table = &self.table;
         for sql in [
             format!(
@@ -128,7 +173,7 @@ impl<const PREPARED: bool> Postgres<PREPARED> {
                 pause.as_secs_f64()
             ),
             format!(
-                "CREATE TRIGGER \"{table}_pause\" BEFORE DELETE ON \"{table}\" \
+                "CREATE TRIGGER \"{table}_pause\" BEFORE {command} ON \"{table}\" \
                  FOR EACH STATEMENT EXECUTE FUNCTION \"{table}_pause\"()"
             ),
         ] {

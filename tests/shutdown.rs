@@ -146,6 +146,9 @@ enum Work {
     InOnePoll,
     /// For longer than its ttl: its lease must be kept alive meanwhile.
     InOnePollPastItsTtl,
+    /// As `InOnePollPastItsTtl`, after a nested call on its key under `on_lost = "continue"`
+    /// returned: the body left under the lease is one that stops at its next `.await`.
+    InOnePollPastItsTtlAfterANestedContinueCall,
     OnAfterTheLoss,
 }
 
@@ -161,6 +164,27 @@ async fn busy_past_its_ttl(
     std::thread::sleep(Duration::from_secs(3));
     *stopped.lock().unwrap() = Some(Instant::now());
     tokio::task::yield_now().await;
+    Ok(())
+}
+
+#[distributed_lock(key = "<key>", ttl = "900ms", locker = locker)]
+async fn busy_past_its_ttl_after_a_nested_continue_call(
+    locker: &Locker,
+    key: &str,
+    started: &Notify,
+    stopped: &Stopped,
+) -> Result<(), LockError> {
+    nested_continue_call(locker, key).await?;
+    started.notify_one();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    std::thread::sleep(Duration::from_secs(3));
+    *stopped.lock().unwrap() = Some(Instant::now());
+    tokio::task::yield_now().await;
+    Ok(())
+}
+
+#[distributed_lock(key = "<key>", locker = locker, on_lost = "continue")]
+async fn nested_continue_call(locker: &Locker, key: &str) -> Result<(), LockError> {
     Ok(())
 }
 
@@ -221,6 +245,12 @@ async fn shut_down_under_a_working_body(work: Work) {
                     Work::InOnePollPastItsTtl => {
                         busy_past_its_ttl(&locker, &key, &started, &stopped).await
                     }
+                    Work::InOnePollPastItsTtlAfterANestedContinueCall => {
+                        busy_past_its_ttl_after_a_nested_continue_call(
+                            &locker, &key, &started, &stopped,
+                        )
+                        .await
+                    }
                     Work::OnAfterTheLoss => {
                         finishing_after_the_loss(&locker, &key, &started, &stopped).await
                     }
@@ -272,6 +302,11 @@ async fn shutdown_lets_the_next_holder_in_only_after_a_body_busy_in_one_poll_sto
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_keeps_the_lease_of_a_body_busy_in_one_poll_past_its_ttl_until_it_stopped() {
     shut_down_under_a_working_body(Work::InOnePollPastItsTtl).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_keeps_the_lease_of_a_body_busy_in_one_poll_after_a_nested_continue_call() {
+    shut_down_under_a_working_body(Work::InOnePollPastItsTtlAfterANestedContinueCall).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,6 +26,24 @@ where
     drop(RUNTIME.spawn(task));
 }
 
+/// Sleeps until `deadline` by the background runtime's timer, whose clock is real time: for a
+/// caller whose own runtime's clock may be paused (a test's `start_paused`), which skips ahead to
+/// its next timer whenever it is idle. Dropping the future cancels the timer.
+pub(crate) async fn sleep_until(deadline: std::time::Instant) {
+    // Made inside the task: a timer belongs to the runtime it is made on.
+    let mut sleep = RUNTIME.spawn(async move { tokio::time::sleep_until(deadline.into()).await });
+    let _cancel = AbortOnDrop(sleep.abort_handle());
+    let _ = (&mut sleep).await;
+}
+
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// A handle to the background runtime, for backends whose connections must outlive the caller's
 /// runtime (their driver tasks are spawned there).
 #[cfg(any(

@@ -1,4 +1,5 @@
-//! Instants stored in atomics: nanoseconds since a process-wide origin.
+//! Instants stored in atomics: nanoseconds since a process-wide origin; the margins a lease's
+//! validity is reckoned with; and sleeping until such an instant.
 
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -25,4 +26,16 @@ pub(crate) fn safety_margin(ttl: Duration) -> Duration {
 /// The renewal period of a lease: three renewals fit in one ttl, so two can fail in a row.
 pub(crate) fn renew_interval(ttl: Duration) -> Duration {
     ttl / 3
+}
+
+/// Sleeps until `until`, an instant of the real clock, as a lease's validity and the in-process
+/// store's expiries are. The caller's own timer first, which costs nothing to set up; it fires
+/// early only where its runtime's clock is paused or moved by hand (a test's `start_paused`
+/// skips to the next timer whenever the runtime is idle), and would then fire at once on every
+/// turn of a caller's loop that waits for `until`: dlock's background runtime times the rest.
+pub(crate) async fn sleep_until(until: Instant) {
+    tokio::time::sleep_until(until.into()).await;
+    if Instant::now() < until {
+        crate::background::sleep_until(until).await;
+    }
 }

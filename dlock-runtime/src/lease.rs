@@ -28,16 +28,18 @@ pub(crate) struct LeaseState {
     lost: AtomicBool,
     released: AtomicBool,
     lost_wake: Notify,
-    /// How many polls of bodies under the lease are in progress (under `on_lost = "continue"`,
-    /// for the body's whole run): a lost lease is at rest when none is, and then no body under
-    /// it ever works again. Shutdown releases a key only then.
-    at_work: AtomicUsize,
+    /// How many polls of bodies under `on_lost = "cancel"` are in progress: a stopped lease is
+    /// at rest when none is (and no body under "continue" runs), and then no body under it ever
+    /// works again. Shutdown releases a key only then.
+    polls: AtomicUsize,
+    /// How many bodies under `on_lost = "continue"` run under the lease now, each from its start
+    /// to its end (a re-entered call's included, counted on the outer call's lease). Counted
+    /// apart from `polls`: shutdown waits for these only until a deadline.
+    running_on: AtomicUsize,
     rested: Notify,
     /// Set by a shutdown: no body may start another poll under the lease, which is still held,
     /// and renewed, until its bodies rest and shutdown releases it.
     stopping: AtomicBool,
-    /// A body under `on_lost = "continue"` runs under the lease: at work until it finishes.
-    runs_on_after_loss: AtomicBool,
     /// Which of the bodies re-entering this lease may run now (`reentry`).
     pub(crate) turns: Turns,
 }
@@ -53,14 +55,18 @@ pub(crate) enum LossCause {
     ShutDown,
 }
 
-/// A body at work under a lease: a poll in progress, or a body that runs on after a loss.
-pub(crate) struct AtWork<'a>(&'a LeaseState);
+/// A body at work under a lease: a poll in progress, or a body under `on_lost = "continue"`
+/// running. Uncounts it when dropped: when the poll or the run ends, panics or is cancelled.
+pub(crate) struct AtWork<'a> {
+    lease: &'a LeaseState,
+    count: &'a AtomicUsize,
+}
 
 impl Drop for AtWork<'_> {
     fn drop(&mut self) {
-        let lease = self.0;
+        let lease = self.lease;
         // Only a stopped or lost lease has anyone waiting for it to rest.
-        if lease.at_work.fetch_sub(1, Ordering::SeqCst) == 1
+        if self.count.fetch_sub(1, Ordering::SeqCst) == 1
             && (lease.is_stopping() || lease.is_lost())
         {
             lease.rested.notify_waiters();
@@ -90,10 +96,10 @@ impl LeaseState {
             lost: AtomicBool::new(false),
             released: AtomicBool::new(false),
             lost_wake: Notify::new(),
-            at_work: AtomicUsize::new(0),
+            polls: AtomicUsize::new(0),
+            running_on: AtomicUsize::new(0),
             rested: Notify::new(),
             stopping: AtomicBool::new(false),
-            runs_on_after_loss: AtomicBool::new(false),
             turns: Turns::new(),
         }
     }
@@ -107,7 +113,7 @@ impl LeaseState {
     }
 
     pub(crate) fn is_lost(&self) -> bool {
-        // Sequentially consistent with `at_work`: see `start_work`.
+        // Sequentially consistent with the counts of bodies at work: see `start_poll`.
         self.lost.load(Ordering::SeqCst)
     }
 
@@ -124,7 +130,7 @@ impl LeaseState {
 
     /// Whether a shutdown is stopping the bodies under the lease.
     pub(crate) fn is_stopping(&self) -> bool {
-        // Sequentially consistent with `at_work`: see `start_work`.
+        // Sequentially consistent with the counts of bodies at work: see `start_poll`.
         self.stopping.load(Ordering::SeqCst)
     }
 
@@ -134,16 +140,6 @@ impl LeaseState {
     pub(crate) fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         self.lost_wake.notify_waiters();
-    }
-
-    /// Records that a body under `on_lost = "continue"` runs under the lease.
-    pub(crate) fn mark_runs_on_after_loss(&self) {
-        self.runs_on_after_loss.store(true, Ordering::Release);
-    }
-
-    /// Whether a body under `on_lost = "continue"` runs under the lease.
-    pub(crate) fn runs_on_after_loss(&self) -> bool {
-        self.runs_on_after_loss.load(Ordering::Acquire)
     }
 
     /// Whether a body may be polled under this lease now: held, and within its validity. A lease
@@ -196,24 +192,41 @@ impl LeaseState {
         !self.released.swap(true, Ordering::AcqRel)
     }
 
-    /// Counts a body at work under the lease until the guard drops: call it before checking
-    /// [`may_run`](Self::may_run), and poll the body only if that says yes. Counted first and
-    /// checked after, both sequentially consistent, as [`stop`](Self::stop) sets `stopping`
-    /// and then [`wait_at_rest`](Self::wait_at_rest) reads the count: either the body sees the
-    /// stop and does not work, or the waiter sees the body at work and waits for it.
-    pub(crate) fn start_work(&self) -> AtWork<'_> {
-        self.at_work.fetch_add(1, Ordering::SeqCst);
-        AtWork(self)
+    /// Counts a poll of a body under `on_lost = "cancel"` until the guard drops: call it before
+    /// checking [`may_run`](Self::may_run), and poll the body only if that says yes. Counted
+    /// first and checked after, both sequentially consistent, as [`stop`](Self::stop) sets
+    /// `stopping` and then [`wait_at_rest`](Self::wait_at_rest) reads the count: either the body
+    /// sees the stop and does not work, or the waiter sees the body at work and waits for it.
+    pub(crate) fn start_poll(&self) -> AtWork<'_> {
+        Self::count(self, &self.polls)
     }
 
-    /// Resolves once no body works under the lease, or at `deadline` if there is one. Once the
-    /// lease is stopped, a body at rest never works again (`may_run` refuses), so its key can
-    /// go to the next holder.
-    pub(crate) async fn wait_at_rest(&self, deadline: Option<Instant>) {
-        let at_rest = notified::until(&self.rested, || self.at_work.load(Ordering::SeqCst) == 0);
-        match deadline {
-            Some(deadline) => drop(tokio::time::timeout_at(deadline.into(), at_rest).await),
-            None => at_rest.await,
+    /// Counts a body under `on_lost = "continue"` as running until the guard drops, however it
+    /// ends; as [`start_poll`](Self::start_poll), call it before checking `may_run`.
+    pub(crate) fn start_running_on(&self) -> AtWork<'_> {
+        Self::count(self, &self.running_on)
+    }
+
+    fn count<'a>(lease: &'a LeaseState, count: &'a AtomicUsize) -> AtWork<'a> {
+        count.fetch_add(1, Ordering::SeqCst);
+        AtWork { lease, count }
+    }
+
+    /// Resolves once no body works under the lease: no poll in progress, however long that
+    /// takes, and no body under `on_lost = "continue"` running, or `continue_deadline` passed
+    /// (such a body may be parked for good, and runs on without the key after it, as after any
+    /// loss). Once the lease is stopped, a body at rest never works again (`may_run` refuses),
+    /// so its key can go to the next holder.
+    pub(crate) async fn wait_at_rest(&self, continue_deadline: Instant) {
+        let no_poll = || self.polls.load(Ordering::SeqCst) == 0;
+        let at_rest = notified::until(&self.rested, || {
+            no_poll() && self.running_on.load(Ordering::SeqCst) == 0
+        });
+        if tokio::time::timeout_at(continue_deadline.into(), at_rest)
+            .await
+            .is_err()
+        {
+            notified::until(&self.rested, no_poll).await;
         }
     }
 
@@ -235,7 +248,7 @@ impl LeaseState {
             }
             tokio::select! {
                 () = woken => {}
-                () = tokio::time::sleep_until(until.into()) => {}
+                () = clock::sleep_until(until) => {}
             }
         }
     }

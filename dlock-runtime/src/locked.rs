@@ -192,14 +192,16 @@ where
 /// before every later poll, so a body whose lease ran out while its runtime was busy elsewhere
 /// is dropped instead of resumed, even before any timer reports the loss.
 ///
-/// The body counts as at work under the lease during each poll (under `Continue`, for its whole
-/// run), so that a shutdown gives its key to the next holder only once it rests.
+/// The body counts as at work under the lease during each poll (under `Continue`, as running for
+/// its whole run, which a shutdown waits for only until a deadline), so that a shutdown gives
+/// its key to the next holder only once it rests.
 async fn run_body<F: Future>(on_lost: OnLost, lease: &LeaseState, body: F) -> Option<F::Output> {
     match on_lost {
         OnLost::Cancel => until_lost(body, lease).await,
         OnLost::Continue => {
-            lease.mark_runs_on_after_loss();
-            let _at_work = lease.start_work();
+            // Uncounted when this call ends, however: a re-entered call runs under the outer
+            // call's lease, whose body may be one that shutdown must wait for however long.
+            let _running = lease.start_running_on();
             if !lease.may_run() {
                 return None;
             }
@@ -215,14 +217,14 @@ async fn until_lost<F: Future>(body: F, lease: &LeaseState) -> Option<F::Output>
     let mut body = std::pin::pin!(body);
     let mut watcher = None;
     std::future::poll_fn(|cx| {
-        let at_work = lease.start_work();
+        let polling = lease.start_poll();
         if !lease.may_run() {
             return Poll::Ready(None);
         }
         if let Poll::Ready(output) = body.as_mut().poll(cx) {
             return Poll::Ready(Some(output));
         }
-        drop(at_work);
+        drop(polling);
         let watcher = watcher.get_or_insert_with(|| Box::pin(lease.wait_lost()));
         watcher.as_mut().poll(cx).map(|()| None)
     })

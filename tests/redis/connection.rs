@@ -10,7 +10,7 @@ use redis::AsyncCommands;
 use crate::support::fault_proxy::{Direction, FaultProxy};
 use crate::support::redis_server::RedisServer;
 use crate::support::{lock_and_release, unique_key};
-use crate::{locker_on, spawn_lock, Redis};
+use crate::{locker_on, spawn_lock, wait_for_subscribers, waiters_channel, Redis};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_call_after_a_server_restart_succeeds() {
@@ -359,4 +359,147 @@ async fn a_server_that_may_evict_keys_is_refused_unless_allowed() {
         .await
         .unwrap();
     assert!(RedisBackend::connect(&url).await.is_ok());
+}
+
+/// Sets the ACL user `dl` (password `pw`) on the server behind `raw`: every key and command,
+/// and the channels `channels` says (`allchannels`, `resetchannels`, `&pattern`). Redis 7 gives a
+/// new user no channel at all (`acl-pubsub-default resetchannels`).
+async fn set_acl_user(raw: &mut redis::aio::MultiplexedConnection, channels: &str) {
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "dl", "on", ">pw", "~*", "+@all", channels])
+        .query_async(raw)
+        .await
+        .unwrap();
+}
+
+/// `total_connections_received` of the server's `INFO stats`.
+async fn connections_received(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(raw)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .and_then(|count| count.trim().parse().ok())
+        .expect("INFO stats has total_connections_received")
+}
+
+/// A user who may not use the lock channels (Redis 7's default for a new ACL user) would see
+/// every hand-off to another process fail after the script granted it, and its waiters could
+/// not subscribe: `connect` refuses it with a message that names the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_who_may_not_publish_on_the_lock_channels_is_refused() {
+    let redis = Redis::start();
+    let mut raw = redis.raw().await;
+    set_acl_user(&mut raw, "resetchannels").await;
+    let url = format!("redis://dl:pw@127.0.0.1:{}", redis.server.port());
+    let refused = RedisBackend::connect(&url).await.map(drop);
+    assert!(
+        matches!(&refused, Err(LockError::InvalidOptions { reason }) if reason.contains("&dlock:*") && reason.contains("allchannels")),
+        "a user who may not publish on the lock channels was accepted, or the error names no fix: {refused:?}"
+    );
+    assert!(!format!("{refused:?}").contains("pw@"), "{refused:?}");
+    // The prefix's channels granted, it connects.
+    set_acl_user(&mut raw, "&dlock:*").await;
+    let granted = RedisBackend::connect(&url).await;
+    assert!(granted.is_ok(), "{:?}", granted.map(drop));
+}
+
+/// A waiter whose SUBSCRIBE the server refuses (its user lost the channels after `connect`)
+/// waits on its timer: it neither reconnects nor polls in a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_refused_subscribe_backs_off_instead_of_reconnecting_in_a_loop() {
+    let redis = Redis::start();
+    let mut raw = redis.raw().await;
+    set_acl_user(&mut raw, "allchannels").await;
+    let url = format!("redis://dl:pw@127.0.0.1:{}", redis.server.port());
+    let waiting = Locker::connect(&url).await.unwrap();
+    let holding = locker_on(&redis.server).await;
+    let key = unique_key("refused-subscribe");
+    let holder = holding
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    set_acl_user(&mut raw, "resetchannels").await;
+    let before = connections_received(&mut raw).await;
+    let waited = waiting
+        .lock(&*key, LockOptions::new().wait(Duration::from_secs(3)))
+        .await
+        .map(drop);
+    let opened = connections_received(&mut raw).await - before;
+    eprintln!("connections opened while waiting 3 s: {opened}");
+    assert!(matches!(waited, Err(LockError::Busy { .. })), "{waited:?}");
+    assert!(
+        opened <= 5,
+        "a waiter refused SUBSCRIBE opened {opened} connections in 3 s"
+    );
+    holder.release().await.unwrap();
+}
+
+/// The ids of the server's pub/sub clients.
+async fn pub_sub_clients(raw: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+    let list: String = redis::cmd("CLIENT")
+        .arg(&["LIST", "TYPE", "pubsub"])
+        .query_async(raw)
+        .await
+        .unwrap();
+    list.lines()
+        .filter_map(|line| line.split(' ').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A pub/sub connection that goes silent without closing (a NAT that forgot it, a peer gone
+/// without a word) would leave the waiters deaf for good, woken by their timers only: a PING
+/// notices it, and the waiters subscribe on a new one. A healthy one is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_pub_sub_connection_is_noticed_and_replaced() {
+    let redis = Redis::start();
+    let (proxy, proxied) = FaultProxy::in_front_of(&redis.server.url());
+    // Short timeouts: a connection silent for a few of them is pinged.
+    let timeout = Duration::from_millis(500);
+    let backend = RedisBackend::builder(&proxied)
+        .unwrap()
+        .connect_timeout(timeout)
+        .response_timeout(timeout)
+        .connect()
+        .await
+        .unwrap();
+    let waiting = Locker::with_backend(backend);
+    let direct = locker_on(&redis.server).await;
+    let key = unique_key("silent-pub-sub");
+    let holder = direct
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let waiter = spawn_lock(
+        &waiting,
+        &key,
+        LockOptions::new().wait(Duration::from_secs(60)),
+    );
+    let mut raw = redis.raw().await;
+    let channel = waiters_channel(&mut raw).await;
+    wait_for_subscribers(&mut raw, &channel, 1).await;
+    let subscriber = pub_sub_clients(&mut raw).await;
+    assert_eq!(subscriber.len(), 1, "{subscriber:?}");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        pub_sub_clients(&mut raw).await,
+        subscriber,
+        "a healthy pub/sub connection was replaced"
+    );
+
+    // The pub/sub connection, the last one the waiting backend opened, goes silent; the server
+    // still counts it a subscriber.
+    proxy.stall_newest(Direction::Both);
+    wait_for_subscribers(&mut raw, &channel, 2).await;
+    holder.release().await.unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter never got the key")
+        .unwrap()
+        .unwrap();
+    lease.release().await.unwrap();
+    proxy.resume(Direction::Both);
 }

@@ -7,9 +7,12 @@ use dlock::backend::RedisBackend;
 use dlock::{LockError, LockOptions, Locker};
 use redis::AsyncCommands;
 
+use crate::support::fault_proxy::{Direction, FaultProxy};
 use crate::support::redis_server::RedisServer;
 use crate::support::unique_key;
-use crate::{locker_on, spawn_lock, wait_for_queue_length, Redis};
+use crate::{
+    locker_on, spawn_lock, wait_for_queue_length, wait_for_subscribers, waiters_channel, Redis,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_waiter_leaves_the_queue() {
@@ -210,4 +213,69 @@ async fn a_waiter_with_a_shorter_liveness_window_does_not_drop_the_queue_from_un
         .unwrap()
         .unwrap();
     lease.release().await.unwrap();
+}
+
+/// Pub/sub trouble never holds up a waiter's polls, which keep its place alive: with the
+/// pub/sub connection lost and every new connection to the server hanging, the waiters of the
+/// backend still keep their places, and the first of them gets the key when the holder lets
+/// go, not a newcomer that asks after their waiter keys would have run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_keep_their_places_while_pub_sub_cannot_reconnect() {
+    let redis = Redis::start();
+    let (proxy, proxied) = FaultProxy::in_front_of(&redis.server.url());
+    // A reconnection that hangs is given up after 10 s: longer than a waiter key lives (3 s).
+    let behind_proxy = RedisBackend::builder(&proxied)
+        .unwrap()
+        .connect_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .unwrap();
+    let waiting = Locker::with_backend(behind_proxy);
+    let direct = locker_on(&redis.server).await;
+    let key = unique_key("pub-sub-hangs");
+    let holder = direct
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let queue = redis.names.queue_key(&key);
+    let mut raw = redis.raw().await;
+    let options = LockOptions::new().wait(Duration::from_secs(30));
+    let mut waiters = Vec::new();
+    for length in 1..=3 {
+        waiters.push(spawn_lock(&waiting, &key, options));
+        wait_for_queue_length(&mut raw, &queue, length).await;
+    }
+    let channel = waiters_channel(&mut raw).await;
+    wait_for_subscribers(&mut raw, &channel, 1).await;
+
+    // Every new connection through the proxy hangs; the waiters' pub/sub connection is cut.
+    proxy.stall_new_connections(true);
+    let killed: u64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "pubsub"])
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    holder.release().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let newcomer = direct.lock(&*key, LockOptions::new()).await;
+    let overtaken = newcomer.is_ok();
+    if let Ok(lease) = newcomer {
+        lease.release().await.unwrap();
+    }
+    assert!(
+        !overtaken,
+        "a newcomer got the key while three waiters had been waiting for it"
+    );
+    let first = tokio::time::timeout(Duration::from_secs(10), waiters.remove(0))
+        .await
+        .expect("the first waiter never got the key")
+        .unwrap();
+    proxy.stall_new_connections(false);
+    proxy.resume(Direction::Both);
+    first.unwrap().release().await.unwrap();
+    for waiter in waiters {
+        waiter.abort();
+    }
 }

@@ -48,6 +48,8 @@ struct Faults {
     /// carrying another; 0, no such limit ([`FaultProxy::break_after`]).
     break_after: [AtomicU64; 2],
     refusing: AtomicBool,
+    /// Whether a new connection starts stalled both ways ([`FaultProxy::stall_new_connections`]).
+    stall_new: AtomicBool,
     /// How long, in milliseconds, a new connection waits for its target to accept before the
     /// proxy gives up on it (closing the client's side); 0: one try.
     connect_patience_ms: AtomicU64,
@@ -189,6 +191,17 @@ impl FaultProxy {
         }
     }
 
+    /// Holds every byte going `direction` on the connection opened last, and only on that one:
+    /// a connection that went silent (forgotten by a NAT, say) while the others work. `resume`
+    /// ends it.
+    pub fn stall_newest(&self, direction: Direction) {
+        let open = self.faults.open.lock().unwrap();
+        let newest = open.last().expect("no connection is open");
+        for &i in direction.indices() {
+            newest.stalled[i].store(true, Ordering::SeqCst);
+        }
+    }
+
     /// Forwards `direction` again, the held bytes first.
     pub fn resume(&self, direction: Direction) {
         for &i in direction.indices() {
@@ -261,6 +274,14 @@ impl FaultProxy {
         self.faults.refusing.store(refusing, Ordering::SeqCst);
     }
 
+    /// While `stalling`, a new connection is accepted and connected to the target, then holds
+    /// every byte both ways, while the connections open before go on: a client's fresh connection
+    /// hangs (a firewall or a load balancer gone bad) though its old ones work. `resume` frees
+    /// the connections stalled so.
+    pub fn stall_new_connections(&self, stalling: bool) {
+        self.faults.stall_new.store(stalling, Ordering::SeqCst);
+    }
+
     /// Sends new connections to `target` (`ip:port`) from now on; open ones stay where they are
     /// (cut them with [`cut_all`](Self::cut_all)).
     pub fn retarget(&self, target: &str) {
@@ -293,7 +314,7 @@ fn serve(client: TcpStream, server: TcpStream, faults: &Arc<Faults>) {
         client: client.try_clone().unwrap(),
         server: server.try_clone().unwrap(),
         closed: AtomicBool::new(false),
-        stalled: Default::default(),
+        stalled: std::array::from_fn(|_| AtomicBool::new(faults.stall_new.load(Ordering::SeqCst))),
         forwarded: Default::default(),
     });
     {

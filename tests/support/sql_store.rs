@@ -246,3 +246,31 @@ pub async fn an_acquisition_abandoned_while_its_insert_waits_leaves_no_row<S: Sq
     taken.unwrap().release().await.unwrap();
     assert_eq!(db.rows(&key).await, 0, "a row outlived every holder");
 }
+
+/// An acquire statement of an owner that already holds the key never shortens its lease. Such a
+/// statement is a copy that arrives late: re-sent after its connection broke while the first
+/// copy was held up on the server (a stalled backend process, a wait on another transaction's
+/// row), the first copy then lands after the second was granted, or after a renewal, with the
+/// expiry it computed when it began. The client counts the lease from the second copy, so an
+/// earlier expiry would let a rival in while the holder still runs its body. The late copy is
+/// modelled here by an acquire of the same owner with a shorter ttl.
+pub async fn a_late_acquire_of_the_holder_never_shortens_its_lease<S: SqlStore>() {
+    use dlock::backend::{AcquireRequest, Backend};
+    use dlock::Owner;
+
+    let store = S::fresh().await;
+    let backend = store.backend().await;
+    let key = unique_key("late-acquire");
+    let owner = Owner::random();
+    let held = AcquireRequest::new(&key, owner, Duration::from_secs(60), Duration::ZERO);
+    assert!(backend.acquire(&held).await.unwrap().is_some());
+    let late = AcquireRequest::new(&key, owner, Duration::from_millis(300), Duration::ZERO);
+    assert!(backend.acquire(&late).await.unwrap().is_some());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rival = store.locker().await;
+    let got = rival.lock(&*key, LockOptions::new()).await;
+    assert!(
+        got.is_err(),
+        "a rival got the key 1 s into a 60 s lease: a late acquire of its holder cut it to 0.3 s"
+    );
+}

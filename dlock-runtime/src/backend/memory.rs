@@ -352,7 +352,7 @@ impl Backend for MemoryBackend {
             let until = holder_expiry.map_or(deadline, |expiry| expiry.min(deadline));
             tokio::select! {
                 () = woken => {}
-                () = tokio::time::sleep_until(until.into()) => {}
+                () = crate::clock::sleep_until(until) => {}
             }
         }
     }

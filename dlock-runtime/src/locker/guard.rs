@@ -80,6 +80,12 @@ impl Lease {
     /// Whether the lease is still held by the client's reckoning: not released, not lost, and
     /// within its validity. Check it before a step that must not run on a lost lease.
     ///
+    /// The validity is reckoned on the monotonic clock ([`Instant`](std::time::Instant)), which
+    /// does not count time the host spends suspended (a laptop asleep, a virtual machine
+    /// paused): just after a resume, a lease the store let expire meanwhile can still read as
+    /// held here, until its next renewal is refused. Pass [`fence`](Self::fence) with the writes
+    /// the lock protects: the store of those writes refuses a stale holder's.
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
     /// # let locker = dlock::Locker::memory();
@@ -100,7 +106,8 @@ impl Lease {
     /// # Errors
     ///
     /// None: the future's output is `()`. Loss is judged on the client's clock, so it resolves
-    /// even while the store cannot be reached.
+    /// even while the store cannot be reached (that clock stops while the host is suspended:
+    /// see [`is_held`](Self::is_held)).
     ///
     /// # Cancel safety
     ///

@@ -198,8 +198,9 @@ impl Locker {
     }
 
     /// Connects to the store the `DLOCK_URL` environment variable names (see
-    /// [`connect`](Self::connect) for the URLs). To make it the default locker too, call
-    /// [`init_from_env`](crate::init_from_env).
+    /// [`connect`](Self::connect) for the URLs). Each call connects a new locker, apart from the
+    /// default one (with `memory://`, on a store of its own). To connect the default locker
+    /// instead, call [`init_from_env`](crate::init_from_env).
     ///
     /// # Errors
     ///
@@ -228,6 +229,11 @@ impl Locker {
             inner.description = url::mask_password(url);
         }
         self
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) was called on this locker or a clone.
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.inner.holdings.is_closed()
     }
 
     pub(crate) fn id(&self) -> usize {

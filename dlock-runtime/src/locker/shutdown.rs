@@ -109,10 +109,10 @@ impl Locker {
                 if waits_for_rest {
                     // No body works under the key when it goes to the next holder; the lease
                     // is renewed meanwhile. A body under "continue" is waited for until the
-                    // validity it has now (it may be parked for good): it runs on without the
-                    // key after that, as after any loss.
-                    let deadline = state.runs_on_after_loss().then(|| state.valid_until());
-                    state.wait_at_rest(deadline).await;
+                    // validity the lease has now (it may be parked for good): it runs on without
+                    // the key after that, as after any loss. A poll in progress is waited for
+                    // however long it takes.
+                    state.wait_at_rest(state.valid_until()).await;
                 }
                 state.mark_lost(LossCause::ShutDown);
                 if let Err(error) = locker.release_at_shutdown(&state).await {

@@ -273,9 +273,17 @@ impl MysqlBuilder {
                 "INSERT INTO {table} (lock_key, owner, fence, expires_at, created_at) \
                  VALUES (?, ?, LAST_INSERT_ID({now_us}), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6))"
             )),
+            // A take-over by the owner that holds the row already (a retried acquire, its first
+            // answer lost) never moves its expiry back: a late copy of the statement (re-sent
+            // after a broken connection while the first was held up on the server) would else
+            // cut the lease below what the client counts from. MySQL assigns left to right, so
+            // the expiry is set while `owner` is still the old holder.
             take_over: Arc::from(format!(
-                "UPDATE {table} SET owner = ?, fence = LAST_INSERT_ID(GREATEST(fence + 1, {now_us})), \
-                 expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, created_at = UTC_TIMESTAMP(6) \
+                "UPDATE {table} SET \
+                 expires_at = IF(owner = ?, GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
+                                 UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
+                 owner = ?, fence = LAST_INSERT_ID(GREATEST(fence + 1, {now_us})), \
+                 created_at = UTC_TIMESTAMP(6) \
                  WHERE lock_key = ? AND (expires_at <= UTC_TIMESTAMP(6) OR owner = ?)"
             )),
             release: Arc::from(format!(

@@ -77,6 +77,8 @@ async fn acquire_row(
             sqlx::query(AssertSqlSafe(shared.sql.take_over.clone()))
                 .bind(owner)
                 .bind(ttl_us)
+                .bind(ttl_us)
+                .bind(owner)
                 .bind(key)
                 .bind(owner),
         )

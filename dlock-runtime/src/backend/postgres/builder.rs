@@ -346,7 +346,8 @@ impl PostgresBuilder {
             Some(_) => listen,
             None => listen.application_name("dlock listener"),
         };
-        let waiting = Waiting::new();
+        let waiter = Owner::random().to_string();
+        let waiting = Waiting::new(waiter.clone());
         // The channel is the table's, however its name is written: derived from the table it
         // resolves to (see `resolve_channel`).
         let channel = {
@@ -363,7 +364,7 @@ impl PostgresBuilder {
             owns_pool,
             sql: Statements::new(table, &waiters, &channel, protocol),
             waiting,
-            waiter: Owner::random().to_string(),
+            waiter,
             statements: Default::default(),
             cleanups: Arc::default(),
             tries,

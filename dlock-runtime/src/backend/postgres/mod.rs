@@ -30,9 +30,9 @@ mod waiting;
 
 use builder::quote_table;
 pub use builder::PostgresBuilder;
-use rows::{delete_row, Attempt, Line};
+use rows::{Attempt, Line};
 use statements::Statements;
-use waiting::{Turn, Waiting};
+use waiting::{Start, Turn, Waiting};
 
 /// The longest key the store takes, in bytes. A primary-key entry of PostgreSQL's B-tree holds
 /// at most about 2,700 bytes; a release's notification carries the key hex-encoded, within the
@@ -135,7 +135,12 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 ///   notices a client gone during a lock wait only with `client_connection_check_interval` set
 ///   (PostgreSQL 14+), so otherwise the statement runs when the lock goes and writes a row held
 ///   by nobody until its ttl runs out.
-/// - **Release**: `DELETE … WHERE lock_key = $1 AND owner = $2` (and, undoing a grant nobody
+/// - **Release**: where a waiter of this backend waits for the key at rest, an `UPDATE` that
+///   hands the row over to it (its owner, a new fence, its ttl), so the waiter takes the key
+///   without a statement of its own — unless another process's waiter is ahead in the line
+///   across processes (see "Waiting"). It claims that grant as it would its own try's: one it
+///   does not claim within the claim window, or whose waiter is gone, is deleted by its fence.
+///   Otherwise `DELETE … WHERE lock_key = $1 AND owner = $2` (and, undoing a grant nobody
 ///   claimed, `AND fence = $3`: that grant only, never a later one of the same owner, whose
 ///   caller came back and tried again while the undo was on its way) and, in the same statement,
 ///   `pg_notify` on the table's channel with the key, sent when the deletion commits. The
@@ -180,8 +185,10 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 /// woken for, refused) or finds others in line, its ticket the database's clock then (a process
 /// alone at a key, whose waiters each find it busy once and get it at the release, writes
 /// nothing there), and kept alive every
-/// second while its head waits; a try at a free key is refused while another process's live
-/// place is earlier, and the try that gets the key gives its process's place up. So a process
+/// second while its head waits; a try at a free key (and a release's hand-over to a waiter of
+/// its own process) is refused while another process's live place is earlier, and the try
+/// that gets the key gives its process's place up, or, where more of its waiters wait, takes
+/// it anew at the end of the line, so that processes with waiters take turns. So a process
 /// whose statements arrive later than another's (farther from the database, or busier) is not
 /// overtaken for ever. A place its process stops keeping (the process died, or its head is
 /// parked) lapses 3 s later, which is what it costs the processes behind it. While the listening
@@ -419,22 +426,31 @@ impl Backend for PostgresBackend {
             let limits = Limits::new(Some(Instant::now()), request.ttl);
             return Ok(
                 match self
-                    .try_acquire(key, &owner, ttl_us, Line::StayOut, limits)
+                    .try_acquire(key, &owner, ttl_us, Line::StayOut, false, limits)
                     .await?
                 {
-                    Attempt::Granted { fence, sent_at } => granted(fence, sent_at),
+                    Attempt::Granted { fence, sent_at, .. } => granted(fence, sent_at),
                     Attempt::Busy { .. } => None,
                 },
             );
         }
         let deadline = Instant::now() + request.wait;
-        let place = self.shared.waiting.join(key);
+        let place = self.shared.waiting.join(key, &owner, ttl_us);
         let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF, request.owner);
-        // Found busy before: a waiter that is refused again lost a race for the key, and takes
-        // its place in line.
-        let mut refused_before = false;
+        // Waited before (found the key busy, or waited behind another waiter of this backend
+        // while the key went round): a waiter refused now lost a race for the key, and takes its
+        // place in line. Only the first try of a waiter at the head of an empty queue does not:
+        // a process alone at a key, whose waiters get it handed over at each release, then
+        // writes nothing to the waiters table.
+        let mut waited_before = false;
         loop {
+            if place.hand_over_lost() {
+                return Err(LockError::backend(
+                    "PostgreSQL: the connection of a release that was handing this waiter the key broke; whether it was handed over is unknown, and what it may have written is deleted",
+                ));
+            }
             if let Turn::Behind(head_lapses) = place.turn() {
+                waited_before = true;
                 // Woken when the head leaves or is woken itself, and at the time its turn
                 // lapses, to pass it over if it has not taken it.
                 let until = head_lapses.map_or(deadline, |lapses| lapses.min(deadline));
@@ -448,31 +464,56 @@ impl Backend for PostgresBackend {
                     }
                 }
             }
-            place.trying();
+            match place.start_try() {
+                Start::Try => {}
+                Start::Wait => {
+                    // A release is handing the key over; told how it went, this head claims
+                    // the key or tries. Past the deadline, dropping the place gives a late
+                    // grant back.
+                    tokio::select! {
+                        () = place.woken() => continue,
+                        () = tokio::time::sleep_until(deadline.into()) => return Ok(None),
+                    }
+                }
+                Start::Handed(handed) => {
+                    if handed.caller.claim() {
+                        // The release recorded whether this backend keeps its place in line.
+                        place.holds_until(handed.valid_from + request.ttl);
+                        return Ok(granted(handed.fence, handed.valid_from));
+                    }
+                    continue; // Withdrawn: the clean-up gives the key back.
+                }
+            }
             let listening = self.shared.waiting.listening();
             let remaining = match self
                 .try_acquire(
                     key,
                     &owner,
                     ttl_us,
-                    if refused_before {
+                    if waited_before {
                         Line::Join
                     } else {
                         Line::JoinIfQueued
                     },
+                    place.others_behind(),
                     Limits::new(Some(deadline), request.ttl),
                 )
                 .await?
             {
-                Attempt::Granted { fence, sent_at } => {
-                    self.shared.waiting.in_line(key, false);
+                Attempt::Granted {
+                    fence,
+                    sent_at,
+                    in_line,
+                } => {
+                    self.shared.waiting.in_line(key, in_line);
+                    place.holds_until(sent_at + request.ttl);
                     return Ok(granted(fence, sent_at));
                 }
                 Attempt::Busy { remaining, in_line } => {
                     if let Some(in_line) = in_line {
                         self.shared.waiting.in_line(key, in_line);
                     }
-                    refused_before = true;
+                    waited_before = true;
                     remaining
                 }
             };
@@ -502,7 +543,16 @@ impl Backend for PostgresBackend {
     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
         let shared = self.shared.clone();
         let (key, owner) = (key.as_bytes().to_vec(), owner.to_string());
-        on_background(async move { delete_row(&shared, &key, &owner, None).await }).await
+        // A clean-up, so that `close` waits for it, and for the claim window of a key it hands
+        // over, which it starts before it ends.
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let cleanups = Arc::clone(&self.shared.cleanups);
+        cleanups.spawn(async move {
+            let _ = answer.send(rows::release_row(&shared, &key, &owner).await);
+        });
+        answered
+            .await
+            .map_err(|_| LockError::backend("PostgreSQL: the release's task failed"))?
     }
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {

@@ -1,13 +1,16 @@
 //! One try at a key, and the deletion of a row: the statements an acquisition sends, run on the
 //! background runtime so that a grant nobody claims is undone after the statement that made it.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::Row;
 
 use super::line::PLACE_LIFETIME;
+use super::waiting::{Handed, Offered};
 use super::{backend_error, is_conflict, lock_timed_out, micros_i64, PostgresBackend, Shared};
+use crate::backend::claim::{Caller, DEFAULT_CLAIM_WINDOW};
 use crate::backend::sql::{self, Limits};
 use crate::LockError;
 
@@ -27,6 +30,8 @@ pub(super) enum Attempt {
     Granted {
         fence: u64,
         sent_at: Instant,
+        /// Whether this backend holds a place in line now (kept for its waiters behind).
+        in_line: bool,
     },
     /// How long until the key may be free: the holder's time left, or where nobody holds it,
     /// until the first place in line ahead of this backend lapses; `None` where the statement
@@ -43,13 +48,15 @@ impl PostgresBackend {
     /// One try at the key, run so that a caller who stops waiting, or does not come back for
     /// its grant within the claim window, leaves no row behind (see [`sql::claimed`]); such a
     /// grant is busy, its holder's expiry unknown. `line`: whether a busy try may take (or keep)
-    /// this backend's place in the line across processes.
+    /// this backend's place in the line across processes; `others_behind`: whether other
+    /// waiters of this backend wait behind this one (granted, its place is then kept).
     pub(super) async fn try_acquire(
         &self,
         key: &[u8],
         owner: &str,
         ttl_us: i64,
         line: Line,
+        others_behind: bool,
         limits: Limits,
     ) -> Result<Attempt, LockError> {
         let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
@@ -60,7 +67,7 @@ impl PostgresBackend {
             &self.shared.cleanups,
             &self.shared.tries,
             limits,
-            async move { acquire_row(&shared, &key, &owner, ttl_us, line).await },
+            async move { acquire_row(&shared, &key, &owner, ttl_us, line, others_behind).await },
             |attempt| match attempt {
                 Attempt::Granted { fence, .. } => Some(*fence),
                 Attempt::Busy { .. } => None,
@@ -87,6 +94,7 @@ async fn acquire_row(
     owner: &str,
     ttl_us: i64,
     line: Line,
+    others_behind: bool,
 ) -> Result<Attempt, LockError> {
     let answer = sql::retry_transient(is_conflict, || async {
         shared.statements.fetch_add(1, Ordering::Relaxed);
@@ -103,6 +111,7 @@ async fn acquire_row(
             .bind(line != Line::StayOut)
             .bind(micros_i64(PLACE_LIFETIME))
             .bind(line == Line::Join)
+            .bind(others_behind)
             .fetch_one(&mut *connection)
             .await?;
         Ok((row, sent_at))
@@ -129,6 +138,7 @@ async fn acquire_row(
         Some(fence) => Attempt::Granted {
             fence: fence as u64,
             sent_at,
+            in_line,
         },
         None => Attempt::Busy {
             remaining: free_in_us.map(|us| Duration::from_micros(us.max(0) as u64)),
@@ -160,6 +170,269 @@ pub(super) async fn delete_row(
     .await
     .map_err(backend_error)?;
     // This backend's waiters are woken by the release's notification, as every other backend's
-    // are: waking them here first would let one process's waiters keep the key from others.
+    // are: waking them here first would let one process's waiters keep the key from others (a
+    // hand-over to one of them, `release_row`, asks the line first).
     Ok(!rows.is_empty())
+}
+
+/// Releases `owner`'s lease of `key`, handing the row over to this backend's next waiter at
+/// rest where there is one (see `Statements::hand_over`), else deleting it; whether `owner`
+/// held it.
+///
+/// The waiter gets the grant as it would its own try's: it claims it when its future is polled
+/// again, and a grant it does not claim within the claim window (or that finds it gone, or is
+/// withdrawn as it is passed over) is deleted by a clean-up of the backend, by its fence.
+pub(super) async fn release_row(
+    shared: &Arc<Shared>,
+    key: &[u8],
+    owner: &str,
+) -> Result<bool, LockError> {
+    let Some(offered) = shared.waiting.offer(key) else {
+        return delete_row(shared, key, owner, None).await;
+    };
+    // Settles the offer however this ends (a panic included), so the waiter never waits for a
+    // release that is gone.
+    let mut offer = OfferGuard {
+        shared,
+        key,
+        offered: Some(offered),
+    };
+    let offered = offer.offered.as_ref().expect("set above");
+    // Whether a send failed in a way that leaves it unknown whether it wrote (its connection
+    // broke): a conflict (a deadlock victim) was rolled back whole, and is sent again.
+    let sent_blind = AtomicBool::new(false);
+    let sent_blind = &sent_blind;
+    // When the first send went: a hand-over found only after a resend counts from it.
+    let first_sent = std::sync::Mutex::new(None::<Instant>);
+    let first_sent = &first_sent;
+    let answer = tokio::time::timeout(
+        HAND_OVER_PATIENCE,
+        sql::retry_transient(is_conflict, || async move {
+            let sent = async {
+                shared.statements.fetch_add(1, Ordering::Relaxed);
+                let mut connection = shared.pool.acquire().await?;
+                let sent_at = Instant::now();
+                first_sent
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .get_or_insert(sent_at);
+                let row = shared
+                    .sql
+                    .hand_over
+                    .query()
+                    .bind(key)
+                    .bind(owner)
+                    .bind(&*offered.owner)
+                    .bind(offered.ttl_us)
+                    .bind(shared.waiter.as_str())
+                    .bind(offered.others_behind)
+                    .bind(micros_i64(PLACE_LIFETIME))
+                    .fetch_one(&mut *connection)
+                    .await?;
+                Ok((row, sent_at))
+            }
+            .await;
+            if let Err(error) = &sent {
+                if !is_conflict(error) {
+                    sent_blind.store(true, Ordering::SeqCst);
+                }
+            }
+            sent
+        }),
+    )
+    .await;
+    let sent_blind = sent_blind.load(Ordering::SeqCst);
+    let answer = match answer {
+        Ok(Ok((row, sent_at))) => read_hand_over(&row).map(|read| (read, sent_at)),
+        Ok(Err(error)) => Err(error),
+        Err(_) => {
+            // No answer in time (a connection gone half-open, a server that stalls): the
+            // statement may still run.
+            offer.outcome_unknown(owner);
+            return Err(LockError::backend(
+                "PostgreSQL: a release's statement did not answer in time",
+            ));
+        }
+    };
+    let ((fence, released, in_line), sent_at) = match answer {
+        Ok(answer) => answer,
+        // The server refused the statement (a ttl out of its range, say), and no earlier send
+        // went astray: it wrote nothing, and the key is released the plain way.
+        Err(sqlx::Error::Database(_)) if !sent_blind => {
+            offer.settle(None);
+            return delete_row(shared, key, owner, None).await;
+        }
+        Err(error) => {
+            offer.outcome_unknown(owner);
+            return Err(backend_error(error));
+        }
+    };
+    let first_sent = first_sent
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .unwrap_or(sent_at);
+    let (fence, sent_at) = match fence {
+        Some(fence) => (fence, sent_at),
+        // Sent again after a send went astray (its connection broke, or read a message it did
+        // not expect): the first may have handed the row over, which the second then no longer
+        // finds the releaser's. The waiter's owner can hold no row but one this release wrote
+        // (it starts no try while offered the key): a row of its owner is that hand-over's.
+        None if sent_blind => match handed_by_an_earlier_send(shared, key, &offered.owner).await {
+            Ok(Some(fence)) => (fence, first_sent),
+            Ok(None) => {
+                offer.outcome_unknown(owner);
+                return Ok(true);
+            }
+            Err(error) => {
+                offer.outcome_unknown(owner);
+                return Err(error);
+            }
+        },
+        None => {
+            // Not handed over (someone is ahead in line, or `owner` held nothing): the waiter,
+            // if still there, tries.
+            offer.settle(None);
+            return Ok(released);
+        }
+    };
+    let fence = fence as u64;
+    shared.waiting.in_line(key, in_line);
+    let (caller, claim) = Caller::new();
+    let handed = Handed {
+        fence,
+        valid_from: sent_at,
+        caller,
+    };
+    // A grant that finds its waiter gone is dropped here, which withdraws it at once.
+    let offered = offer.settle(Some(handed));
+    let window = DEFAULT_CLAIM_WINDOW.min(Duration::from_micros(offered.ttl_us.max(0) as u64));
+    let (undo_shared, undo_key) = (Arc::clone(shared), key.to_vec());
+    shared.cleanups.spawn(async move {
+        if claim.withdrawn_after(window).await {
+            tracing::debug!("distributed_lock: a PostgreSQL waiter did not claim the key a release handed it; given back");
+            let _permit = undo_shared.tries.acquire().await;
+            undo_hand_over(&undo_shared, &undo_key, &offered.owner, fence).await;
+        }
+    });
+    Ok(true)
+}
+
+/// The fence of `key`'s row where `waiter` holds it: what an earlier send of a hand-over to it
+/// wrote, whose answer was lost.
+async fn handed_by_an_earlier_send(
+    shared: &Shared,
+    key: &[u8],
+    waiter: &str,
+) -> Result<Option<i64>, LockError> {
+    let read = tokio::time::timeout(HAND_OVER_PATIENCE, async {
+        shared.statements.fetch_add(1, Ordering::Relaxed);
+        shared
+            .sql
+            .held_by
+            .query()
+            .bind(key)
+            .bind(waiter)
+            .fetch_all(&shared.pool)
+            .await
+    })
+    .await
+    .map_err(|_| LockError::backend("PostgreSQL: a statement did not answer in time"))?
+    .map_err(backend_error)?;
+    read.first()
+        .map(|row| row.try_get(0))
+        .transpose()
+        .map_err(backend_error)
+}
+
+/// The hand-over statement's answer: the new fence where it handed the row over, whether it
+/// released it instead, and whether this backend holds a place in line now.
+fn read_hand_over(row: &sqlx::postgres::PgRow) -> Result<(Option<i64>, bool, bool), sqlx::Error> {
+    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+}
+
+/// An offer of the key to a waiter (see [`Waiting::offer`](super::waiting::Waiting::offer)),
+/// settled exactly once: by the release, or as it is dropped (the release failed or panicked),
+/// with nothing handed.
+struct OfferGuard<'a> {
+    shared: &'a Arc<Shared>,
+    key: &'a [u8],
+    offered: Option<Offered>,
+}
+
+impl OfferGuard<'_> {
+    /// Tells the waiter how the hand-over went; a grant whose waiter is gone is dropped, which
+    /// withdraws it. Returns the offer, for the clean-up that watches the grant.
+    fn settle(&mut self, handed: Option<Handed>) -> Offered {
+        let offered = self.offered.take().expect("an offer is settled once");
+        if let Err(unclaimed) = self.shared.waiting.settle(self.key, &offered, handed) {
+            drop(unclaimed);
+        }
+        offered
+    }
+
+    /// The hand-over's outcome is unknown (its answer was lost with its connection, or did not
+    /// come in time): the row may be the waiter's now, or still `releaser`'s, or the statement
+    /// may still be on its way. The waiter's acquisition fails (it does not try again under its
+    /// owner), and a clean-up deletes the row under either owner, in one statement that checks
+    /// the row again once a hand-over still holding it commits. (A copy of the hand-over
+    /// landing after finds no row of the releaser's to hand over; a late copy of the delete
+    /// finds no lease of either owner to take, as neither is used again.)
+    fn outcome_unknown(mut self, releaser: &str) {
+        let offered = self.offered.take().expect("an offer is settled once");
+        self.shared.waiting.hand_over_lost(self.key, &offered);
+        let (shared, key) = (Arc::clone(self.shared), self.key.to_vec());
+        let owners = vec![offered.owner.to_string(), releaser.to_owned()];
+        self.shared.cleanups.spawn(async move {
+            let mut pause = Duration::from_millis(100);
+            for _ in 0..UNKNOWN_HAND_OVER_TRIES {
+                let deleted = tokio::time::timeout(HAND_OVER_PATIENCE, async {
+                    shared.statements.fetch_add(1, Ordering::Relaxed);
+                    shared
+                        .sql
+                        .release_any
+                        .query()
+                        .bind(key.as_slice())
+                        .bind(owners.as_slice())
+                        .fetch_all(&shared.pool)
+                        .await
+                })
+                .await;
+                match deleted {
+                    Ok(Ok(_)) => return,
+                    Ok(Err(sqlx::Error::PoolClosed)) => break,
+                    failed => {
+                        tracing::debug!(?failed, "distributed_lock: cannot delete what a PostgreSQL hand-over of unknown outcome wrote yet; trying again");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(2));
+                    }
+                }
+            }
+            tracing::warn!("distributed_lock: cannot delete what a PostgreSQL hand-over of unknown outcome wrote; the row expires with its ttl");
+        });
+    }
+}
+
+/// How long a release's hand-over statement, and each delete of the clean-up after one whose
+/// answer was lost, may take before its outcome counts as unknown: the waiter it is offered to
+/// waits that long at most, and the waiters behind it with it.
+const HAND_OVER_PATIENCE: Duration = super::waiting::TRY_TURN;
+
+/// How many times the clean-up of a hand-over of unknown outcome tries its delete before it
+/// gives up (the row then expires with its ttl): with its pauses, half a minute to a minute.
+const UNKNOWN_HAND_OVER_TRIES: u32 = 12;
+
+impl Drop for OfferGuard<'_> {
+    fn drop(&mut self) {
+        if self.offered.is_some() {
+            self.settle(None);
+        }
+    }
+}
+
+/// Deletes the row a hand-over to `owner` wrote, the grant of `fence` only: its waiter did not
+/// claim it.
+async fn undo_hand_over(shared: &Shared, key: &[u8], owner: &str, fence: u64) {
+    if let Err(error) = delete_row(shared, key, owner, Some(fence)).await {
+        tracing::warn!(%error, "distributed_lock: cannot give back a PostgreSQL key handed to a waiter that is gone; its row expires with its ttl");
+    }
 }

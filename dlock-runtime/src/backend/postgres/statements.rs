@@ -18,12 +18,24 @@ pub(super) struct Statements {
     pub(super) channel: String,
     /// `$1` key, `$2` owner, `$3` ttl in µs, `$4` this backend's waiter name, `$5` whether the
     /// caller waits (it may then take a place in line when busy), `$6` how long that place
-    /// lasts in µs, `$7` whether to take a place whatever (the caller lost a race before) →
-    /// (fence if granted; if busy: the holder's µs left, the µs until the first waiter ahead
-    /// lets its place lapse, whether this backend holds a place now).
+    /// lasts in µs, `$7` whether to take a place whatever (the caller lost a race before),
+    /// `$8` whether other waiters of this backend wait behind the caller (granted, a place of
+    /// this backend's is then kept, its ticket taken anew, rather than given up) → (fence if
+    /// granted; if busy: the holder's µs left, the µs until the first waiter ahead lets its
+    /// place lapse; whether this backend holds a place now).
     pub(super) acquire: Statement,
     /// `$1` key, `$2` owner, `$3` fence or null → one row where it released (and notified).
     pub(super) release: Statement,
+    /// `$1` key, `$2` owners → one row where it deleted the row of one of them (and notified).
+    pub(super) release_any: Statement,
+    /// `$1` key, `$2` owner → the row's fence, where that owner holds it unexpired.
+    pub(super) held_by: Statement,
+    /// `$1` key, `$2` owner, `$3` the owner to hand the key to (a waiter of this backend),
+    /// `$4` its ttl in µs, `$5` this backend's waiter name, `$6` whether other waiters of this
+    /// backend wait behind that one, `$7` how long a place lasts in µs → (the new fence where it
+    /// handed the key over; whether it released it instead, another process's waiter being
+    /// ahead in line; whether this backend holds a place now).
+    pub(super) hand_over: Statement,
     /// `$1` keys, `$2` owners, `$3` ttls in µs → the (key, owner) pairs renewed.
     pub(super) renew: Statement,
     /// `$1` waiter name, `$2` keys, `$3` how long the places last in µs, `$4` the keys this
@@ -53,12 +65,19 @@ impl Statements {
         // and keeps a free key from this try. A busy try takes a place where its caller lost a
         // race for the key before, where others are in line already, or where this backend
         // holds one (kept): a process alone at a key, whose waiters each find it busy once and
-        // get it at the release, then writes nothing to the waiters table. Only the grant and the place are written; the
-        // line never grants anything, so exclusion rests on the row alone, as before. A retried
-        // acquire whose grant's answer was lost finds its own row and is granted again, whoever
-        // queued meanwhile. Places that lapsed long ago (their processes died) are swept by the
+        // get it at the release, then writes nothing to the waiters table. Only the grant and
+        // the place are written; the line never grants anything, so exclusion rests on the row
+        // alone, as before. A retried acquire whose grant's answer was lost finds its own row
+        // and is granted again, whoever queued meanwhile, and never moves its expiry back: the
+        // first copy of a statement re-sent after a broken connection can land after the
+        // second (held up on the server), or after a renewal, with the expiry it computed as
+        // it began, earlier than the one the client counts from. Places that lapsed long ago (their processes died) are swept by the
         // try that gets the key: a refused try sweeping too could deadlock with another refused
         // try, each deleting the other's old place before re-taking its own.
+        //
+        // A backend granted the key while more of its waiters wait for it keeps its place, with
+        // a new ticket: it is back at the end of the line, and its next waiter need not lose a
+        // race again to be in it. So processes with waiters take turns at a key.
         let acquire = format!(
             "WITH mine AS ( \
                SELECT ticket FROM {waiters} \
@@ -75,12 +94,20 @@ impl Statements {
                   OR EXISTS (SELECT 1 FROM {table} WHERE lock_key = $1 AND owner = $2) \
                ON CONFLICT (lock_key) DO UPDATE SET owner = excluded.owner, \
                  fence = GREATEST(held.fence + 1, excluded.fence), \
-                 expires_at = excluded.expires_at, created_at = excluded.created_at \
+                 expires_at = CASE WHEN held.owner = excluded.owner \
+                   THEN GREATEST(held.expires_at, excluded.expires_at) \
+                   ELSE excluded.expires_at END, \
+                 created_at = excluded.created_at \
                WHERE held.expires_at <= clock_timestamp() OR held.owner = excluded.owner \
                RETURNING fence), \
              left_line AS ( \
-               DELETE FROM {waiters} WHERE lock_key = $1 AND waiter = $4 \
+               DELETE FROM {waiters} WHERE lock_key = $1 AND waiter = $4 AND NOT $8 \
                  AND EXISTS (SELECT 1 FROM attempt)), \
+             requeued AS ( \
+               UPDATE {waiters} SET ticket = {NOW_US}, \
+                 expires_at = clock_timestamp() + $6 * interval '1 microsecond' \
+               WHERE lock_key = $1 AND waiter = $4 AND $8 AND EXISTS (SELECT 1 FROM attempt) \
+               RETURNING 1), \
              in_line AS ( \
                INSERT INTO {waiters} AS line (lock_key, waiter, ticket, expires_at) \
                SELECT $1, $4, {NOW_US}, clock_timestamp() + $6 * interval '1 microsecond' \
@@ -98,13 +125,62 @@ impl Statements {
                (SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint \
                 FROM {table} WHERE lock_key = $1), \
                (SELECT (extract(epoch FROM lapses - clock_timestamp()) * 1000000)::bigint FROM ahead), \
-               EXISTS (SELECT 1 FROM in_line)"
+               EXISTS (SELECT 1 FROM in_line) OR EXISTS (SELECT 1 FROM requeued)"
         );
         let release = format!(
             "WITH released AS (DELETE FROM {table} \
                WHERE lock_key = $1 AND owner = $2 AND ($3::bigint IS NULL OR fence = $3) \
                RETURNING lock_key) \
              SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM released"
+        );
+        // A release that hands the row to this backend's next waiter, in the same statement:
+        // the waiter needs no statement of its own, and no notification to wake it. The line
+        // across processes decides as for a try: where another backend's live place is ahead
+        // of this backend's (or any, where this backend has none), the row is deleted and the
+        // release announced instead, and the waiters in line get the key. A hand-off is
+        // announced too, its payload naming this backend: other processes' heads, woken, find
+        // the key busy, and take their places in line; this backend's listener passes it by.
+        // One statement for either owner: where a hand-over from one to the other is on its way
+        // still, waiting on its row lock, the delete checks the row again once it commits, and
+        // finds it under the other owner.
+        let release_any = format!(
+            "WITH released AS (DELETE FROM {table} \
+               WHERE lock_key = $1 AND owner = ANY($2::text[]) RETURNING lock_key) \
+             SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM released"
+        );
+        let hand_over = format!(
+            "WITH mine AS ( \
+               SELECT ticket FROM {waiters} \
+               WHERE lock_key = $1 AND waiter = $5 AND expires_at > clock_timestamp()), \
+             ahead AS ( \
+               SELECT 1 FROM {waiters} AS line \
+               WHERE line.lock_key = $1 AND line.waiter <> $5 AND line.expires_at > clock_timestamp() \
+                 AND (NOT EXISTS (SELECT 1 FROM mine) \
+                      OR (line.ticket, line.waiter) < (SELECT ticket, $5::text FROM mine))), \
+             handed AS ( \
+               UPDATE {table} AS held SET owner = $3, fence = GREATEST(held.fence + 1, {NOW_US}), \
+                 expires_at = clock_timestamp() + $4 * interval '1 microsecond', \
+                 created_at = clock_timestamp() \
+               WHERE held.lock_key = $1 AND held.owner = $2 AND NOT EXISTS (SELECT 1 FROM ahead) \
+               RETURNING held.fence), \
+             released AS ( \
+               DELETE FROM {table} WHERE lock_key = $1 AND owner = $2 \
+                 AND EXISTS (SELECT 1 FROM ahead) \
+               RETURNING lock_key), \
+             left_line AS ( \
+               DELETE FROM {waiters} WHERE lock_key = $1 AND waiter = $5 AND NOT $6 \
+                 AND EXISTS (SELECT 1 FROM handed)), \
+             requeued AS ( \
+               UPDATE {waiters} SET ticket = {NOW_US}, \
+                 expires_at = clock_timestamp() + $7 * interval '1 microsecond' \
+               WHERE lock_key = $1 AND waiter = $5 AND $6 AND EXISTS (SELECT 1 FROM handed) \
+               RETURNING 1) \
+             SELECT (SELECT fence FROM handed), EXISTS (SELECT 1 FROM released), \
+               EXISTS (SELECT 1 FROM requeued), \
+               CASE WHEN EXISTS (SELECT 1 FROM handed) \
+                      THEN pg_notify('{channel}', encode($1, 'hex') || ' ' || $5) \
+                    WHEN EXISTS (SELECT 1 FROM released) \
+                      THEN pg_notify('{channel}', encode($1, 'hex')) END"
         );
         let renew = format!(
             "UPDATE {table} AS held SET expires_at = clock_timestamp() + lease.ttl_us * interval '1 microsecond' \
@@ -128,6 +204,15 @@ impl Statements {
         Statements {
             acquire: Statement::new(acquire, protocol),
             release: Statement::new(release, protocol),
+            hand_over: Statement::new(hand_over, protocol),
+            release_any: Statement::new(release_any, protocol),
+            held_by: Statement::new(
+                format!(
+                    "SELECT fence FROM {table} WHERE lock_key = $1 AND owner = $2 \
+                     AND expires_at > clock_timestamp()"
+                ),
+                protocol,
+            ),
             renew: Statement::new(renew, protocol),
             keep_places: Statement::new(keep_places, protocol),
             leave: Statement::new(leave, protocol),

@@ -11,12 +11,17 @@
 //!
 //! A release's statement `NOTIFY`s the table's channel with the key (hex-encoded) as payload;
 //! the listener wakes the head of that key's queue, which tries again. A release made through
-//! this backend wakes its own waiters the same way, so they get no head start on other
-//! processes' waiters. When the
+//! this backend first offers the key to its own head at rest (see [`Waiting::offer`]): the
+//! release's statement then hands the row over to that waiter, unless another process's waiter
+//! is ahead in the line across processes, and the waiter takes the grant without a statement of
+//! its own. That hand-off is announced too (its payload names this backend, whose listener
+//! passes it by), so other processes' heads try, are refused, and take their places in line.
+//! When the
 //! listening connection drops, every head is woken (a notification may have been missed), the
 //! heads poll with jittered back-off meanwhile, and the listener connects again by itself.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -24,6 +29,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
+use crate::backend::claim::Caller;
 use crate::backend::sql::Backoff;
 use crate::background;
 use crate::Owner;
@@ -51,6 +57,8 @@ pub(super) struct Waiting {
 }
 
 struct Shared {
+    /// This backend's name in the waiters table, which its own hand-offs' notifications carry.
+    name: String,
     state: Mutex<State>,
     listener: Mutex<Option<AbortHandle>>,
     /// Signalled each time the listener starts listening.
@@ -76,11 +84,58 @@ struct State {
 /// One waiter in its key's queue.
 struct Waiter {
     wake: Arc<Notify>,
+    /// See [`Place::hand_over_lost`].
+    lost: Arc<AtomicBool>,
+    /// Who waits, for a release to hand the key to.
+    owner: Arc<str>,
+    ttl_us: i64,
+    /// Where a release is handing the key to this waiter.
+    offer: Offer,
     /// While it is the head: when it is due to start its next try (it was woken, or its own
     /// pause runs out then). `None` while a try is under way and nothing woke it meanwhile.
     due: Option<Instant>,
     /// While a try of this head is under way: when it started.
     trying_since: Option<Instant>,
+}
+
+/// A release's hand-off of the key to a waiter at rest.
+enum Offer {
+    None,
+    /// The release's statement is on its way: the waiter starts no try of its own meanwhile (a
+    /// try's grant and the hand-off's could cross).
+    InFlight,
+    /// The waiter holds the key, once it claims the grant.
+    Handed(Handed),
+}
+
+/// A grant a release handed to a waiter of this backend: the waiter's lease once it claims it;
+/// dropped unclaimed (the waiter's future dropped, or passed over), it is withdrawn, and the
+/// release's clean-up deletes the row.
+pub(super) struct Handed {
+    pub(super) fence: u64,
+    /// When the release's statement was sent: the lease's validity counts from then.
+    pub(super) valid_from: Instant,
+    pub(super) caller: Caller,
+}
+
+/// The waiter a release offers the key to (see [`Waiting::offer`]).
+pub(super) struct Offered {
+    wake: Arc<Notify>,
+    lost: Arc<AtomicBool>,
+    pub(super) owner: Arc<str>,
+    pub(super) ttl_us: i64,
+    /// Whether other waiters of this backend wait behind it.
+    pub(super) others_behind: bool,
+}
+
+/// What a head is to do next (see [`Place::start_try`]).
+pub(super) enum Start {
+    /// Ask the database.
+    Try,
+    /// Wait: a release is handing the key to this waiter.
+    Wait,
+    /// Claim the key a release handed over.
+    Handed(Handed),
 }
 
 impl Waiter {
@@ -89,7 +144,8 @@ impl Waiter {
     }
 
     /// When this head's turn lapses: [`HEAD_TURN`] after it was due to try, or [`TRY_TURN`]
-    /// after its try started, whichever is first.
+    /// after its try started, whichever is first; never while a release hands it the key (see
+    /// [`Waiting::offer`]).
     fn lapses_at(&self) -> Option<Instant> {
         let due = self.due.map(|due| due + HEAD_TURN);
         let trying = self.trying_since.map(|since| since + TRY_TURN);
@@ -126,7 +182,11 @@ fn wake_front(queue: &mut VecDeque<Waiter>, now: Instant) {
     let Some(head) = queue.front_mut() else {
         return;
     };
-    head.due = Some(head.due.map_or(now, |due| due.min(now)));
+    // A head a release is handing the key to waits for that release, which tells it (its
+    // turn does not lapse meanwhile).
+    if !matches!(head.offer, Offer::InFlight) {
+        head.due = Some(head.due.map_or(now, |due| due.min(now)));
+    }
     head.wake.notify_one();
     if let Some(next) = queue.get(1) {
         next.wake.notify_one();
@@ -167,9 +227,11 @@ impl Drop for Shared {
 }
 
 impl Waiting {
-    pub(super) fn new() -> Waiting {
+    /// The waiting of the backend called `name` in the waiters table.
+    pub(super) fn new(name: String) -> Waiting {
         Waiting {
             shared: Arc::new(Shared {
+                name,
                 state: Mutex::default(),
                 listener: Mutex::new(None),
                 listening_changed: Notify::new(),
@@ -195,7 +257,12 @@ impl Waiting {
     /// statement that granted it.
     pub(super) fn in_line(&self, key: &[u8], in_line: bool) {
         let mut state = self.shared.state();
-        if in_line {
+        if in_line && !state.queues.contains_key(key) {
+            // Kept for waiters that have all left since: given up, as their last one would.
+            state.in_line.remove(key);
+            state.leaving.insert(key.to_vec());
+            self.shared.places_left.notify_one();
+        } else if in_line {
             state.leaving.remove(key);
             state.in_line.insert(key.to_vec());
         } else {
@@ -247,15 +314,86 @@ impl Waiting {
         self.shared.places_left.notified().await;
     }
 
-    /// Queues a waiter for `key`, last. Dropping the place leaves the queue.
-    pub(super) fn join(&self, key: &[u8]) -> Place {
-        let wake = Arc::new(Notify::new());
-        enqueue(&mut self.shared.state(), key, &wake);
-        Place {
+    /// Queues `owner`, waiting for `key` with a lease of `ttl_us`, last. Dropping the place
+    /// leaves the queue.
+    pub(super) fn join(&self, key: &[u8], owner: &str, ttl_us: i64) -> Place {
+        let place = Place {
             shared: self.shared.clone(),
             key: key.to_vec(),
-            wake,
+            wake: Arc::new(Notify::new()),
+            lost: Arc::default(),
+            owner: Arc::from(owner),
+            ttl_us,
+        };
+        enqueue(&mut self.shared.state(), &place);
+        place
+    }
+
+    /// The waiter a release of `key` by this backend is to hand the key to: the head of its
+    /// queue, at rest (no try of its own under way, which could be granted beside the hand-off)
+    /// and its turn not lapsed. Until [`settle`](Self::settle) says how the hand-off went, it
+    /// starts no try and is not passed over (the release's statement is bounded in time: see
+    /// `HAND_OVER_PATIENCE`).
+    pub(super) fn offer(&self, key: &[u8]) -> Option<Offered> {
+        let now = Instant::now();
+        let mut state = self.shared.state();
+        let queue = state.queues.get_mut(key)?;
+        let others_behind = queue.len() > 1;
+        let head = queue.front_mut()?;
+        if head.trying_since.is_some() || !matches!(head.offer, Offer::None) || head.lapsed(now) {
+            return None;
         }
+        head.offer = Offer::InFlight;
+        head.due = None;
+        head.trying_since = None;
+        Some(Offered {
+            wake: head.wake.clone(),
+            lost: head.lost.clone(),
+            owner: head.owner.clone(),
+            ttl_us: head.ttl_us,
+            others_behind,
+        })
+    }
+
+    /// Tells the waiter `offered` that its hand-over ended without a known answer: its
+    /// acquisition fails at its next poll (see [`Place::hand_over_lost`]), and its turn is over
+    /// (passed over 1 s on if it is not polled), so the waiters behind it go on.
+    pub(super) fn hand_over_lost(&self, key: &[u8], offered: &Offered) {
+        offered.lost.store(true, Ordering::SeqCst);
+        let _ = self.settle(key, offered, None);
+        offered.wake.notify_one();
+    }
+
+    /// Tells the waiter `offered` how its hand-off went: `Some`, it holds the key once it
+    /// claims the grant; `None`, it does not, and tries now. `Err` where the waiter is gone
+    /// (its future dropped, or passed over), with the grant, for the caller to undo.
+    pub(super) fn settle(
+        &self,
+        key: &[u8],
+        offered: &Offered,
+        handed: Option<Handed>,
+    ) -> Result<(), Option<Handed>> {
+        let now = Instant::now();
+        let mut state = self.shared.state();
+        let Some(waiter) = state
+            .queues
+            .get_mut(key)
+            .and_then(|queue| queue.iter_mut().find(|waiter| waiter.is(&offered.wake)))
+        else {
+            return Err(handed);
+        };
+        if !matches!(waiter.offer, Offer::InFlight) {
+            // Passed over while the release was on its way, and queued again since: a new
+            // entry, which no release offered the key to.
+            return Err(handed);
+        }
+        waiter.offer = handed.map_or(Offer::None, Offer::Handed);
+        // Due now: to claim the grant, or to try. A waiter that does not come for its grant
+        // within its turn is passed over, which withdraws the grant.
+        waiter.trying_since = None;
+        waiter.due = Some(now);
+        waiter.wake.notify_one();
+        Ok(())
     }
 
     /// The generation of the listening connection, while one listens: a notification sent
@@ -308,12 +446,16 @@ impl Waiting {
     }
 }
 
-/// Queues `wake` last for `key`; at the head at once, it is due to try now.
-fn enqueue(state: &mut State, key: &[u8], wake: &Arc<Notify>) {
-    let queue = state.queues.entry(key.to_vec()).or_default();
+/// Queues `place`'s waiter last for its key; at the head at once, it is due to try now.
+fn enqueue(state: &mut State, place: &Place) {
+    let queue = state.queues.entry(place.key.clone()).or_default();
     let due = queue.is_empty().then(Instant::now);
     queue.push_back(Waiter {
-        wake: wake.clone(),
+        wake: place.wake.clone(),
+        lost: place.lost.clone(),
+        owner: place.owner.clone(),
+        ttl_us: place.ttl_us,
+        offer: Offer::None,
         due,
         trying_since: None,
     });
@@ -324,6 +466,9 @@ pub(super) struct Place {
     shared: Arc<Shared>,
     key: Vec<u8>,
     wake: Arc<Notify>,
+    lost: Arc<AtomicBool>,
+    owner: Arc<str>,
+    ttl_us: i64,
 }
 
 impl Place {
@@ -337,7 +482,7 @@ impl Place {
             .get(&self.key)
             .is_some_and(|queue| queue.iter().any(|waiter| waiter.is(&self.wake)));
         if !queued {
-            enqueue(&mut state, &self.key, &self.wake);
+            enqueue(&mut state, self);
         }
         let Some(queue) = state.queues.get_mut(&self.key) else {
             return Turn::Head; // Unreachable: it was just queued.
@@ -349,7 +494,11 @@ impl Place {
             tracing::debug!(
                 "distributed_lock: a PostgreSQL waiter did not take its turn; passed over"
             );
-            queue.pop_front();
+            // Told, so that polled again it queues again at once, rather than rest (its wake-ups
+            // go to the queue's waiters only) until its own pause or deadline runs out.
+            if let Some(passed_over) = queue.pop_front() {
+                passed_over.wake.notify_one();
+            }
             if queue.front().is_some_and(|head| head.is(&self.wake)) {
                 return Turn::Head;
             }
@@ -358,12 +507,41 @@ impl Place {
         Turn::Behind(queue.front().and_then(Waiter::lapses_at))
     }
 
-    /// Says this head is starting a try.
-    pub(super) fn trying(&self) {
-        self.change(|waiter| {
-            waiter.due = None;
-            waiter.trying_since = Some(Instant::now());
-        });
+    /// Whether a release that was handing this waiter the key lost its answer: whether the key
+    /// is this waiter's is unknown, and its acquisition fails rather than try again under the
+    /// same owner (the release's clean-up deletes by that owner what it may have written, and a
+    /// late copy of that delete must find no lease of this owner to take).
+    pub(super) fn hand_over_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// What this head is to do: claim a key a release handed it, wait while a release is
+    /// handing it over, or else try (and its try starts now).
+    pub(super) fn start_try(&self) -> Start {
+        let mut start = Start::Try;
+        self.change(
+            |waiter| match std::mem::replace(&mut waiter.offer, Offer::None) {
+                Offer::Handed(handed) => start = Start::Handed(handed),
+                Offer::InFlight => {
+                    waiter.offer = Offer::InFlight;
+                    start = Start::Wait;
+                }
+                Offer::None => {
+                    waiter.due = None;
+                    waiter.trying_since = Some(Instant::now());
+                }
+            },
+        );
+        start
+    }
+
+    /// Whether other waiters of this backend wait for the key behind this one.
+    pub(super) fn others_behind(&self) -> bool {
+        self.shared
+            .state()
+            .queues
+            .get(&self.key)
+            .is_some_and(|queue| queue.iter().any(|waiter| !waiter.is(&self.wake)))
     }
 
     /// Says this head, its try done, is due to try again at `until` at the latest; the waiter
@@ -402,8 +580,17 @@ impl Place {
     }
 }
 
-impl Drop for Place {
-    fn drop(&mut self) {
+impl Place {
+    /// Leaves the queue holding the key, its lease running out at `expires`: the next waiter
+    /// rests until then rather than try now, which would only find the key busy (and, mid-try
+    /// as the holder releases, miss the key the release would have handed it). A release
+    /// announced, or handed to it, wakes it sooner.
+    pub(super) fn holds_until(self, expires: Instant) {
+        self.leave(Some(expires));
+    }
+
+    /// Leaves the queue; the next head is due to try at `next_due`, or now.
+    fn leave(&self, next_due: Option<Instant>) {
         let mut state = self.shared.state();
         let Some(queue) = state.queues.get_mut(&self.key) else {
             return;
@@ -419,9 +606,24 @@ impl Drop for Place {
                 self.shared.places_left.notify_one();
             }
         } else if was_head {
-            // The next waiter's turn to ask the database.
-            state.wake_head(&self.key);
+            match (next_due, queue.front_mut()) {
+                (Some(due), Some(next)) => {
+                    next.due = Some(due);
+                    // The waiter behind it looks again when its turn lapses.
+                    if let Some(behind) = queue.get(1) {
+                        behind.wake.notify_one();
+                    }
+                }
+                // The next waiter's turn to ask the database.
+                _ => state.wake_head(&self.key),
+            }
         }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.leave(None);
     }
 }
 
@@ -458,7 +660,7 @@ async fn listen(weak: Weak<Shared>, options: PgConnectOptions, channel: String, 
                 // `Ok(None)`: the connection was lost; `Err`: it failed otherwise.
                 while let Ok(Some(notification)) = listener.try_recv().await {
                     let Some(shared) = weak.upgrade() else { return };
-                    if let Some(key) = decode_hex(notification.payload()) {
+                    if let Some(key) = released_key(notification.payload(), &shared.name) {
                         shared.state().wake_head(&key);
                     }
                 }
@@ -489,7 +691,20 @@ async fn connect(pool: &sqlx::PgPool, channel: &str) -> Result<PgListener, sqlx:
     Ok(listener)
 }
 
-/// Reads a notification's payload: the released key, hex-encoded.
+/// The key a notification's payload says was released, or handed over: the key hex-encoded,
+/// and after a hand-off a space and the name of the backend that handed it to its own waiter.
+/// `None` for a payload this backend is to pass by: its own hand-offs (its queue knows), and
+/// what it cannot read.
+fn released_key(payload: &str, own_name: &str) -> Option<Vec<u8>> {
+    let key = match payload.split_once(' ') {
+        Some((_, from)) if from == own_name => return None,
+        Some((key, _)) => key,
+        None => payload,
+    };
+    decode_hex(key)
+}
+
+/// Reads a hex-encoded key.
 fn decode_hex(payload: &str) -> Option<Vec<u8>> {
     let digit = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
     let bytes = payload.as_bytes();
@@ -504,7 +719,7 @@ fn decode_hex(payload: &str) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{decode_hex, Place, Turn, Waiting};
+    use super::{decode_hex, released_key, Place, Turn, Waiting};
 
     fn is_head(place: &Place) -> bool {
         matches!(place.turn(), Turn::Head)
@@ -517,14 +732,17 @@ mod tests {
         assert_eq!(decode_hex(""), Some(vec![]));
         assert_eq!(decode_hex("6"), None);
         assert_eq!(decode_hex("zz"), None);
+        assert_eq!(released_key("6a 0123", "4567"), Some(vec![0x6a]));
+        assert_eq!(released_key("6a 0123", "0123"), None);
+        assert_eq!(released_key("6a", "0123"), Some(vec![0x6a]));
     }
 
     #[tokio::test]
     async fn waiters_take_turns_in_arrival_order() {
-        let waiting = Waiting::new();
-        let first = waiting.join(b"k");
-        let second = waiting.join(b"k");
-        let third = waiting.join(b"k");
+        let waiting = Waiting::new("w".to_owned());
+        let first = waiting.join(b"k", "1", 1);
+        let second = waiting.join(b"k", "2", 1);
+        let third = waiting.join(b"k", "3", 1);
         assert!(is_head(&first) && !is_head(&second) && !is_head(&third));
         assert!(waiting.has_waiters(b"k") && !waiting.has_waiters(b"other"));
         // A waiter that leaves from the middle hands nothing on; the head's leaving does.

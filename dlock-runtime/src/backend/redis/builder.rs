@@ -300,7 +300,8 @@ impl RedisBuilder {
     /// within the [connect timeout](Self::connect_timeout), refuses the credentials, does not
     /// answer within the [response timeout](Self::response_timeout), or is older than Redis 6.2;
     /// [`LockError::InvalidOptions`] where it may evict keys (see
-    /// [`allow_eviction`](Self::allow_eviction)).
+    /// [`allow_eviction`](Self::allow_eviction)), or where the user may not publish on the
+    /// lock channels (an ACL user without `&<prefix>*` or `allchannels`).
     ///
     /// # Cancel safety
     ///
@@ -325,6 +326,7 @@ impl RedisBuilder {
         if !allow_eviction {
             backend.refuse_eviction().await?;
         }
+        backend.refuse_unpublishable().await?;
         Ok(backend)
     }
 }

@@ -103,7 +103,9 @@
 //!    waiters of the same backend wait for the key already (or did less than a second ago): it
 //!    then goes straight to step 2, whose first call takes a free key all the same.
 //! 2. If the key is busy, it makes sure the backend's channel is subscribed on its one pub/sub
-//!    connection (one `SUBSCRIBE` per connection, whatever the keys waited for), then runs the
+//!    connection (one `SUBSCRIBE` per connection, whatever the keys waited for; a subscription
+//!    that takes longer than a moment goes on in the background, and the waiter polls again
+//!    once it is done, while failures back off, shared by the backend's waiters), then runs the
 //!    acquire script in queueing mode, which appends its owner to the key's queue, unmarks the
 //!    lock, and sets its waiter key (its *claim window*, its backend's id and the number of the
 //!    call, with a PX of the *liveness window*). The claim window is the liveness window, or the
@@ -182,7 +184,9 @@
 //!
 //! `redis://[[user]:password@]host[:port][/db][?min_replicas=n]`, as redis-rs reads it:
 //! `redis://:secret@host` authenticates with a password, `redis://user:secret@host` as an ACL
-//! user; `min_replicas` is dlock's (see *Fail-over*). `rediss://` is the same over TLS, and
+//! user; `min_replicas` is dlock's (see *Fail-over*). An ACL user needs the lock channels
+//! besides the keys: `&dlock:*` for the default prefix, or `allchannels` (Redis 7 gives a new
+//! user no channel), which `connect` checks. `rediss://` is the same over TLS, and
 //! needs the `redis-tls` feature (`dlock-rs = { version = "0.1", features = ["redis-tls"] }`).
 //! TLS comes from rustls with the `ring` provider, which builds with a C compiler but no system
 //! libraries or cmake; it is not on by default because it makes a clean build of dlock much
@@ -393,6 +397,44 @@ impl RedisBackend {
                 ),
             }),
         }
+    }
+
+    /// Refuses a user who may not `PUBLISH` on the lock channels, as Redis 7 makes a new ACL
+    /// user (`acl-pubsub-default resetchannels`): the release script would hand a lock to a
+    /// waiter of another process, then fail on its `PUBLISH` (a script's writes stay), so the
+    /// release errs though it handed the lock on; and waiters could not subscribe. Probed with a
+    /// `PUBLISH` to this backend's own channel, the one its waiters subscribe to and releases
+    /// publish on, with an empty message (which names no waiter, so wakes nobody even where one
+    /// listens); a failure other than `NOPERM` (a proxy without pub/sub, say) passes, as with
+    /// the eviction check.
+    async fn refuse_unpublishable(&self) -> Result<(), LockError> {
+        let channel = self.inner.subscriber.channel();
+        let probed = self
+            .inner
+            .conn
+            .run("PUBLISH", move |mut conn| async move {
+                let published = conn
+                    .req_packed_command(redis::cmd("PUBLISH").arg(channel).arg(""))
+                    .await
+                    .and_then(Value::extract_error);
+                match published {
+                    Ok(_) => Ok(None),
+                    Err(error) if error.code() == Some("NOPERM") => Ok(Some(error.to_string())),
+                    Err(error) => Err(error),
+                }
+            })
+            .await;
+        let Ok(Some(refusal)) = probed else {
+            return Ok(());
+        };
+        let prefix = self.inner.layout.prefix();
+        Err(LockError::InvalidOptions {
+            reason: format!(
+                "the Redis user may not publish on dlock's lock channels ({refusal}): a release that hands a lock to a waiter \
+                 of another process would fail after the hand-off, and waiters could not be woken. Grant the user the channels \
+                 of the key prefix (`ACL SETUSER <user> &{prefix}*`) or every channel (`allchannels`)"
+            ),
+        })
     }
 
     /// Checks that the server answers (and accepted the credentials).

@@ -9,7 +9,18 @@
 //! through this backend wakes a waiter of the same backend directly
 //! ([`Subscriber::wake_local`]) and publishes nothing. When the connection drops, every waiter
 //! is woken, without a grant, to look at the lock again (a message may have been missed), and
-//! the next one to wait reconnects and subscribes again.
+//! the next one to wait reconnects and subscribes again. A connection that carried no message
+//! for five timeouts is pinged, and counts as dropped unless it answers in time: it only
+//! receives, and could otherwise go silent (a NAT that forgot it) without anyone noticing.
+//!
+//! Connecting and subscribing never hold up a waiter's polls for more than a moment (the
+//! `grace` of [`Subscription::ensure`]): the attempt runs on the background runtime, and a
+//! waiter that finds it still under way polls meanwhile — the polls keep its waiter key alive,
+//! and its claim of a key handed to it is one of them — then polls again once it subscribed, to
+//! catch a message sent before. An attempt that fails (the server refuses the SUBSCRIBE, as for
+//! an ACL user without the channel; a connection that cannot be made) makes every waiter of the
+//! backend wait a pause before the next, 100 ms doubling up to 2 s, and polls on its timer
+//! meanwhile: a waiter never loops on a failing SUBSCRIBE, nor opens a connection each time.
 //!
 //! (An older dlock subscribed to a channel per lock, `<lock>:ch`, and its releases publish
 //! `<owner>` there. A waiter of this backend does not hear those: during an upgrade, a lock an
@@ -23,7 +34,7 @@ use futures_util::StreamExt;
 use redis::aio::PubSubSink;
 use redis::RedisError;
 use tokio::sync::Notify;
-use tokio::task::AbortHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 
 use super::scripts::{Grant, HandOff};
 use crate::background;
@@ -72,7 +83,18 @@ struct State {
     reader: Option<AbortHandle>,
     /// Which server to try first.
     next_client: usize,
+    /// After an attempt to connect or subscribe failed: when the next may start, and the pause
+    /// that was waited, which doubles with each failure in a row.
+    retry: Option<(Instant, Duration)>,
 }
+
+/// How many timeouts (the longer of the connect and response timeouts) of silence on the
+/// pub/sub connection pass before it is pinged: 15 s by default.
+const PING_AFTER_TIMEOUTS: u32 = 5;
+
+/// The pause after a first failed attempt to connect or subscribe, and the longest.
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const LAST_RETRY: Duration = Duration::from_secs(2);
 
 struct KeyWaiters {
     count: usize,
@@ -114,6 +136,24 @@ impl State {
         let current = self.sink.as_ref().map(|(generation, _)| *generation);
         current.is_some() && self.subscribed == current
     }
+
+    /// An error while the pause after a failed attempt lasts.
+    fn pausing(&self) -> Result<(), RedisError> {
+        match self.retry {
+            Some((not_before, _)) if Instant::now() < not_before => Err(RedisError::from(
+                std::io::Error::other("pub/sub failed a moment ago; trying again after a pause"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts a failed attempt: the next waits a pause twice the last one's.
+    fn failed(&mut self) {
+        let pause = self
+            .retry
+            .map_or(FIRST_RETRY, |(_, last)| (last * 2).min(LAST_RETRY));
+        self.retry = Some((Instant::now() + pause, pause));
+    }
 }
 
 impl Shared {
@@ -146,9 +186,15 @@ impl Subscriber {
         }
     }
 
+    /// This backend's channel.
+    pub(super) fn channel(&self) -> &str {
+        &self.shared.channel
+    }
+
     /// Registers a waiter for `owner` on the key whose channel name is `key`. Call
-    /// [`Subscription::ensure`] before the waiter enqueues, so the message that hands it the
-    /// lock cannot come before the SUBSCRIBE.
+    /// [`Subscription::ensure`] before each of the waiter's polls, and wait with
+    /// [`Subscription::wait`], so that a message that hands it the lock is either received or
+    /// came before a poll that finds the lock its owner's.
     pub(super) fn register(&self, key: String, owner: String) -> Subscription {
         let wake = Arc::new(Wake::default());
         let mut state = self.shared.state();
@@ -172,6 +218,7 @@ impl Subscriber {
             key,
             owner,
             wake,
+            attempt: None,
         }
     }
 
@@ -200,52 +247,54 @@ pub(super) struct Subscription {
     key: String,
     owner: String,
     wake: Arc<Wake>,
+    /// An attempt to subscribe still under way when this waiter last polled.
+    attempt: Option<JoinHandle<Result<(), RedisError>>>,
 }
 
 impl Subscription {
     /// Makes sure the backend's channel is subscribed on a live connection, connecting if need
-    /// be. Cheap (no I/O) when it already is.
-    pub(super) async fn ensure(&mut self) -> Result<(), RedisError> {
+    /// be. Cheap (no I/O) when it already is, and while the pause after a failed attempt lasts
+    /// (the error says so).
+    ///
+    /// The attempt runs on the background runtime; this waits for it for `grace` at most, then
+    /// answers `Ok` with the attempt still under way: the waiter polls now (queueing before it
+    /// is subscribed), and [`wait`](Self::wait) returns once the attempt subscribed, so that the
+    /// poll after it finds a hand-off whose message came before the SUBSCRIBE.
+    pub(super) async fn ensure(&mut self, grace: Duration) -> Result<(), RedisError> {
         if self.shared.state().is_subscribed() {
+            self.attempt = None;
             return Ok(());
         }
-        let _ops = self.shared.ops.lock().await;
-        if self.shared.state().is_subscribed() {
+        if self.attempt.as_ref().is_some_and(|a| !a.is_finished()) {
             return Ok(());
         }
-        let current = self.shared.state().sink.clone();
-        let (generation, mut sink) = match current {
-            Some(current) => current,
-            None => connect(&self.shared).await?,
-        };
-        let subscribed =
-            tokio::time::timeout(self.shared.timeout, sink.subscribe(&self.shared.channel)).await;
-        match subscribed {
-            Ok(Ok(())) => {
-                let mut state = self.shared.state();
-                if state.sink.as_ref().map(|(g, _)| *g) == Some(generation) {
-                    state.subscribed = Some(generation);
-                }
-                Ok(())
-            }
-            Ok(Err(error)) => {
-                drop_connection(&self.shared, generation);
-                Err(error)
-            }
+        self.attempt = None;
+        self.shared.state().pausing()?;
+        let mut attempt = background::handle().spawn(subscribe(self.shared.clone()));
+        match tokio::time::timeout(grace, &mut attempt).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(join)) => Err(RedisError::from(std::io::Error::other(join.to_string()))),
             Err(_) => {
-                drop_connection(&self.shared, generation);
-                Err(RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "SUBSCRIBE timed out",
-                )))
+                self.attempt = Some(attempt);
+                Ok(())
             }
         }
     }
 
-    /// Resolves when a message hands the lock to this waiter, or the connection dropped (a
-    /// message may have been missed). A wake-up that came before this call is not lost.
-    pub(super) async fn woken(&self) {
-        self.wake.notify.notified().await;
+    /// Resolves when a message hands the lock to this waiter, the connection dropped (a message
+    /// may have been missed), the attempt to subscribe that was under way when it last polled
+    /// subscribed (a message may have come before), or `until`. A wake-up that came before this
+    /// call is not lost.
+    pub(super) async fn wait(&mut self, until: Instant) {
+        let sleep = tokio::time::sleep_until(until.into());
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                () = self.wake.notify.notified() => return,
+                () = &mut sleep => return,
+                subscribed = settled(&mut self.attempt) => if subscribed { return },
+            }
+        }
     }
 
     /// The grant a hand-off left this waiter, if one did since the last call: taken, so that
@@ -257,6 +306,71 @@ impl Subscription {
             .unwrap_or_else(|p| p.into_inner())
             .take()
     }
+}
+
+/// Resolves when `attempt` ends, saying whether it subscribed, and clears it; pends where there
+/// is none.
+async fn settled(attempt: &mut Option<JoinHandle<Result<(), RedisError>>>) -> bool {
+    let Some(running) = attempt else {
+        return std::future::pending().await;
+    };
+    let result = running.await;
+    *attempt = None;
+    matches!(result, Ok(Ok(())))
+}
+
+/// One attempt to subscribe the backend's channel, connecting first if need be, made on the
+/// background runtime so that no waiter waits for it longer than it chooses to. Attempts queue
+/// on `ops`; each one looks again, once its turn comes, whether it is still needed, and whether
+/// the pause after a failure lasts.
+async fn subscribe(shared: Arc<Shared>) -> Result<(), RedisError> {
+    let _ops = shared.ops.lock().await;
+    let current = {
+        let state = shared.state();
+        if state.is_subscribed() || state.waiters.is_empty() {
+            // Subscribed meanwhile for another waiter, or no waiter needs it any more.
+            return Ok(());
+        }
+        state.pausing()?;
+        state.sink.clone()
+    };
+    let (generation, mut sink) = match current {
+        Some(current) => current,
+        None => match connect(&shared).await {
+            Ok(connected) => connected,
+            Err(error) => {
+                shared.state().failed();
+                return Err(error);
+            }
+        },
+    };
+    let subscribed = tokio::time::timeout(shared.timeout, sink.subscribe(&shared.channel)).await;
+    let error = match subscribed {
+        Ok(Ok(())) => {
+            let mut state = shared.state();
+            if state.sink.as_ref().map(|(g, _)| *g) == Some(generation) {
+                state.subscribed = Some(generation);
+            }
+            state.retry = None;
+            return Ok(());
+        }
+        // The server refused it (a user without the channel, say): the connection is sound, and
+        // no message was lost with it, so it stays, and nobody is woken.
+        Ok(Err(error)) if error.code().is_some() => error,
+        Ok(Err(error)) => {
+            drop_connection(&shared, generation);
+            error
+        }
+        Err(_) => {
+            drop_connection(&shared, generation);
+            RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "SUBSCRIBE timed out",
+            ))
+        }
+    };
+    shared.state().failed();
+    Err(error)
 }
 
 impl Drop for Subscription {
@@ -305,12 +419,34 @@ async fn connect(shared: &Arc<Shared>) -> Result<(u64, PubSubSink), RedisError> 
         state.next_client = index;
         let generation = state.generation;
         let weak: Weak<Shared> = Arc::downgrade(shared);
+        let mut pinger = sink.clone();
         let reader = background::handle().spawn(async move {
-            while let Some(message) = stream.next().await {
-                let Some(shared) = weak.upgrade() else { return };
-                let payload = String::from_utf8_lossy(message.get_payload_bytes());
-                let (owner, grant) = HandOff::parse(&payload);
-                shared.state().wake(owner, grant);
+            // The connection only receives, so one that went silent without closing (a NAT
+            // that forgot it, a peer gone without a word) would never be noticed: after a
+            // while without a message it is pinged, and dropped unless it answers in time.
+            let silence = timeout * PING_AFTER_TIMEOUTS;
+            let mut heard = tokio::time::Instant::now();
+            loop {
+                let pinged = async {
+                    tokio::time::sleep_until(heard + silence).await;
+                    tokio::time::timeout(timeout, pinger.ping::<redis::Value>()).await
+                };
+                tokio::select! {
+                    message = stream.next() => {
+                        let Some(message) = message else { break };
+                        let Some(shared) = weak.upgrade() else { return };
+                        let payload = String::from_utf8_lossy(message.get_payload_bytes());
+                        let (owner, grant) = HandOff::parse(&payload);
+                        shared.state().wake(owner, grant);
+                    }
+                    answer = pinged => {
+                        if !matches!(answer, Ok(Ok(_))) {
+                            tracing::debug!("distributed_lock: redis pub/sub connection did not answer a PING");
+                            break;
+                        }
+                    }
+                }
+                heard = tokio::time::Instant::now();
             }
             if let Some(shared) = weak.upgrade() {
                 drop_connection(&shared, generation);

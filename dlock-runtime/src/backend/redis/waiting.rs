@@ -15,6 +15,11 @@ use crate::{LockError, Owner};
 /// window.
 const FIRST_POLL: Duration = Duration::from_millis(250);
 
+/// How long a waiter lets an attempt to subscribe run before it polls all the same: longer
+/// than a SUBSCRIBE takes on a working connection, or a new connection to a server that
+/// answers, so that it then polls once only; far shorter than a waiter key lives.
+const SUBSCRIBE_GRACE: Duration = Duration::from_millis(100);
+
 impl RedisBackend {
     /// Waits for a busy key in its queue, until it is handed over or `deadline` passes.
     pub(super) async fn wait_in_queue(
@@ -35,12 +40,21 @@ impl RedisBackend {
             owner: request.owner,
             armed: true,
         };
-        let mut backoff = Backoff::new(FIRST_POLL, self.inner.liveness / 3, request.owner);
+        // A hand-off grants the key for the waiter's claim window (the liveness window, or the
+        // ttl where shorter): a waiter whose message is lost (not subscribed yet, pub/sub down)
+        // finds the grant by its fallback poll, which therefore comes within a third of that
+        // window, not of the liveness window alone.
+        let claim_window = self.inner.liveness.min(request.ttl);
+        let mut backoff = Backoff::new(FIRST_POLL, claim_window / 3, request.owner);
+        // Subscribing waits no longer than this before the poll: the polls keep the waiter key
+        // alive, and a claim is one of them.
+        let grace = SUBSCRIBE_GRACE.min(claim_window / 10);
         let mut calls = SentCalls::default();
         loop {
             // Subscribed before the script queues this waiter, so the hand-off's message cannot
-            // come first. Without pub/sub (it failed), the timer below still finds the hand-off.
-            if let Err(error) = subscription.ensure().await {
+            // come first; or, where that takes longer, polled again once subscribed. Without
+            // pub/sub (it failed), the timer below still finds the hand-off.
+            if let Err(error) = subscription.ensure(grace).await {
                 tracing::debug!(%error, key = request.key, "distributed_lock: redis subscribe failed; polling meanwhile");
             }
             let sent_at = Instant::now();
@@ -84,10 +98,7 @@ impl RedisBackend {
                         // the lapse of a grant to a waiter before it that never claimed it.
                         until = until.min(now + pttl);
                     }
-                    tokio::select! {
-                        () = subscription.woken() => {}
-                        () = tokio::time::sleep_until(until.into()) => {}
-                    }
+                    subscription.wait(until).await;
                     if let Some(grant) = subscription.take_grant() {
                         if let Some(acquired) = self.start_on_hand_off(request, grant, &calls) {
                             guard.armed = false;
