@@ -404,6 +404,31 @@ async fn a_user_who_may_not_publish_on_the_lock_channels_is_refused() {
     set_acl_user(&mut raw, "&dlock:*").await;
     let granted = RedisBackend::connect(&url).await;
     assert!(granted.is_ok(), "{:?}", granted.map(drop));
+
+    // And with the prefix's channels alone, a release hands the key to a waiter of another
+    // process: its message goes out on a channel the user may publish on.
+    let holding = Locker::connect(&url).await.unwrap();
+    let waiting = Locker::connect(&url).await.unwrap();
+    let key = unique_key("acl-hand-off");
+    let holder = holding.lock(&*key, LockOptions::new()).await.unwrap();
+    let waiter = spawn_lock(
+        &waiting,
+        &key,
+        LockOptions::new().wait(Duration::from_secs(30)),
+    );
+    crate::wait_for_queue_length(&mut raw, &redis.names.queue_key(&key), 1).await;
+    waiters_channel(&mut raw).await;
+    let released = holder.release().await;
+    assert!(
+        released.is_ok(),
+        "a release to a waiter of another process failed under `&dlock:*`: {released:?}"
+    );
+    let lease = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter never got the key")
+        .unwrap()
+        .unwrap();
+    lease.release().await.unwrap();
 }
 
 /// A waiter whose SUBSCRIBE the server refuses (its user lost the channels after `connect`)

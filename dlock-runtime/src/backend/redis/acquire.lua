@@ -1,16 +1,17 @@
 -- Acquire: one round trip.
 --
 -- KEYS: the lock, its fence counter, its queue (see common.lua).
--- ARGV[1] this owner; ARGV[2] the ttl in ms; then, for a waiter's calls, ARGV[3] the liveness
--- window in ms, ARGV[4] the id of the waiter's backend and ARGV[5] the number of this call
+-- ARGV[1] this owner; ARGV[2] the ttl in ms; ARGV[3] the key prefix (which names the waiters'
+-- channels, see `hand_to` in common.lua); then, for a waiter's calls, ARGV[4] the liveness
+-- window in ms, ARGV[5] the id of the waiter's backend and ARGV[6] the number of this call
 -- among the waiter's: queue up when the lock is busy (refreshing this waiter's liveness), or,
--- where the window is 0, leave the queue. A first try (no ARGV[3]) is in no queue.
+-- where the window is 0, leave the queue. A first try (no ARGV[4]) is in no queue.
 --
 -- Returns the fence (an integer) when the lock is this owner's, else {the lock's PTTL where this
 -- owner heads the queue, else -1; 1 if it heads the queue, else 0}. A lock that a release handed
 -- to this owner is claimed here: found this owner's, it is extended to the full ttl.
 local lock, counter, queue = KEYS[1], KEYS[2], KEYS[3]
-local owner, ttl, liveness, instance, call = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local owner, ttl, prefix, liveness, instance, call = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 
 --!grant
 

@@ -278,7 +278,7 @@ impl RedisBuilder {
                 subscriber: Subscriber::new(
                     subscribe_on,
                     self.connect_timeout.max(self.response_timeout),
-                    subscriber::channel_of(&instance),
+                    subscriber::channel_of(layout.prefix(), &instance),
                 ),
                 instance,
                 layout,

@@ -12,6 +12,9 @@
 -- `queue`   KEYS[3], the owners waiting for the lock, in arrival order; it exists only while
 --           someone waits
 -- `owner`   ARGV[1], the owner the call is for
+-- `prefix`  the backend's key prefix: the lock's name starts with it, and so do the waiters'
+--           channels, so that an ACL user granted the prefix's channels (`&<prefix>*`) may
+--           publish on them
 --
 -- Every grant counts its fence and sets the lock to its owner in one step, so while the lock
 -- holds an owner, the counter holds the fence of that owner's grant: an owner's fence is read
@@ -68,7 +71,7 @@ local function pop_live_head()
 end
 
 -- Hands the (free) lock to waiter `head`, whose waiter key held `waiter`, for its claim window
--- only, and tells it on the channel of its backend, `dlock-waiters:<instance>`: `<owner> <fence>
+-- only, and tells it on the channel of its backend, `<prefix>waiters:<instance>`: `<owner> <fence>
 -- <call>`, where `<call>` is the number of the waiter's call that last wrote its waiter key.
 -- That call reached the server before this grant, so the grant lasts at least the claim window
 -- from the moment the waiter sent it: a waiter that sent it recently enough starts on the
@@ -87,7 +90,7 @@ local function hand_to(head, waiter, skip_publish_for)
   if call == '' then
     redis.call('PUBLISH', lock .. ':ch', head)
   elseif instance ~= skip_publish_for then
-    redis.call('PUBLISH', 'dlock-waiters:' .. instance, head .. ' ' .. string.format('%.0f', n) .. ' ' .. call)
+    redis.call('PUBLISH', prefix .. 'waiters:' .. instance, head .. ' ' .. string.format('%.0f', n) .. ' ' .. call)
   end
   return n, call
 end

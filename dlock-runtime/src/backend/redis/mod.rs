@@ -29,8 +29,9 @@
 //! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: `<claim window in ms> <backend id> <call>` (the number of the waiter's call that wrote it), kept alive while it waits |
 //! | `P{K}:x:<owner>` | string, with PX 60 s | an acquisition cancelled by its caller (see below): an acquire call of that owner that reaches the server after the undo takes no effect |
 //!
-//! and every backend listens on a pub/sub channel of its own, `dlock-waiters:<backend id>`,
-//! where a release that hands a lock to one of its waiters says so: `<owner> <fence> <call>`.
+//! and every backend listens on a pub/sub channel of its own, `Pwaiters:<backend id>` (under the
+//! prefix, like the keys), where a release that hands a lock to one of its waiters says so:
+//! `<owner> <fence> <call>`.
 //!
 //! So `redis-cli GET 'dlock:{acct:42}'` shows who holds `acct:42`. Rendered keys never contain
 //! `{` or `}` from placeholder values, which are percent-encoded; a brace written in a key
@@ -459,8 +460,11 @@ impl RedisBackend {
         call: u64,
     ) -> Result<Attempt, LockError> {
         let mut invocation = keys.call(&ACQUIRE);
-        invocation.arg(lease_millis(ttl));
-        // A first try passes no more than the ttl: the uncontended path reads nothing else.
+        invocation
+            .arg(lease_millis(ttl))
+            .arg(self.inner.layout.prefix());
+        // A first try passes no more than the ttl and the prefix (for a hand-off's message, where
+        // it finds the lock lapsed with waiters queued): the uncontended path reads the ttl only.
         match mode {
             Mode::FirstTry => {}
             Mode::Queue => {
@@ -505,7 +509,8 @@ impl RedisBackend {
         }
         let keys = self.inner.layout.lock_keys(key, owner);
         let mut call = keys.call(&RELEASE);
-        call.arg(&self.inner.instance);
+        call.arg(&self.inner.instance)
+            .arg(self.inner.layout.prefix());
         let reply = self
             .inner
             .conn

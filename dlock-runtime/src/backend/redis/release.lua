@@ -1,7 +1,8 @@
 -- Release, and leaving the queue: one round trip.
 --
 -- KEYS: the lock, its fence counter, its queue (see common.lua).
--- ARGV[1] this owner; ARGV[2] the id of the calling backend, whose own waiters it wakes itself.
+-- ARGV[1] this owner; ARGV[2] the id of the calling backend, whose own waiters it wakes itself;
+-- ARGV[3] the key prefix (which names the waiters' channels, see `hand_to` in common.lua).
 --
 -- Where this owner holds the lock, hands it to the first live waiter, or deletes it where nobody
 -- waits. Else marks this owner's acquisition cancelled, takes it out of the queue, and hands on
@@ -10,7 +11,7 @@
 -- the owner it went to, its fence, the number of that waiter's call the grant read ('' if
 -- none)}.
 local lock, counter, queue = KEYS[1], KEYS[2], KEYS[3]
-local owner, instance = ARGV[1], ARGV[2]
+local owner, instance, prefix = ARGV[1], ARGV[2], ARGV[3]
 
 local holder = redis.call('GET', lock)
 -- The uncontended path, on its own: two commands. A lock granted while nobody waited and

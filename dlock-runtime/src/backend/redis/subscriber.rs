@@ -1,7 +1,8 @@
 //! The backend's one pub/sub connection, on which it hears the hand-offs to its waiters.
 //!
-//! Each backend subscribes to a channel of its own, `dlock-waiters:<instance>` (its random id,
-//! which its waiters write into their waiter keys), once per connection: a release that hands a
+//! Each backend subscribes to a channel of its own, `<prefix>waiters:<instance>` (under its key
+//! prefix, with its random id, which its waiters write into their waiter keys), once per
+//! connection: a release that hands a
 //! lock to one of its waiters publishes there, so a message reaches the one process that waits
 //! for it, and waiting on a key costs no SUBSCRIBE of its own. The message names the owner the
 //! lock was handed to, with the grant's fence and the waiter's call it came after
@@ -45,9 +46,10 @@ use crate::background;
 /// queue at once too than try first.
 const LINGER: Duration = Duration::from_secs(1);
 
-/// The channel of the backend whose id is `instance` (see `hand_to` in common.lua).
-pub(super) fn channel_of(instance: &str) -> String {
-    format!("dlock-waiters:{instance}")
+/// The channel of the backend whose id is `instance`, under its key `prefix` (see `hand_to` in
+/// common.lua): an ACL user granted the channels of the prefix (`&<prefix>*`) may use it.
+pub(super) fn channel_of(prefix: &str, instance: &str) -> String {
+    format!("{prefix}waiters:{instance}")
 }
 
 pub(super) struct Subscriber {
