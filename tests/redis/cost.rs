@@ -133,7 +133,8 @@ async fn a_hand_off_is_the_release_script_alone() {
         let waiting = tokio::spawn({
             let (backend, key) = (waiter_backend.clone(), key.clone());
             async move {
-                let request = AcquireRequest::new(&key, waiter, ttl, Duration::from_secs(30));
+                let request =
+                    AcquireRequest::new(&key, waiter, ttl, Duration::from_secs(30)).renewed(true);
                 backend.acquire(&request).await
             }
         });

@@ -154,6 +154,48 @@ async fn a_handed_off_lease_starts_on_the_release_alone_and_its_first_renewal_cl
     other_backend.release(&key, owner).await.unwrap();
 }
 
+/// A caller of `Backend::acquire` that does not say its lease will be renewed (the request's
+/// default) is handed the key for its full ttl: nothing renews a lease it did not ask to have
+/// renewed, and one started on the hand-off alone would end with the claim window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_acquire_handed_the_key_holds_it_for_its_full_ttl() {
+    let redis = Redis::start();
+    let ttl = Duration::from_secs(60);
+    let holder_backend = RedisBackend::connect(&redis.server.url()).await.unwrap();
+    let waiter_backend = RedisBackend::connect(&redis.server.url()).await.unwrap();
+    let mut raw = redis.raw().await;
+    let key = unique_key("direct-hand-off");
+    let holder = Owner::random();
+    holder_backend
+        .acquire(&AcquireRequest::new(&key, holder, ttl, Duration::ZERO))
+        .await
+        .unwrap()
+        .expect("the key was busy");
+    let waiter = Owner::random();
+    let waiting = tokio::spawn({
+        let (backend, key) = (waiter_backend.clone(), key.clone());
+        async move {
+            let request = AcquireRequest::new(&key, waiter, ttl, Duration::from_secs(30));
+            backend.acquire(&request).await
+        }
+    });
+    wait_for_queue_length(&mut raw, &redis.names.queue_key(&key), 1).await;
+    assert!(holder_backend.release(&key, holder).await.unwrap());
+    let acquired = waiting
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the waiter was not handed the key");
+    let pttl: i64 = raw.pttl(redis.names.lock_key(&key)).await.unwrap();
+    let valid_for =
+        (acquired.valid_from + ttl - ttl / 10).saturating_duration_since(Instant::now());
+    assert!(
+        pttl > 50_000 && valid_for > Duration::from_secs(30),
+        "a direct acquire was handed the key for its claim window only: the key expires in {pttl} ms, the lease is valid for {valid_for:?}"
+    );
+    waiter_backend.release(&key, waiter).await.unwrap();
+}
+
 /// Through a `Locker`, the watchdog makes the first renewal of a handed-off lease a third of the
 /// way into its claim window (about a second, by default): the key is the waiter's for its full
 /// ttl on the server soon after it starts, and the lease is held throughout.
@@ -246,7 +288,8 @@ fn a_waiter_that_stalls_after_its_hand_off_claims_it_once_it_runs() {
                         std::thread::sleep(Duration::from_millis(1_200));
                     }
                 });
-                let request = AcquireRequest::new(&key, waiter_owner, ttl, Duration::from_secs(30));
+                let request = AcquireRequest::new(&key, waiter_owner, ttl, Duration::from_secs(30))
+                    .renewed(true);
                 let acquired = backend.acquire(&request).await;
                 (acquired, Instant::now())
             })
@@ -393,7 +436,8 @@ fn a_hand_off_that_lapsed_before_its_waiter_ran_does_not_start_it() {
                     }
                 });
                 let owner = Owner::random();
-                let request = AcquireRequest::new(&key, owner, ttl, Duration::from_millis(2_500));
+                let request = AcquireRequest::new(&key, owner, ttl, Duration::from_millis(2_500))
+                    .renewed(true);
                 (owner, backend.acquire(&request).await)
             })
         }

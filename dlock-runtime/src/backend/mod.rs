@@ -98,7 +98,8 @@ pub struct AcquireRequest<'a> {
     pub wait: Duration,
     /// Whether the lease will be renewed while held (the watchdog's renewals): a store may then
     /// grant a lease that needs its first renewal sooner than a third of the ttl (see
-    /// [`Acquired::valid_from`]). `true` unless set otherwise.
+    /// [`Acquired::valid_from`]). `false` unless set: a caller that renews nothing gets a lease
+    /// valid for its ttl. A `Locker` sets it from [`LockOptions::renew`](crate::LockOptions::renew).
     pub renewed: bool,
 }
 
@@ -191,19 +192,19 @@ impl<'a> AcquireRequest<'a> {
             owner,
             ttl,
             wait,
-            renewed: true,
+            renewed: false,
         }
     }
 
-    /// The same request, for a lease that is renewed while held or not.
+    /// The same request, for a lease that is renewed while held or not (not, unless set).
     ///
     /// ```
     /// use std::time::Duration;
     /// use dlock::{backend::AcquireRequest, Owner};
     ///
-    /// let request = AcquireRequest::new("acct:42", Owner::random(), Duration::from_secs(5), Duration::ZERO)
-    ///     .renewed(false);
+    /// let request = AcquireRequest::new("acct:42", Owner::random(), Duration::from_secs(5), Duration::ZERO);
     /// assert!(!request.renewed);
+    /// assert!(request.renewed(true).renewed);
     /// ```
     pub fn renewed(mut self, renewed: bool) -> Self {
         self.renewed = renewed;

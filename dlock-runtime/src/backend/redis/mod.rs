@@ -125,8 +125,9 @@
 //!    claim window less the client's margin on it, and the watchdog's first renewal, a third
 //!    of the way in, extends the lock to the full ttl (a body that ends sooner needs none). A
 //!    waiter with less than half of that left (its runtime stalled, the message was slow), one
-//!    whose lease is not renewed (`renew = false`), and every waiter where `min_replicas` asks
-//!    for the replicas' word on each grant, claims the lock with one acquire call instead, which
+//!    whose lease is not renewed (`renew = false`, or a direct `Backend::acquire` whose request
+//!    does not say `renewed`), and every waiter where `min_replicas` asks for the replicas'
+//!    word on each grant, claims the lock with one acquire call instead, which
 //!    finds the lock already the owner's, extends it to the full ttl and answers its fence; the
 //!    lease's validity then counts from that call's send time. A waiter whose process died
 //!    before its turn never claims the lock: the grant lapses after the claim window, and the
