@@ -329,6 +329,108 @@ fn a_waiter_that_stalls_after_its_hand_off_claims_it_once_it_runs() {
     });
 }
 
+/// A waiter dropped after a release handed it the key, before it ran, gives the key up; and an
+/// acquire call of its owner that reaches the server after that undo (sent before the drop,
+/// held up on a connection the undo overtook) takes no effect: the undo leaves the owner's
+/// cancel marker whether or not it found the key handed to it. Without the marker the late
+/// call found the key free and granted it to an owner nobody holds, for a full ttl.
+#[test]
+fn a_late_call_of_a_waiter_undone_after_its_hand_off_is_not_granted() {
+    let redis = Redis::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let key = unique_key("undone-after-hand-off");
+    let holder_backend = runtime
+        .block_on(RedisBackend::connect(&redis.server.url()))
+        .unwrap();
+    let holder = Owner::random();
+    runtime
+        .block_on(holder_backend.acquire(&AcquireRequest::new(&key, holder, ttl, Duration::ZERO)))
+        .unwrap()
+        .expect("the key was busy");
+
+    // The waiter, on a current-thread runtime of its own, which a second task can stall; its
+    // acquisition is dropped once the runtime runs again, before it is polled.
+    let (stall_tx, stall_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stalling_tx, stalling_rx) = std::sync::mpsc::channel::<()>();
+    let (drop_tx, drop_rx) = tokio::sync::oneshot::channel::<()>();
+    let waiter_owner = Owner::random();
+    let waiter = std::thread::spawn({
+        let (url, key) = (redis.server.url(), key.clone());
+        move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let backend = RedisBackend::connect(&url).await.unwrap();
+                tokio::spawn(async move {
+                    if stall_rx.await.is_ok() {
+                        stalling_tx.send(()).unwrap();
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
+                });
+                let request = AcquireRequest::new(&key, waiter_owner, ttl, Duration::from_secs(30));
+                let acquired = tokio::select! {
+                    biased;
+                    _ = drop_rx => None,
+                    acquired = backend.acquire(&request) => Some(acquired),
+                };
+                // The dropped waiter's undo runs in the background: wait for it.
+                backend.close().await;
+                acquired
+            })
+        }
+    });
+
+    runtime.block_on(async {
+        let mut raw = redis.raw().await;
+        wait_for_queue_length(&mut raw, &redis.names.queue_key(&key), 1).await;
+        stall_tx.send(()).unwrap();
+        stalling_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the waiter's runtime did not stall");
+        assert!(holder_backend.release(&key, holder).await.unwrap());
+        let stored: Option<String> = raw.get(redis.names.lock_key(&key)).await.unwrap();
+        assert_eq!(
+            stored,
+            Some(waiter_owner.to_string()),
+            "not handed to the waiter"
+        );
+        drop_tx.send(()).unwrap();
+        let acquired = tokio::task::spawn_blocking(move || waiter.join().unwrap())
+            .await
+            .unwrap();
+        assert!(
+            acquired.is_none(),
+            "the waiter was not dropped: {acquired:?}"
+        );
+        let stored: Option<String> = raw.get(redis.names.lock_key(&key)).await.unwrap();
+        assert_eq!(stored, None, "the undo left the key held");
+
+        // The waiter's late call.
+        let late = holder_backend
+            .acquire(&AcquireRequest::new(
+                &key,
+                waiter_owner,
+                ttl,
+                Duration::ZERO,
+            ))
+            .await
+            .unwrap();
+        let pttl: i64 = raw.pttl(redis.names.lock_key(&key)).await.unwrap();
+        assert!(
+            late.is_none(),
+            "a late acquire call of a waiter undone after its hand-off was granted the key, \
+             held by nobody for {pttl} ms: {late:?}"
+        );
+    });
+}
+
 /// A waiter whose process died while it waited in the queue (nothing polls its future again,
 /// nothing drops it) is handed the key by the holder's release all the same. The hand-off is a
 /// grant for the waiter's claim window only, which the dead waiter never claims: the next

@@ -332,7 +332,7 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
-        self.release_or_leave(key, owner).await
+        self.release_or_leave(key, owner, false).await
     }
 
     /// A `PING`: a release of a key nobody holds, the default probe, would leave a cancel
@@ -502,8 +502,14 @@ impl RedisBackend {
     }
 
     /// Runs the release script: releases with hand-off where `owner` holds `key`, else leaves its
-    /// queue.
-    async fn release_or_leave(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+    /// queue. `undo` where this undoes an acquisition its caller gave up: the owner's cancel
+    /// marker is then left even where the lock was handed to it (see release.lua).
+    async fn release_or_leave(
+        &self,
+        key: &str,
+        owner: Owner,
+        undo: bool,
+    ) -> Result<bool, LockError> {
         if check_key(key).is_err() {
             // Never acquired: an acquire refuses such a key before sending anything.
             return Ok(false);
@@ -512,6 +518,9 @@ impl RedisBackend {
         let mut call = keys.call(&RELEASE);
         call.arg(&self.inner.instance)
             .arg(self.inner.layout.prefix());
+        if undo {
+            call.arg(1);
+        }
         let reply = self
             .inner
             .conn

@@ -202,7 +202,7 @@ impl Drop for LeaveGuard {
             self.owner,
         );
         self.backend.inner.cleanups.spawn(async move {
-            if let Err(error) = backend.release_or_leave(&key, owner).await {
+            if let Err(error) = backend.release_or_leave(&key, owner, true).await {
                 tracing::debug!(%key, %error, "distributed_lock: leaving the redis queue failed; the waiter key will expire");
             }
         });
