@@ -220,3 +220,59 @@ async fn drive(shared: Arc<Shared>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::MemoryBackend;
+    use crate::Owner;
+
+    /// A lease granted for less than its ttl (a Redis hand-off the waiter started on: about
+    /// 2.7 s of validity for a 30 s ttl) whose renewals go unanswered is tried again before its
+    /// deadline, not once only: each retry comes within a third of the validity left, not after
+    /// the quarter period (2.5 s) a full lease waits.
+    #[test]
+    fn a_short_grant_gets_more_than_one_renewal_try() {
+        let shared = Shared {
+            backend: Arc::new(MemoryBackend::new()),
+            registry: Mutex::default(),
+            wake: Notify::new(),
+        };
+        let ttl = Duration::from_secs(30);
+        let start = Instant::now();
+        let valid_from = (start + Duration::from_millis(2_700))
+            .checked_sub(ttl - clock::safety_margin(ttl))
+            .expect("an instant that far back");
+        let state = Arc::new(LeaseState::new(
+            "k".to_owned(),
+            Owner::random(),
+            1,
+            ttl,
+            valid_from,
+            0,
+        ));
+        let valid_until = state.valid_until();
+        shared.registry().leases.insert(
+            state.id,
+            Entry {
+                state: state.clone(),
+                // As `watch` schedules it: a third of the way into its validity.
+                renew_at: start + Duration::from_millis(900),
+            },
+        );
+        let mut tries = 0;
+        let mut now = start;
+        while now < valid_until {
+            let (batch, next) = shared.due(now);
+            tries += batch.len();
+            // No answer ever comes: the next look is when the lease falls due again.
+            let Some(next) = next else { break };
+            now = next;
+        }
+        assert!(
+            tries >= 2,
+            "a lease with {:?} of validity got {tries} renewal tries before its deadline",
+            valid_until - start
+        );
+    }
+}
