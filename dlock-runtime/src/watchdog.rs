@@ -58,10 +58,15 @@ impl Watchdog {
     }
 
     /// Starts renewing `state` every ttl/3, counting from `confirmed_at`, the instant its
-    /// validity counts from: a grant that took long to arrive is renewed at once, not a full
-    /// period after it arrived.
+    /// validity counts from: a grant that took long to arrive is renewed soon, not a full period
+    /// after it arrived — once a third of the validity it has left has passed, which leaves two
+    /// thirds for the renewal to be confirmed. (A grant for less than the ttl, which a store
+    /// reports as a `confirmed_at` far back, so gets its first renewal a third of the way into
+    /// what it was granted: a body that ends sooner needs none.)
     pub(crate) fn watch(&self, state: &Arc<LeaseState>, confirmed_at: Instant) {
-        let renew_at = confirmed_at + clock::renew_interval(state.ttl);
+        let now = Instant::now();
+        let renew_at = (confirmed_at + clock::renew_interval(state.ttl))
+            .max(now + state.valid_until().saturating_duration_since(now) / 3);
         let mut registry = self.shared.registry();
         registry.leases.insert(
             state.id,
@@ -126,8 +131,13 @@ impl Shared {
             let early = clock::renew_interval(state.ttl) / 2;
             if entry.renew_at <= now + early {
                 batch.push(state.clone());
-                // Until an answer comes, try again after a retry delay: a reply may be lost.
-                entry.renew_at = now + retry_delay(state.ttl);
+                // Until an answer comes, try again after a retry delay: a reply may be lost. A
+                // lease with little validity left (a grant for less than its ttl, or renewals
+                // that failed) tries again within a third of what is left, so that a lost reply
+                // leaves room for another attempt before its deadline.
+                let left = state.valid_until().saturating_duration_since(now);
+                entry.renew_at =
+                    now + retry_delay(state.ttl).min((left / 3).max(RETRY_AFTER_FAILURE));
             }
             next = Some(next.map_or(entry.renew_at, |n| n.min(entry.renew_at)));
         }
@@ -208,5 +218,61 @@ async fn drive(shared: Arc<Shared>) {
             () = shared.wake.notified() => {}
             () = tokio::time::sleep_until(next.into()) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::MemoryBackend;
+    use crate::Owner;
+
+    /// A lease granted for less than its ttl (a Redis hand-off the waiter started on: about
+    /// 2.7 s of validity for a 30 s ttl) whose renewals go unanswered is tried again before its
+    /// deadline, not once only: each retry comes within a third of the validity left, not after
+    /// the quarter period (2.5 s) a full lease waits.
+    #[test]
+    fn a_short_grant_gets_more_than_one_renewal_try() {
+        let shared = Shared {
+            backend: Arc::new(MemoryBackend::new()),
+            registry: Mutex::default(),
+            wake: Notify::new(),
+        };
+        let ttl = Duration::from_secs(30);
+        let start = Instant::now();
+        let valid_from = (start + Duration::from_millis(2_700))
+            .checked_sub(ttl - clock::safety_margin(ttl))
+            .expect("an instant that far back");
+        let state = Arc::new(LeaseState::new(
+            "k".to_owned(),
+            Owner::random(),
+            1,
+            ttl,
+            valid_from,
+            0,
+        ));
+        let valid_until = state.valid_until();
+        shared.registry().leases.insert(
+            state.id,
+            Entry {
+                state: state.clone(),
+                // As `watch` schedules it: a third of the way into its validity.
+                renew_at: start + Duration::from_millis(900),
+            },
+        );
+        let mut tries = 0;
+        let mut now = start;
+        while now < valid_until {
+            let (batch, next) = shared.due(now);
+            tries += batch.len();
+            // No answer ever comes: the next look is when the lease falls due again.
+            let Some(next) = next else { break };
+            now = next;
+        }
+        assert!(
+            tries >= 2,
+            "a lease with {:?} of validity got {tries} renewal tries before its deadline",
+            valid_until - start
+        );
     }
 }

@@ -10,7 +10,7 @@ use redis::AsyncCommands;
 use crate::support::fault_proxy::{Direction, FaultProxy};
 use crate::support::redis_server::RedisServer;
 use crate::support::{lock_and_release, unique_key};
-use crate::{locker_on, spawn_lock, wait_for_subscribers, Redis};
+use crate::{locker_on, spawn_lock, wait_for_subscribers, waiters_channel, Redis};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_call_after_a_server_restart_succeeds() {
@@ -404,6 +404,31 @@ async fn a_user_who_may_not_publish_on_the_lock_channels_is_refused() {
     set_acl_user(&mut raw, "&dlock:*").await;
     let granted = RedisBackend::connect(&url).await;
     assert!(granted.is_ok(), "{:?}", granted.map(drop));
+
+    // And with the prefix's channels alone, a release hands the key to a waiter of another
+    // process: its message goes out on a channel the user may publish on.
+    let holding = Locker::connect(&url).await.unwrap();
+    let waiting = Locker::connect(&url).await.unwrap();
+    let key = unique_key("acl-hand-off");
+    let holder = holding.lock(&*key, LockOptions::new()).await.unwrap();
+    let waiter = spawn_lock(
+        &waiting,
+        &key,
+        LockOptions::new().wait(Duration::from_secs(30)),
+    );
+    crate::wait_for_queue_length(&mut raw, &redis.names.queue_key(&key), 1).await;
+    waiters_channel(&mut raw).await;
+    let released = holder.release().await;
+    assert!(
+        released.is_ok(),
+        "a release to a waiter of another process failed under `&dlock:*`: {released:?}"
+    );
+    let lease = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter never got the key")
+        .unwrap()
+        .unwrap();
+    lease.release().await.unwrap();
 }
 
 /// A waiter whose SUBSCRIBE the server refuses (its user lost the channels after `connect`)
@@ -479,7 +504,7 @@ async fn a_silent_pub_sub_connection_is_noticed_and_replaced() {
         LockOptions::new().wait(Duration::from_secs(60)),
     );
     let mut raw = redis.raw().await;
-    let channel = format!("{}:ch", redis.names.lock_key(&key));
+    let channel = waiters_channel(&mut raw).await;
     wait_for_subscribers(&mut raw, &channel, 1).await;
     let subscriber = pub_sub_clients(&mut raw).await;
     assert_eq!(subscriber.len(), 1, "{subscriber:?}");

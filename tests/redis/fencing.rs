@@ -84,3 +84,29 @@ async fn fence_counters_expire_and_fences_keep_rising_past_an_expired_one() {
         "fence {fence} after {before}, past an expired counter"
     );
 }
+
+/// A counter that went back to an older value — a fail-over to a replica that missed the last
+/// grants, an older snapshot restored — does not bring fences back: every grant is floored by
+/// the server's clock, not only one that finds the counter missing. (Counting on from the
+/// counter alone would hand out the fences of the grants the replica missed a second time.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_keep_rising_when_the_counter_goes_back_to_an_older_value() {
+    let redis = Redis::start();
+    let locker = locker_on(&redis.server).await;
+    let mut raw = redis.raw().await;
+    let key = unique_key("fence-older-counter");
+    let counter = redis.names.fence_key(&key);
+    let first = lock_and_release(&locker, &key, LockOptions::new()).await;
+    // What a replica that missed the grants after the first would hold.
+    let older: String = raw.get(&counter).await.unwrap();
+    let mut fences = vec![first];
+    for _ in 0..3 {
+        fences.push(lock_and_release(&locker, &key, LockOptions::new()).await);
+    }
+    let () = raw.set(&counter, &older).await.unwrap();
+    fences.push(lock_and_release(&locker, &key, LockOptions::new()).await);
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences went back with the counter: {fences:?}"
+    );
+}

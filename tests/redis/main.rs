@@ -103,6 +103,30 @@ async fn wait_for_queue_length(
     }
 }
 
+/// The channel the one waiting backend on this test's server listens on (each backend has one;
+/// a test's server is its own), once it is subscribed (fails after 10 s).
+async fn waiters_channel(raw: &mut redis::aio::MultiplexedConnection) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg("*waiters:*")
+            .query_async(raw)
+            .await
+            .unwrap();
+        match channels.as_slice() {
+            [channel] => return channel.clone(),
+            [] => {}
+            more => panic!("more than one backend listens: {more:?}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no backend's channel is subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Waits until `count` connections subscribe to `channel` (fails after 10 s).
 async fn wait_for_subscribers(
     raw: &mut redis::aio::MultiplexedConnection,

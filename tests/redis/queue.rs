@@ -10,7 +10,9 @@ use redis::AsyncCommands;
 use crate::support::fault_proxy::{Direction, FaultProxy};
 use crate::support::redis_server::RedisServer;
 use crate::support::unique_key;
-use crate::{locker_on, spawn_lock, wait_for_queue_length, wait_for_subscribers, Redis};
+use crate::{
+    locker_on, spawn_lock, wait_for_queue_length, wait_for_subscribers, waiters_channel, Redis,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_waiter_leaves_the_queue() {
@@ -243,7 +245,7 @@ async fn waiters_keep_their_places_while_pub_sub_cannot_reconnect() {
         waiters.push(spawn_lock(&waiting, &key, options));
         wait_for_queue_length(&mut raw, &queue, length).await;
     }
-    let channel = format!("{}:ch", redis.names.lock_key(&key));
+    let channel = waiters_channel(&mut raw).await;
     wait_for_subscribers(&mut raw, &channel, 1).await;
 
     // Every new connection through the proxy hangs; the waiters' pub/sub connection is cut.

@@ -96,6 +96,11 @@ pub struct AcquireRequest<'a> {
     pub ttl: Duration,
     /// How long to wait for a busy key; zero tries once.
     pub wait: Duration,
+    /// Whether the lease will be renewed while held (the watchdog's renewals): a store may then
+    /// grant a lease that needs its first renewal sooner than a third of the ttl (see
+    /// [`Acquired::valid_from`]). `false` unless set: a caller that renews nothing gets a lease
+    /// valid for its ttl. A `Locker` sets it from [`LockOptions::renew`](crate::LockOptions::renew).
+    pub renewed: bool,
 }
 
 /// A granted acquisition, as a backend answers [`Backend::acquire`].
@@ -120,6 +125,12 @@ pub struct Acquired {
     pub fence: u64,
     /// A client instant no later than the moment the store started the lease's ttl: the client
     /// counts the lease's validity from here, which can only err on the safe side.
+    ///
+    /// Where the store granted less than the ttl for now (a grant that its first renewal is to
+    /// extend, for a request that is [`renewed`](AcquireRequest::renewed)), this is the start of
+    /// a ttl-long lease whose validity, less the margin the client takes off a ttl, ends no later
+    /// than the shorter grant's, less the same share of it. It may lie further back than a
+    /// third of the ttl: the first renewal then comes a third of the way into the validity left.
     pub valid_from: Instant,
 }
 
@@ -181,7 +192,23 @@ impl<'a> AcquireRequest<'a> {
             owner,
             ttl,
             wait,
+            renewed: false,
         }
+    }
+
+    /// The same request, for a lease that is renewed while held or not (not, unless set).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock::{backend::AcquireRequest, Owner};
+    ///
+    /// let request = AcquireRequest::new("acct:42", Owner::random(), Duration::from_secs(5), Duration::ZERO);
+    /// assert!(!request.renewed);
+    /// assert!(request.renewed(true).renewed);
+    /// ```
+    pub fn renewed(mut self, renewed: bool) -> Self {
+        self.renewed = renewed;
+        self
     }
 }
 

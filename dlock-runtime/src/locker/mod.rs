@@ -338,7 +338,8 @@ impl Locker {
                 owner,
                 armed: true,
             };
-            let request = AcquireRequest::new(&key, owner, options.ttl, options.wait);
+            let request =
+                AcquireRequest::new(&key, owner, options.ttl, options.wait).renewed(options.renew);
             // A shutdown stops the acquisition: dropped here, the store's guards undo what
             // reached it, and the guard above releases a grant that may have.
             let acquired = tokio::select! {

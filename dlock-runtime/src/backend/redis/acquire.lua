@@ -1,58 +1,64 @@
 -- Acquire: one round trip.
 --
 -- KEYS: the lock, its fence counter, its queue (see common.lua).
--- ARGV[1] this owner; ARGV[2] the ttl in ms; then, for a waiter's calls, ARGV[3] the liveness
--- window in ms and ARGV[4] the id of the waiter's backend: queue up when the lock is busy
--- (refreshing this waiter's liveness), or, where the window is 0, leave the queue. A first try
--- (no ARGV[3]) is in no queue.
+-- ARGV[1] this owner; ARGV[2] the ttl in ms; ARGV[3] the key prefix (which names the waiters'
+-- channels, see `hand_to` in common.lua); then, for a waiter's calls, ARGV[4] the liveness
+-- window in ms, ARGV[5] the id of the waiter's backend and ARGV[6] the number of this call
+-- among the waiter's: queue up when the lock is busy (refreshing this waiter's liveness), or,
+-- where the window is 0, leave the queue. A first try (no ARGV[4]) is in no queue.
 --
 -- Returns the fence (an integer) when the lock is this owner's, else {the lock's PTTL where this
 -- owner heads the queue, else -1; 1 if it heads the queue, else 0}. A lock that a release handed
 -- to this owner is claimed here: found this owner's, it is extended to the full ttl.
 local lock, counter, queue = KEYS[1], KEYS[2], KEYS[3]
-local owner, ttl, liveness, instance = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local owner, ttl, prefix, liveness, instance, call = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 
 --!grant
 
 -- The uncontended path, on its own: nobody holds the lock, nobody waits for it, and this
--- owner's acquisition was not cancelled (see `cancel` in common.lua). Five commands: the
--- `EXISTS`, and grant's four. A waiter's calls, which expect a busy lock, go straight on.
+-- owner's acquisition was not cancelled (see `cancel` in common.lua). Four commands: the
+-- `EXISTS`, and grant's three. The lock is marked as granted with nobody waiting (`-`, see
+-- common.lua), which spares its release a look at the queue. A waiter's calls, which expect a
+-- busy lock, go straight on.
 if not liveness and redis.call('EXISTS', lock, queue, lock .. ':x:' .. owner) == 0 then
-  return grant(owner, ttl)
+  return grant(owner .. '-', ttl)
 end
 
 --!common
 
-if redis.call('EXISTS', cancel_key(owner)) == 1 then
-  -- A call that reached the server after its caller cancelled it, and after the undo: it takes
-  -- no effect, and leaves the queue.
-  leave()
-  return {-1, 0}
-end
-
 local holder = redis.call('GET', lock)
-if holder == owner then
+if holder == owner or holder == owner .. '-' then
   -- Ours already: handed over by a release (granted for the claim window only: this call claims
   -- it), or granted to an earlier call whose reply was lost. Idempotent: extend to the full ttl
-  -- and answer the same fence.
+  -- and answer the same fence. No undo of this owner came since that grant: an undo finding the
+  -- lock its owner's releases it, and after an undo nothing grants to that owner again (it left
+  -- the queue, and the cancel marker turns its later calls away). Nor is this owner still
+  -- queued: whatever granted it took it off the queue, with its waiter key.
   redis.call('PEXPIRE', lock, ttl)
-  leave()
   local fence = redis.call('GET', counter)
   if fence then
     return tonumber(fence)
   end
   -- The counter was deleted from outside: a fresh fence at least names this grant.
-  return grant(owner, ttl)
+  return grant(holder, ttl)
 end
 
 if not holder then
+  if redis.call('EXISTS', cancel_key(owner)) == 1 then
+    -- A call that reached the server after its caller cancelled it, and after the undo: it
+    -- takes no effect, and leaves the queue.
+    leave()
+    return {-1, 0}
+  end
   -- Free: serve the first live waiter, which may be this owner; nobody waits, this owner.
   local head, waiter = pop_live_head()
   if not head or head == owner then
+    -- Others may still be queued: unmarked (their turn comes with the release).
     return grant(owner, ttl)
   end
   -- Others came first (the holder expired without a release to hand it on).
   hand_to(head, waiter, nil)
+  holder = head
 end
 
 if not liveness then
@@ -64,21 +70,35 @@ if liveness == '0' then
 end
 -- This owner's waiter key tells whether it is queued already: while the key lives, so does its
 -- entry. (A waiter whose key expired queues again; its older entry is found dead and dropped.)
--- It holds the waiter's claim window: the liveness window, or the ttl where shorter.
+-- It holds the waiter's claim window (the liveness window, or the ttl where shorter), its
+-- backend and this call's number.
 local claim = math.min(tonumber(ttl), tonumber(liveness))
-local queued = redis.call('SET', waiter_key(owner), claim .. ' ' .. instance, 'PX', liveness, 'GET')
+local queued = redis.call('SET', waiter_key(owner), claim .. ' ' .. instance .. ' ' .. call, 'PX', liveness, 'GET')
 local first
 if queued then
   first = redis.call('LINDEX', queue, 0) == owner
 else
+  if redis.call('EXISTS', cancel_key(owner)) == 1 then
+    -- Cancelled, as above (a queued waiter's undo deletes its waiter key with its entry, so
+    -- only a call that found no key can come after one).
+    redis.call('DEL', waiter_key(owner))
+    return {-1, 0}
+  end
   first = redis.call('RPUSH', queue, owner) == 1
+  if string.sub(holder, -1) == '-' then
+    -- The holder's release is to hand the lock on, not delete it: unmark it.
+    redis.call('SET', lock, string.sub(holder, 1, -2), 'KEEPTTL')
+  end
 end
 -- A queue whose waiters all died goes away by itself; but never before a live waiter's key
--- does, or that waiter would count itself queued in a queue that is gone: a waiter whose window
--- is shorter than another's (backends with different settings) never shortens the queue's life.
-local queue_life = 2 * tonumber(liveness)
-if redis.call('PTTL', queue) < queue_life then
-  redis.call('PEXPIRE', queue, queue_life)
+-- does, or that waiter would count itself queued in a queue that is gone. So the queue is made
+-- to outlive this waiter's key (PX liveness) whenever it would not, and then by two windows, so
+-- that this happens about once a window rather than on every call. It is never shortened: it
+-- is extended only where it has less than one window left, to two; a waiter whose window is
+-- longer than another's (backends with different settings) made it outlive its own key when
+-- it called, and both have counted down alike since.
+if redis.call('PTTL', queue) < tonumber(liveness) then
+  redis.call('PEXPIRE', queue, 2 * tonumber(liveness))
 end
 if first then
   return {redis.call('PTTL', lock), 1}

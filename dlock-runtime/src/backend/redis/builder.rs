@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::conn::{Connection, Timeouts};
 use super::keys::KeyLayout;
-use super::subscriber::Subscriber;
+use super::subscriber::{self, Subscriber};
 use super::{Inner, RedisBackend};
 use crate::url::{bool_param, duration_param, mask_password, number_param, query_param, Scheme};
 use crate::{LockError, Owner};
@@ -271,14 +271,16 @@ impl RedisBuilder {
             connect: self.connect_timeout,
             response: self.response_timeout,
         };
+        let instance = String::from_utf8_lossy(&Owner::random().hex()[..16]).into_owned();
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 conn: Connection::new(target, timeouts, masked),
                 subscriber: Subscriber::new(
                     subscribe_on,
                     self.connect_timeout.max(self.response_timeout),
+                    subscriber::channel_of(layout.prefix(), &instance),
                 ),
-                instance: String::from_utf8_lossy(&Owner::random().hex()[..16]).into_owned(),
+                instance,
                 layout,
                 liveness: self.liveness,
                 cluster,

@@ -24,7 +24,8 @@ use crate::{LockError, Owner};
 pub const MAX_KEY_BYTES: usize = 16 * 1024;
 
 /// The suffixes that name a lock's other keys after its own. The scripts name the waiter keys
-/// (`:w:<owner>`), the cancel markers (`:x:<owner>`) and the channel (`:ch`) themselves (see
+/// (`:w:<owner>`), the cancel markers (`:x:<owner>`) and the per-key channel an older dlock's
+/// waiters listen on (`:ch`) themselves (see
 /// common.lua).
 const COUNTER_SUFFIX: &str = ":fences";
 const QUEUE_SUFFIX: &str = ":q";
@@ -128,8 +129,8 @@ impl KeyLayout {
     }
 }
 
-/// The Redis names one call of the scripts needs, for one owner. The channel, which only a waiter
-/// needs, is named on demand.
+/// The Redis names one call of the scripts needs, for one owner. The per-key channel (an older
+/// dlock's; here it only names the key among a backend's waiters) is named on demand.
 pub(super) struct LockKeys {
     lock: String,
     counter: String,

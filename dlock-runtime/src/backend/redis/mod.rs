@@ -23,12 +23,15 @@
 //!
 //! | Redis key | type | what |
 //! | --- | --- | --- |
-//! | `P{K}` | string, with PX | the holder's owner token (32 hex digits); the lease's ttl is its PTTL |
+//! | `P{K}` | string, with PX | the holder's owner token (32 hex digits), followed by `-` where it was granted while nobody waited and nobody has queued since; the lease's ttl is its PTTL |
 //! | `P{K}:fences` | integer, with PX 1 h | the last fence handed out (one more than the last, never below the server's clock in µs); while `P{K}` holds an owner (for up to an hour), the fence of that owner's grant |
 //! | `P{K}:q` | list, expires when idle | the owners waiting for the lock, in arrival order |
-//! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: `<claim window in ms> <backend id>`, kept alive while it waits |
+//! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: `<claim window in ms> <backend id> <call>` (the number of the waiter's call that wrote it), kept alive while it waits |
 //! | `P{K}:x:<owner>` | string, with PX 60 s | an acquisition cancelled by its caller (see below): an acquire call of that owner that reaches the server after the undo takes no effect |
-//! | `P{K}:ch` | pub/sub channel | `<owner>`: the owner a release handed the lock to, which is to claim it |
+//!
+//! and every backend listens on a pub/sub channel of its own, `Pwaiters:<backend id>` (under the
+//! prefix, like the keys), where a release that hands a lock to one of its waiters says so:
+//! `<owner> <fence> <call>`.
 //!
 //! So `redis-cli GET 'dlock:{acct:42}'` shows who holds `acct:42`. Rendered keys never contain
 //! `{` or `}` from placeholder values, which are percent-encoded; a brace written in a key
@@ -56,18 +59,27 @@
 //! # Round trips
 //!
 //! - Acquire is one Lua script (`SET NX PX` in effect, plus the fence's count): one round trip.
-//!   Uncontended, it runs five commands: an `EXISTS` of the lock, its queue and the owner's
-//!   cancel marker together, the server's `TIME`, the `GET` and `SET` of the counter, and the
-//!   `SET` of the lock. It is idempotent for its owner: where the lock already holds the owner,
-//!   it extends it to the full ttl and answers the same fence (the counter's value: every grant
-//!   counts its fence and sets the lock in one step), so a call retried after a lost reply is
-//!   harmless.
+//!   Uncontended, it runs four commands: an `EXISTS` of the lock, its queue and the owner's
+//!   cancel marker together, the server's `TIME`, one `SET … GET` of the counter (it writes the
+//!   clock's value and answers the last fence), and the `SET` of the lock. It is idempotent for
+//!   its owner: where the lock already holds the owner, it extends it to the full ttl and
+//!   answers the same fence (the counter's value: every grant counts its fence and sets the
+//!   lock in one step), so a call retried after a lost reply is harmless.
 //! - Release is one script: compare-and-delete, hand-off to the first live waiter, `PUBLISH`.
-//!   Where nobody waits, that is a `GET`, an `LPOP` that finds no queue, and a `DEL`.
+//!   Where nobody waited since the grant (the lock holds its owner and `-`), that is a `GET` and
+//!   a `DEL`: the first waiter to queue behind a holder unmarks the lock, so only the release
+//!   of an unmarked lock looks at the queue.
 //!
-//!   A waiter handed the lock claims it with one acquire call when the message (or, in the
-//!   releasing process, the release's reply) reaches it: a contended hand-off costs the
-//!   release's round trip and the claim's.
+//!   An uncontended acquire and release so cost the server eight commands, as `INFO
+//!   commandstats` counts them (each script's `EVALSHA` and the commands it runs). Two of them
+//!   buy what a plain `SET NX` does not: the `TIME` and the counter's `SET … GET` give each grant
+//!   a fence above every earlier one, even from a counter that was lost or went back to an older
+//!   value (only the clock can tell); the `EXISTS` covers the queue (waiters are served in
+//!   arrival order) and the cancel marker (see *Cancellation*) in the same command.
+//!
+//!   A waiter handed the lock starts on the release's word: the release's message (or, in the
+//!   releasing process, its reply) carries the grant, and a contended hand-off costs the
+//!   release's round trip alone (see *Waiting*, step 4).
 //! - Renewal is one compare-and-`PEXPIRE` script per lease, all leases of a `renew` call in one
 //!   pipeline: one round trip per watchdog tick, whatever the number of leases. (On a cluster,
 //!   one pipeline per hash slot, sent concurrently, each awaited for a third of the shortest
@@ -89,30 +101,39 @@
 //! Waiters on a key are served in arrival order, and woken rather than polling:
 //!
 //! 1. A waiter first tries once (an uncontended acquire costs one round trip), unless other
-//!    waiters of the same backend wait for the key already: it then goes straight to step 2,
-//!    whose first call takes a free key all the same.
-//! 2. If the key is busy, it subscribes to the key's channel on the backend's one pub/sub
-//!    connection (one `SUBSCRIBE` per channel, shared by all the backend's waiters on the key,
-//!    and an `UNSUBSCRIBE` when the last of them leaves; a subscription that takes longer than
-//!    100 ms goes on in the background, and the waiter polls again once it is done, while
-//!    failures back off, shared by the backend's waiters), then runs the acquire script in
-//!    queueing mode, which appends its owner to the key's queue and sets its waiter key (its
-//!    *claim window* and its backend's id, with a PX of the *liveness window*). The claim window
-//!    is the liveness window, or the waiter's ttl where that is shorter.
+//!    waiters of the same backend wait for the key already (or did less than a second ago): it
+//!    then goes straight to step 2, whose first call takes a free key all the same.
+//! 2. If the key is busy, it makes sure the backend's channel is subscribed on its one pub/sub
+//!    connection (one `SUBSCRIBE` per connection, whatever the keys waited for; a subscription
+//!    that takes longer than a moment goes on in the background, and the waiter polls again
+//!    once it is done, while failures back off, shared by the backend's waiters), then runs the
+//!    acquire script in queueing mode, which appends its owner to the key's queue, unmarks the
+//!    lock, and sets its waiter key (its *claim window*, its backend's id and the number of the
+//!    call, with a PX of the *liveness window*). The claim window is the liveness window, or the
+//!    waiter's ttl where that is shorter.
 //! 3. A release hands the lock straight to the first live waiter, for that waiter's claim
 //!    window only (read from its waiter key): the lock is set to the waiter's owner with that
-//!    PX, a fresh fence is counted for it, and the owner is published on the channel. (Where
-//!    nobody waits, the lock is deleted.) Waiters whose waiter key expired (their process died)
-//!    are skipped and dropped. The release script answers the owner it handed the lock to;
-//!    where that owner waits on the releasing backend (the same process), it is woken at once,
-//!    in-process, and the script publishes nothing: each waiter key names the backend its waiter
-//!    waits on, and a release names its own.
-//! 4. The waiter woken claims the lock with one acquire call, which finds the lock already the
-//!    owner's, extends it to the waiter's full ttl and answers its fence; the lease's validity
-//!    counts from that call's send time. A waiter whose process died before its turn never
-//!    claims the lock: the grant lapses after the claim window, and the next acquire call that
-//!    finds the lock free (the head of the queue watches its PTTL) hands it on. A waiter that
-//!    died costs the waiters after it at most one claim window, never a ttl.
+//!    PX, a fresh fence is counted for it, and `<owner> <fence> <call>` is published on the
+//!    waiter's backend's channel. (Where nobody waits, the lock is deleted.) Waiters whose
+//!    waiter key expired (their process died) are skipped and dropped. The release script
+//!    answers the same three; where the waiter waits on the releasing backend (the same
+//!    process), it is woken at once, in-process, and the script publishes nothing: each waiter
+//!    key names the backend its waiter waits on, and a release names its own.
+//! 4. The waiter woken starts on the grant without a round trip. The grant came after the
+//!    server ran the call the message names, so the server keeps the lock for the waiter at
+//!    least a claim window from that call's send time: the lease counts from there, for the
+//!    claim window less the client's margin on it, and the watchdog's first renewal, a third
+//!    of the way in, extends the lock to the full ttl (a body that ends sooner needs none). A
+//!    waiter with less than half of that left (its runtime stalled, the message was slow), one
+//!    whose lease is not renewed (`renew = false`, or a direct `Backend::acquire` whose request
+//!    does not say `renewed`), and every waiter where `min_replicas` asks for the replicas'
+//!    word on each grant, claims the lock with one acquire call instead, which
+//!    finds the lock already the owner's, extends it to the full ttl and answers its fence; the
+//!    lease's validity then counts from that call's send time. A waiter whose process died
+//!    before its turn never claims the lock: the grant lapses after the claim window, and the
+//!    next acquire call that finds the lock free (the head of the queue watches its PTTL) hands
+//!    it on. A waiter that died costs the waiters after it at most one claim window, never a
+//!    ttl.
 //!
 //! While waiting, a waiter re-runs the acquire script on a timer — jittered exponential back-off
 //! up to a third of the liveness window — which keeps its waiter key alive and is the fallback
@@ -124,10 +145,17 @@
 //! the queue (or, if the lock was handed to it meanwhile, releases it with hand-off) from dlock's
 //! background runtime.
 //!
-//! A release by an older dlock publishes `<owner> <fence>` and grants a waiter's full ttl: the
-//! waiter claims it all the same. A waiter of an older dlock confirms a message naming its owner
-//! alone with one acquire call, which claims the lock; its waiter key holds its ttl where a
-//! claim window goes, and a release grants it that.
+//! # Older versions on the same server
+//!
+//! Processes of this dlock and of an older one may lock the same keys during a rolling upgrade:
+//! the Redis names are the same, and so are the fence counter's rules, so no two processes
+//! hold a key at once and fences keep rising. Each version only ever takes its own owners for
+//! its own, and treats any other value of the lock as busy. Hand-offs between versions work
+//! but wait longer: an older release publishes on a per-key channel this version does not
+//! listen on, and an older waiter does not unmark a lock it queues behind, so the release of a
+//! lock granted while nobody waited deletes it rather than handing it on. Either way the
+//! waiter's fallback poll (at most a third of the liveness window) finds the free key or the
+//! grant. A release of this version tells an older waiter on its per-key channel, as it expects.
 //!
 //! # Cancellation
 //!
@@ -275,7 +303,7 @@ impl Backend for RedisBackend {
         check_key(request.key)?;
         let keys = self.inner.layout.lock_keys(request.key, request.owner);
         let deadline = Instant::now() + request.wait;
-        if !request.wait.is_zero() && self.inner.subscriber.is_subscribed(&keys.channel()) {
+        if !request.wait.is_zero() && self.inner.subscriber.has_waiters(&keys.channel()) {
             // Other waiters of this backend wait for the key: it is most likely busy, so queue
             // up in the first call, which spares a round trip. The channel is subscribed
             // already, so the hand-off's message cannot come before it.
@@ -284,7 +312,10 @@ impl Backend for RedisBackend {
         let sent_at = Instant::now();
         // First without queueing: an uncontended acquire is one round trip, and `wait = 0`
         // never leaves anything behind.
-        match self.try_acquire(&keys, request.ttl, Mode::FirstTry).await? {
+        match self
+            .try_acquire(&keys, request.ttl, Mode::FirstTry, 0)
+            .await?
+        {
             Attempt::Granted(fence) => Ok(Some(Acquired {
                 fence,
                 valid_from: sent_at,
@@ -301,7 +332,7 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
-        self.release_or_leave(key, owner).await
+        self.release_or_leave(key, owner, false).await
     }
 
     /// A `PING`: a release of a key nobody holds, the default probe, would leave a cancel
@@ -374,16 +405,12 @@ impl RedisBackend {
     /// user (`acl-pubsub-default resetchannels`): the release script would hand a lock to a
     /// waiter of another process, then fail on its `PUBLISH` (a script's writes stay), so the
     /// release errs though it handed the lock on; and waiters could not subscribe. Probed with a
-    /// `PUBLISH` to a channel of a lock channel's shape, a key's of its own, with an empty
-    /// message (which names no waiter, so wakes nobody even where one listens); a failure other
-    /// than `NOPERM` (a proxy without pub/sub, say) passes, as with the eviction check.
+    /// `PUBLISH` to this backend's own channel, the one its waiters subscribe to and releases
+    /// publish on, with an empty message (which names no waiter, so wakes nobody even where one
+    /// listens); a failure other than `NOPERM` (a proxy without pub/sub, say) passes, as with
+    /// the eviction check.
     async fn refuse_unpublishable(&self) -> Result<(), LockError> {
-        let channel = self
-            .inner
-            .layout
-            .lock_keys(PROBE_KEY, Owner::random())
-            .channel();
-        let channel = &channel;
+        let channel = self.inner.subscriber.channel();
         let probed = self
             .inner
             .conn
@@ -425,32 +452,38 @@ impl RedisBackend {
             .map(drop)
     }
 
-    /// Runs the acquire script once, as `mode` says.
+    /// Runs the acquire script once, as `mode` says; a waiter's calls are numbered by `call`.
     async fn try_acquire(
         &self,
         keys: &LockKeys,
         ttl: Duration,
         mode: Mode,
+        call: u64,
     ) -> Result<Attempt, LockError> {
-        let mut call = keys.call(&ACQUIRE);
-        call.arg(lease_millis(ttl));
-        // A first try passes no more than the ttl: the uncontended path reads nothing else.
+        let mut invocation = keys.call(&ACQUIRE);
+        invocation
+            .arg(lease_millis(ttl))
+            .arg(self.inner.layout.prefix());
+        // A first try passes no more than the ttl and the prefix (for a hand-off's message, where
+        // it finds the lock lapsed with waiters queued): the uncontended path reads the ttl only.
         match mode {
             Mode::FirstTry => {}
             Mode::Queue => {
-                call.arg(millis(self.inner.liveness))
-                    .arg(&self.inner.instance);
+                invocation
+                    .arg(millis(self.inner.liveness))
+                    .arg(&self.inner.instance)
+                    .arg(call);
             }
             // A liveness window of 0 says to leave the queue.
             Mode::Leave => {
-                call.arg(0).arg(&self.inner.instance);
+                invocation.arg(0).arg(&self.inner.instance).arg(call);
             }
         }
         if self.inner.min_replicas == 0 {
             let reply = self
                 .inner
                 .conn
-                .run_acquire(|conn| invoke(conn, &ACQUIRE, &call))
+                .run_acquire(|conn| invoke(conn, &ACQUIRE, &invocation))
                 .await?;
             return parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason));
         }
@@ -458,7 +491,7 @@ impl RedisBackend {
         let (reply, acknowledged) = self
             .inner
             .conn
-            .run_acquire(|conn| invoke_then_wait(conn, &ACQUIRE, &call, replicas))
+            .run_acquire(|conn| invoke_then_wait(conn, &ACQUIRE, &invocation, replicas))
             .await?;
         match parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason))? {
             Attempt::Granted(_) if acknowledged < replicas.count => {
@@ -469,15 +502,25 @@ impl RedisBackend {
     }
 
     /// Runs the release script: releases with hand-off where `owner` holds `key`, else leaves its
-    /// queue.
-    async fn release_or_leave(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+    /// queue. `undo` where this undoes an acquisition its caller gave up: the owner's cancel
+    /// marker is then left even where the lock was handed to it (see release.lua).
+    async fn release_or_leave(
+        &self,
+        key: &str,
+        owner: Owner,
+        undo: bool,
+    ) -> Result<bool, LockError> {
         if check_key(key).is_err() {
             // Never acquired: an acquire refuses such a key before sending anything.
             return Ok(false);
         }
         let keys = self.inner.layout.lock_keys(key, owner);
         let mut call = keys.call(&RELEASE);
-        call.arg(&self.inner.instance);
+        call.arg(&self.inner.instance)
+            .arg(self.inner.layout.prefix());
+        if undo {
+            call.arg(1);
+        }
         let reply = self
             .inner
             .conn
@@ -485,20 +528,17 @@ impl RedisBackend {
             .await?;
         let released =
             parse_release(reply).map_err(|reason| self.inner.conn.error("release", reason))?;
-        if let Some(head) = &released.handed_to {
-            // A waiter of this process need not wait for the published message. It must claim
-            // the lock now: let it run before this caller goes on (to queue for the key again,
-            // say), so that its claim is not sent behind the caller's request.
-            if self.inner.subscriber.wake_local(&keys.channel(), head) {
+        if let Some(handed) = &released.handed_to {
+            // A waiter of this process need not wait for the published message: it is woken
+            // with the grant. Let it run before this caller goes on (to queue for the key again,
+            // say), so that it starts (or sends its claim) ahead of the caller's request.
+            if self.inner.subscriber.wake_local(handed) {
                 tokio::task::yield_now().await;
             }
         }
         Ok(released.held)
     }
 }
-
-/// The key whose lock channel the connect check publishes on.
-const PROBE_KEY: &str = "dlock connect check";
 
 /// A lease's ttl in whole milliseconds, Redis's unit, rounded up: the client trusts a lease for
 /// its ttl less a margin, so a ttl cut down to the millisecond below (1.99 ms kept as 1 ms)

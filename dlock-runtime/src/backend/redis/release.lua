@@ -1,41 +1,53 @@
 -- Release, and leaving the queue: one round trip.
 --
 -- KEYS: the lock, its fence counter, its queue (see common.lua).
--- ARGV[1] this owner; ARGV[2] the id of the calling backend, whose own waiters it wakes itself.
+-- ARGV[1] this owner; ARGV[2] the id of the calling backend, whose own waiters it wakes itself;
+-- ARGV[3] the key prefix (which names the waiters' channels, see `hand_to` in common.lua);
+-- ARGV[4] `1` where this undoes an acquisition its caller gave up (a dropped or failed waiter),
+-- rather than releasing a lease: the owner's cancel marker is then left in every case.
 --
 -- Where this owner holds the lock, hands it to the first live waiter, or deletes it where nobody
 -- waits. Else marks this owner's acquisition cancelled, takes it out of the queue, and hands on
--- a lock that nobody holds (it may have been this waiter's turn, or its holder expired). Returns 1 where this owner held the lock,
--- else 0; where the lock was handed on, {that 1 or 0, the owner it went to, its fence}.
+-- a lock that nobody holds (it may have been this waiter's turn, or its holder expired).
+-- Returns 1 where this owner held the lock, else 0; where the lock was handed on, {that 1 or 0,
+-- the owner it went to, its fence, the number of that waiter's call the grant read ('' if
+-- none)}.
 local lock, counter, queue = KEYS[1], KEYS[2], KEYS[3]
-local owner, instance = ARGV[1], ARGV[2]
+local owner, instance, prefix, undo = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1'
 
 local holder = redis.call('GET', lock)
--- The uncontended path, on its own: three commands. (A holder is in no queue: it left it when it
--- was granted the lock.)
-local head
-if holder == owner then
-  head = redis.call('LPOP', queue)
-  if not head then
-    redis.call('DEL', lock)
-    return 1
+-- The uncontended path, on its own: two commands. A lock granted while nobody waited and
+-- that nobody queued for since (marked `-`, see common.lua) has no waiter to hand it to.
+if holder == owner .. '-' then
+  redis.call('DEL', lock)
+  if undo then
+    -- As `cancel` in common.lua, not spliced in yet.
+    redis.call('SET', lock .. ':x:' .. owner, 1, 'PX', 60000)
   end
+  return 1
 end
 
 --!grant
 --!common
 
 if holder == owner then
-  -- `head` is off the queue already; it, or the first live waiter after it, gets the lock.
-  local waiter = redis.call('GETDEL', waiter_key(head))
-  if not waiter then
-    head, waiter = pop_live_head()
+  if undo then
+    -- A waiter undone after a release handed it the lock: an acquire call of its that is still
+    -- on its way (sent before its caller gave up, overtaken by this undo on another
+    -- connection) would otherwise find the lock free, or queue, and be granted it, for a full
+    -- ttl, with nobody to release it. A lease's release needs no marker: its acquisition was
+    -- answered, so no call of its owner is on its way.
+    cancel()
   end
+  -- The first live waiter, if any, gets the lock. (A holder is in no queue: it left it when it
+  -- was granted the lock.)
+  local head, waiter = pop_live_head()
   if not head then
     redis.call('DEL', lock)
     return 1
   end
-  return {1, head, hand_to(head, waiter, instance)}
+  local fence, call = hand_to(head, waiter, instance)
+  return {1, head, fence, call}
 end
 -- This owner does not hold the lock: a waiter leaving, the undo of an acquisition cancelled
 -- before its grant (or after, where the grant already expired), or the release of a lease that
@@ -45,7 +57,8 @@ leave()
 if not holder then
   local head, waiter = pop_live_head()
   if head then
-    return {0, head, hand_to(head, waiter, instance)}
+    local fence, call = hand_to(head, waiter, instance)
+    return {0, head, fence, call}
   end
 end
 return 0

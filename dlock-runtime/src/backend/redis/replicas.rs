@@ -32,7 +32,7 @@ impl RedisBackend {
         acknowledged: u64,
     ) -> LockError {
         let key = request.key;
-        if let Err(error) = self.release_or_leave(key, request.owner).await {
+        if let Err(error) = self.release_or_leave(key, request.owner, true).await {
             tracing::debug!(%key, %error, "distributed_lock: undoing a grant the replicas did not acknowledge failed; it will expire");
         }
         let replicas = self.replicas_for(request.ttl);

@@ -146,8 +146,53 @@ pub(super) enum Attempt {
 pub(super) struct Released {
     /// Whether the owner held the lock.
     pub(super) held: bool,
-    /// The owner the lock was handed to, for its claim window.
-    pub(super) handed_to: Option<String>,
+    /// The waiter the lock was handed to, for its claim window.
+    pub(super) handed_to: Option<HandOff>,
+}
+
+/// A grant to a waiter, as a release's reply or its message names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct HandOff {
+    /// The waiter's owner.
+    pub(super) owner: String,
+    /// The grant's fence.
+    pub(super) fence: u64,
+    /// The number of the waiter's call that last wrote its waiter key, which reached the server
+    /// before the grant (see `hand_to` in common.lua); none for an older dlock's waiter.
+    pub(super) call: Option<u64>,
+}
+
+impl HandOff {
+    /// Reads a hand-off message: `<owner> <fence> <call>`. An older dlock's release publishes
+    /// `<owner>` or `<owner> <fence>`, and a waiter of an older dlock names no call: a message
+    /// without all three is a wake-up only (the waiter claims the lock with an acquire call).
+    pub(super) fn parse(message: &str) -> (&str, Option<Grant>) {
+        let mut words = message.split(' ');
+        let owner = words.next().unwrap_or_default();
+        let fence = words.next().and_then(|fence| fence.parse().ok());
+        let call = words.next().and_then(|call| call.parse().ok());
+        let grant = match (fence, call, words.next()) {
+            (Some(fence), Some(call), None) => Some(Grant { fence, call }),
+            _ => None,
+        };
+        (owner, grant)
+    }
+
+    /// What the waiter is told: the grant, where the waiter's call is known.
+    pub(super) fn grant(&self) -> Option<Grant> {
+        self.call.map(|call| Grant {
+            fence: self.fence,
+            call,
+        })
+    }
+}
+
+/// A hand-off as its waiter learns it: the fence, and the number of the waiter's call the grant
+/// came after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Grant {
+    pub(super) fence: u64,
+    pub(super) call: u64,
 }
 
 pub(super) fn parse_release(reply: Value) -> Result<Released, redis::RedisError> {
@@ -162,14 +207,30 @@ pub(super) fn parse_release(reply: Value) -> Result<Released, redis::RedisError>
             handed_to: None,
         }),
         Value::Array(items) => {
-            // {held, head, the hand-off's fence}
-            let [Value::Int(n), Value::BulkString(head), Value::Int(_)] = items.as_slice() else {
+            // {held, head, the hand-off's fence, the number of the head's call ('' if none)}
+            let [Value::Int(n), Value::BulkString(head), Value::Int(fence), Value::BulkString(call)] =
+                items.as_slice()
+            else {
                 return Err(unexpected(&reply));
             };
             let head = std::str::from_utf8(head).map_err(|_| unexpected(&reply))?;
+            let fence = u64::try_from(*fence).map_err(|_| unexpected(&reply))?;
+            let call = match call.as_slice() {
+                b"" => None,
+                digits => Some(
+                    std::str::from_utf8(digits)
+                        .ok()
+                        .and_then(|call| call.parse().ok())
+                        .ok_or_else(|| unexpected(&reply))?,
+                ),
+            };
             Ok(Released {
                 held: held(*n)?,
-                handed_to: Some(head.to_owned()),
+                handed_to: Some(HandOff {
+                    owner: head.to_owned(),
+                    fence,
+                    call,
+                }),
             })
         }
         _ => Err(unexpected(&reply)),
@@ -211,19 +272,28 @@ mod tests {
 
     #[test]
     fn release_replies_name_the_waiter_handed_the_lock() {
-        let reply = |held: i64, head: &str, fence: i64| {
+        let reply = |held: i64, head: &str, fence: i64, call: &str| {
             Value::Array(vec![
                 Value::Int(held),
                 Value::BulkString(head.as_bytes().to_vec()),
                 Value::Int(fence),
+                Value::BulkString(call.as_bytes().to_vec()),
             ])
         };
-        let released = parse_release(reply(1, "abc", 9)).unwrap();
+        let released = parse_release(reply(1, "abc", 9, "4")).unwrap();
         assert!(released.held);
-        assert_eq!(released.handed_to.as_deref(), Some("abc"));
-        let released = parse_release(reply(0, "abc", 3)).unwrap();
+        let handed = released.handed_to.unwrap();
+        assert_eq!(
+            (handed.owner.as_str(), handed.fence, handed.call),
+            ("abc", 9, Some(4))
+        );
+        assert_eq!(handed.grant(), Some(Grant { fence: 9, call: 4 }));
+        let released = parse_release(reply(0, "abc", 3, "")).unwrap();
         assert!(!released.held);
-        assert_eq!(released.handed_to.as_deref(), Some("abc"));
+        let handed = released.handed_to.unwrap();
+        assert_eq!((handed.owner.as_str(), handed.call), ("abc", None));
+        assert_eq!(handed.grant(), None);
+        assert!(parse_release(reply(1, "abc", 3, "x")).is_err());
         for (reply, held) in [(Value::Int(1), true), (Value::Int(0), false)] {
             let released = parse_release(reply).unwrap();
             assert_eq!(released.held, held);
@@ -231,6 +301,17 @@ mod tests {
         }
         assert!(parse_release(Value::Int(2)).is_err());
         assert!(parse_release(Value::Array(vec![Value::Int(1)])).is_err());
+    }
+
+    #[test]
+    fn hand_off_messages_name_the_owner_and_the_grant_where_they_can() {
+        let grant = Some(Grant { fence: 42, call: 7 });
+        assert_eq!(HandOff::parse("abc 42 7"), ("abc", grant));
+        // An older dlock's release, or a grant to an older dlock's waiter: a wake-up only.
+        assert_eq!(HandOff::parse("abc"), ("abc", None));
+        assert_eq!(HandOff::parse("abc 42"), ("abc", None));
+        assert_eq!(HandOff::parse("abc 42 7 9"), ("abc", None));
+        assert_eq!(HandOff::parse("abc x 7"), ("abc", None));
     }
 
     #[test]

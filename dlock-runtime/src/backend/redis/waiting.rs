@@ -4,10 +4,11 @@
 use std::time::{Duration, Instant};
 
 use super::keys::LockKeys;
-use super::scripts::{Attempt, Mode};
+use super::scripts::{Attempt, Grant, Mode};
 use super::subscriber::Subscription;
-use super::RedisBackend;
+use super::{lease_millis, millis, RedisBackend};
 use crate::backend::{AcquireRequest, Acquired};
+use crate::clock::safety_margin;
 use crate::{LockError, Owner};
 
 /// The first fallback poll of a waiter; it doubles (with jitter) up to a third of the liveness
@@ -48,6 +49,7 @@ impl RedisBackend {
         // Subscribing waits no longer than this before the poll: the polls keep the waiter key
         // alive, and a claim is one of them.
         let grace = SUBSCRIBE_GRACE.min(claim_window / 10);
+        let mut calls = SentCalls::default();
         loop {
             // Subscribed before the script queues this waiter, so the hand-off's message cannot
             // come first; or, where that takes longer, polled again once subscribed. Without
@@ -58,7 +60,8 @@ impl RedisBackend {
             let sent_at = Instant::now();
             let last = sent_at >= deadline;
             let mode = if last { Mode::Leave } else { Mode::Queue };
-            let attempt = self.try_acquire(keys, request.ttl, mode).await?;
+            let call = calls.record(sent_at);
+            let attempt = self.try_acquire(keys, request.ttl, mode, call).await?;
             match attempt {
                 Attempt::Granted(fence) => {
                     guard.armed = false;
@@ -96,11 +99,85 @@ impl RedisBackend {
                         until = until.min(now + pttl);
                     }
                     subscription.wait(until).await;
-                    // Woken by a hand-off (or to look again): the next acquire call claims a lock
-                    // handed to this owner — it finds it its own, extends it to the full ttl and
-                    // answers the fence — within the claim window the hand-off granted.
+                    if let Some(grant) = subscription.take_grant() {
+                        if let Some(acquired) = self.start_on_hand_off(request, grant, &calls) {
+                            guard.armed = false;
+                            return Ok(Some(acquired));
+                        }
+                    }
+                    // Woken by a hand-off that cannot be started on (or to look again): the next
+                    // acquire call claims a lock handed to this owner — it finds it its own,
+                    // extends it to the full ttl and answers the fence — within the claim window
+                    // the hand-off granted.
                 }
             }
+        }
+    }
+}
+
+impl RedisBackend {
+    /// The lease a hand-off's `grant` gives this waiter without a claim call, if it gives one.
+    ///
+    /// The grant was made after the server ran the waiter's call `grant.call` (it read the
+    /// number that call wrote into the waiter key), which the waiter sent at `sent_at`; it holds
+    /// the lock for the waiter's claim window from then on. So the server keeps the lock for
+    /// the waiter at least until `sent_at` + the claim window, and the waiter may count on it,
+    /// less the client's margin on that window, as on any lease counted from a send time. It
+    /// starts on that where at least half of it is left, and leaves the extension to the full
+    /// ttl to its first renewal, which the watchdog makes a third of the way into that validity
+    /// (see [`Acquired::valid_from`]): a body that ends sooner costs no claim at all. With less
+    /// left (a waiter whose runtime stalled, a message that took long), a claim call costs less
+    /// than a lease about to run out. Not for a lease nobody renews (it would end with the claim
+    /// window), nor where `min_replicas` wants the replicas' word on each grant, which only the
+    /// claim call's `WAIT` gets.
+    fn start_on_hand_off(
+        &self,
+        request: &AcquireRequest<'_>,
+        grant: Grant,
+        calls: &SentCalls,
+    ) -> Option<Acquired> {
+        if !request.renewed || self.inner.min_replicas > 0 {
+            return None;
+        }
+        let sent_at = calls.sent_at(grant.call)?;
+        // As the acquire script computes it, in the waiter key the grant read.
+        let claim =
+            Duration::from_millis(lease_millis(request.ttl).min(millis(self.inner.liveness)));
+        let span = claim.saturating_sub(safety_margin(claim));
+        let valid_until = sent_at + span;
+        if valid_until.saturating_duration_since(Instant::now()) < span / 2 {
+            return None;
+        }
+        let ttl = request.ttl;
+        let valid_from = valid_until.checked_sub(ttl.saturating_sub(safety_margin(ttl)))?;
+        Some(Acquired {
+            fence: grant.fence,
+            valid_from,
+        })
+    }
+}
+
+/// The send times of a waiter's latest calls, by number (from 1). Calls go one at a time, and a
+/// grant comes after the call it names, before the next one reaches the server (which would
+/// claim it): the latest few are all a grant can name.
+#[derive(Default)]
+struct SentCalls {
+    next: u64,
+    latest: [(u64, Option<Instant>); 4],
+}
+
+impl SentCalls {
+    /// Numbers a call sent at `sent_at`.
+    fn record(&mut self, sent_at: Instant) -> u64 {
+        self.next += 1;
+        self.latest[(self.next % 4) as usize] = (self.next, Some(sent_at));
+        self.next
+    }
+
+    fn sent_at(&self, call: u64) -> Option<Instant> {
+        match self.latest[(call % 4) as usize] {
+            (number, sent_at) if number == call => sent_at,
+            _ => None,
         }
     }
 }
@@ -125,7 +202,7 @@ impl Drop for LeaveGuard {
             self.owner,
         );
         self.backend.inner.cleanups.spawn(async move {
-            if let Err(error) = backend.release_or_leave(&key, owner).await {
+            if let Err(error) = backend.release_or_leave(&key, owner, true).await {
                 tracing::debug!(%key, %error, "distributed_lock: leaving the redis queue failed; the waiter key will expire");
             }
         });
@@ -165,6 +242,20 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_latest_calls_are_known() {
+        let mut calls = SentCalls::default();
+        let start = Instant::now();
+        for i in 0..6 {
+            assert_eq!(calls.record(start + Duration::from_millis(i)), i + 1);
+        }
+        assert_eq!(calls.sent_at(6), Some(start + Duration::from_millis(5)));
+        assert_eq!(calls.sent_at(3), Some(start + Duration::from_millis(2)));
+        assert_eq!(calls.sent_at(2), None);
+        assert_eq!(calls.sent_at(7), None);
+        assert_eq!(calls.sent_at(0), None);
+    }
 
     #[test]
     fn backoff_grows_with_jitter_up_to_the_cap() {
