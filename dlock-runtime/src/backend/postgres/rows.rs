@@ -98,7 +98,10 @@ async fn acquire_row(
 ) -> Result<Attempt, LockError> {
     let answer = sql::retry_transient(is_conflict, || async {
         shared.statements.fetch_add(1, Ordering::Relaxed);
-        let mut connection = shared.pool.acquire().await?;
+        // Boxed: sqlx's future for a pooled connection holds its whole connect path (about
+        // 8 KB), which would otherwise sit in every try's and release's task and be copied
+        // with it on each move: most of the CPU an uncontended lock spent on the client.
+        let mut connection = Box::pin(shared.pool.acquire()).await?;
         let sent_at = Instant::now();
         let row = shared
             .sql
@@ -213,7 +216,7 @@ pub(super) async fn release_row(
     let sending = &sending;
     let send = || async move {
         shared.statements.fetch_add(1, Ordering::Relaxed);
-        let mut connection = shared.pool.acquire().await?;
+        let mut connection = Box::pin(shared.pool.acquire()).await?; // Boxed: see `acquire_row`.
         let sent_at = Instant::now();
         sending.store(true, Ordering::SeqCst);
         let again = sent_blind.load(Ordering::SeqCst);
