@@ -1,0 +1,159 @@
+//! Acquiring a key: one try where the caller does not wait; otherwise a place in this
+//! backend's queue for the key, whose head alone asks the database, takes a key a release hands
+//! it, and rests between tries until a release is announced or the holder's expiry.
+
+use std::time::{Duration, Instant};
+
+use super::rows::{Attempt, Line};
+use super::waiting::{Start, Turn};
+use super::{check_key, micros_i64, PostgresBackend};
+use crate::backend::sql::{Backoff, Limits};
+use crate::backend::{AcquireRequest, Acquired};
+use crate::LockError;
+
+/// Back-off between tries of a waiting head while nobody listens for releases.
+const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
+
+/// How soon a head looks again when its try could not read the holder's expiry (the row was
+/// written by a statement that ran alongside).
+const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
+
+impl PostgresBackend {
+    /// [`Backend::acquire`](crate::backend::Backend::acquire) on this store.
+    pub(super) async fn acquire_key(
+        &self,
+        request: &AcquireRequest<'_>,
+    ) -> Result<Option<Acquired>, LockError> {
+        check_key(request.key)?;
+        let key = request.key.as_bytes();
+        let owner = request.owner.to_string();
+        let ttl_us = micros_i64(request.ttl);
+        let granted = |fence, sent_at| {
+            Some(Acquired {
+                fence,
+                valid_from: sent_at,
+            })
+        };
+        if request.wait.is_zero() {
+            // One try; a key this backend's waiters queue for is busy for a newcomer.
+            if self.shared.waiting.has_waiters(key) {
+                return Ok(None);
+            }
+            let limits = Limits::new(Some(Instant::now()), request.ttl);
+            return Ok(
+                match self
+                    .try_acquire(key, &owner, ttl_us, Line::StayOut, false, limits)
+                    .await?
+                {
+                    Attempt::Granted { fence, sent_at, .. } => granted(fence, sent_at),
+                    Attempt::Busy { .. } => None,
+                },
+            );
+        }
+        let deadline = Instant::now() + request.wait;
+        let place = self.shared.waiting.join(key, &owner, ttl_us);
+        let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF, request.owner);
+        // Waited before (found the key busy, or waited behind another waiter of this backend
+        // while the key went round): a waiter refused now lost a race for the key, and takes its
+        // place in line. Only the first try of a waiter at the head of an empty queue does not:
+        // a process alone at a key, whose waiters get it handed over at each release, then
+        // writes nothing to the waiters table.
+        let mut waited_before = false;
+        loop {
+            if place.hand_over_lost() {
+                return Err(LockError::backend(
+                    "PostgreSQL: the connection of a release that was handing this waiter the key broke; whether it was handed over is unknown, and what it may have written is deleted",
+                ));
+            }
+            if let Turn::Behind(head_lapses) = place.turn() {
+                waited_before = true;
+                // Woken when the head leaves or is woken itself, and at the time its turn
+                // lapses, to pass it over if it has not taken it.
+                let until = head_lapses.map_or(deadline, |lapses| lapses.min(deadline));
+                tokio::select! {
+                    () = place.woken() => continue,
+                    () = tokio::time::sleep_until(until.into()) => {
+                        if Instant::now() >= deadline {
+                            return Ok(None);
+                        }
+                        continue;
+                    }
+                }
+            }
+            match place.start_try() {
+                Start::Try => {}
+                Start::Wait => {
+                    // A release is handing the key over; told how it went, this head claims
+                    // the key or tries. Past the deadline, dropping the place gives a late
+                    // grant back.
+                    tokio::select! {
+                        () = place.woken() => continue,
+                        () = tokio::time::sleep_until(deadline.into()) => return Ok(None),
+                    }
+                }
+                Start::Handed(handed) => {
+                    if handed.caller.claim() {
+                        // The release recorded whether this backend keeps its place in line.
+                        place.holds_until(handed.valid_from + request.ttl);
+                        return Ok(granted(handed.fence, handed.valid_from));
+                    }
+                    continue; // Withdrawn: the clean-up gives the key back.
+                }
+            }
+            let listening = self.shared.waiting.listening();
+            let remaining = match self
+                .try_acquire(
+                    key,
+                    &owner,
+                    ttl_us,
+                    if waited_before {
+                        Line::Join
+                    } else {
+                        Line::JoinIfQueued
+                    },
+                    place.others_behind(),
+                    Limits::new(Some(deadline), request.ttl),
+                )
+                .await?
+            {
+                Attempt::Granted {
+                    fence,
+                    sent_at,
+                    in_line,
+                } => {
+                    self.shared.waiting.in_line(key, in_line);
+                    place.holds_until(sent_at + request.ttl);
+                    return Ok(granted(fence, sent_at));
+                }
+                Attempt::Busy { remaining, in_line } => {
+                    if let Some(in_line) = in_line {
+                        self.shared.waiting.in_line(key, in_line);
+                    }
+                    waited_before = true;
+                    remaining
+                }
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let pause = if listening.is_some() && listening == self.shared.waiting.listening() {
+                // A release is announced; the holder's expiry is not, nor a place in line
+                // ahead lapsing, so look again then.
+                remaining.map_or(UNKNOWN_EXPIRY_RECHECK, |left| {
+                    left + Duration::from_millis(1)
+                })
+            } else {
+                // Nobody listened for the whole try: a release may go unannounced.
+                backoff.next_pause()
+            };
+            let until = (now + pause).min(deadline);
+            place.resting_until(until);
+            tokio::select! {
+                () = place.woken() => {}
+                () = tokio::time::sleep_until(until.into()) => {}
+            }
+        }
+    }
+}

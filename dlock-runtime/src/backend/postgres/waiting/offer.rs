@@ -1,0 +1,136 @@
+//! A release's hand-off of the key to this backend's head at rest: offered before the
+//! release's statement is sent, settled by its answer.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::Notify;
+
+use super::Waiting;
+use crate::backend::claim::Caller;
+
+/// A release's hand-off of the key to a waiter at rest.
+pub(super) enum Offer {
+    None,
+    /// The release's statement is on its way: the waiter starts no try of its own meanwhile (a
+    /// try's grant and the hand-off's could cross).
+    InFlight,
+    /// The waiter holds the key, once it claims the grant.
+    Handed(Handed),
+}
+
+/// A grant a release handed to a waiter of this backend: the waiter's lease once it claims it;
+/// dropped unclaimed (the waiter's future dropped, or passed over), it is withdrawn, and the
+/// release's clean-up deletes the row.
+pub(in crate::backend::postgres) struct Handed {
+    pub(in crate::backend::postgres) fence: u64,
+    /// When the release's statement was sent: the lease's validity counts from then.
+    pub(in crate::backend::postgres) valid_from: Instant,
+    pub(in crate::backend::postgres) caller: Caller,
+}
+
+/// The waiter a release offers the key to (see [`Waiting::offer`]).
+pub(in crate::backend::postgres) struct Offered {
+    wake: Arc<Notify>,
+    lost: Arc<AtomicBool>,
+    pub(in crate::backend::postgres) owner: Arc<str>,
+    pub(in crate::backend::postgres) ttl_us: i64,
+    /// Whether other waiters of this backend wait behind it.
+    pub(in crate::backend::postgres) others_behind: bool,
+}
+
+/// What a head is to do next (see [`Place::start_try`](super::Place::start_try)).
+pub(in crate::backend::postgres) enum Start {
+    /// Ask the database.
+    Try,
+    /// Wait: a release is handing the key to this waiter.
+    Wait,
+    /// Claim the key a release handed over.
+    Handed(Handed),
+}
+
+impl Waiting {
+    /// The waiter a release of `key` by this backend is to hand the key to: the head of its
+    /// queue, at rest (no try of its own under way, which could be granted beside the hand-off)
+    /// and its turn not lapsed. Until [`settle`](Self::settle) says how the hand-off went, it
+    /// starts no try and is not passed over (the release's statement is bounded in time: see
+    /// `HAND_OVER_PATIENCE`).
+    pub(in crate::backend::postgres) fn offer(&self, key: &[u8]) -> Option<Offered> {
+        let now = Instant::now();
+        let mut state = self.shared.state();
+        let queue = state.queues.get_mut(key)?;
+        let others_behind = queue.len() > 1;
+        let head = queue.front_mut()?;
+        if head.trying_since.is_some()
+            || !matches!(head.offer, Offer::None)
+            || head.lapsed(now)
+            || head.lost.load(Ordering::SeqCst)
+        {
+            return None;
+        }
+        head.offer = Offer::InFlight;
+        head.due = None;
+        head.trying_since = None;
+        Some(Offered {
+            wake: head.wake.clone(),
+            lost: head.lost.clone(),
+            owner: head.owner.clone(),
+            ttl_us: head.ttl_us,
+            others_behind,
+        })
+    }
+
+    /// Tells the waiter `offered` that its hand-over ended without a known answer: its
+    /// acquisition fails at its next poll (see [`Place::hand_over_lost`](super::Place::hand_over_lost)), and its turn is over
+    /// (passed over 1 s on if it is not polled), so the waiters behind it go on.
+    pub(in crate::backend::postgres) fn hand_over_lost(&self, key: &[u8], offered: &Offered) {
+        // Recorded before the waiter can see it failed: its acquisition's release must find it.
+        self.shared
+            .state()
+            .lost_owners
+            .insert(offered.owner.clone());
+        offered.lost.store(true, Ordering::SeqCst);
+        let _ = self.settle(key, offered, None);
+        offered.wake.notify_one();
+    }
+
+    /// Whether `owner`'s acquisition failed as a hand-over to it was lost; forgets it. Its
+    /// release (the locker's, of the failed acquisition) is a plain delete: handed on to the
+    /// next waiter, a row a lost hand-over's clean-up is to delete could leave its reach.
+    pub(in crate::backend::postgres) fn take_lost_owner(&self, owner: &str) -> bool {
+        self.shared.state().lost_owners.remove(owner)
+    }
+
+    /// Tells the waiter `offered` how its hand-off went: `Some`, it holds the key once it
+    /// claims the grant; `None`, it does not, and tries now. `Err` where the waiter is gone
+    /// (its future dropped, or passed over), with the grant, for the caller to undo.
+    pub(in crate::backend::postgres) fn settle(
+        &self,
+        key: &[u8],
+        offered: &Offered,
+        handed: Option<Handed>,
+    ) -> Result<(), Option<Handed>> {
+        let now = Instant::now();
+        let mut state = self.shared.state();
+        let Some(waiter) = state
+            .queues
+            .get_mut(key)
+            .and_then(|queue| queue.iter_mut().find(|waiter| waiter.is(&offered.wake)))
+        else {
+            return Err(handed);
+        };
+        if !matches!(waiter.offer, Offer::InFlight) {
+            // Passed over while the release was on its way, and queued again since: a new
+            // entry, which no release offered the key to.
+            return Err(handed);
+        }
+        waiter.offer = handed.map_or(Offer::None, Offer::Handed);
+        // Due now: to claim the grant, or to try. A waiter that does not come for its grant
+        // within its turn is passed over, which withdraws the grant.
+        waiter.trying_since = None;
+        waiter.due = Some(now);
+        waiter.wake.notify_one();
+        Ok(())
+    }
+}

@@ -1,0 +1,191 @@
+//! A waiter's place in its key's queue: whose turn it is, when a head's turn lapses, and
+//! leaving.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::Notify;
+
+use super::{wake_front, Offer, Shared, Start, State, Turn, Waiter};
+
+/// Queues `place`'s waiter last for its key; at the head at once, it is due to try now.
+pub(super) fn enqueue(state: &mut State, place: &Place) {
+    let queue = state.queues.entry(place.key.clone()).or_default();
+    let due = queue.is_empty().then(Instant::now);
+    queue.push_back(Waiter {
+        wake: place.wake.clone(),
+        lost: place.lost.clone(),
+        owner: place.owner.clone(),
+        ttl_us: place.ttl_us,
+        offer: Offer::None,
+        due,
+        trying_since: None,
+    });
+}
+
+/// A waiter's place in its key's queue.
+pub(in crate::backend::postgres) struct Place {
+    pub(super) shared: Arc<Shared>,
+    pub(super) key: Vec<u8>,
+    pub(super) wake: Arc<Notify>,
+    pub(super) lost: Arc<AtomicBool>,
+    pub(super) owner: Arc<str>,
+    pub(super) ttl_us: i64,
+}
+
+impl Place {
+    /// Where this waiter stands. A waiter right behind a head that let its turn lapse passes
+    /// it over and is the head; a waiter that was passed over queues again, last.
+    pub(in crate::backend::postgres) fn turn(&self) -> Turn {
+        let now = Instant::now();
+        let mut state = self.shared.state();
+        let queued = state
+            .queues
+            .get(&self.key)
+            .is_some_and(|queue| queue.iter().any(|waiter| waiter.is(&self.wake)));
+        if !queued {
+            enqueue(&mut state, self);
+        }
+        let Some(queue) = state.queues.get_mut(&self.key) else {
+            return Turn::Head; // Unreachable: it was just queued.
+        };
+        if queue.front().is_some_and(|head| head.is(&self.wake)) {
+            return Turn::Head;
+        }
+        if queue.front().is_some_and(|head| head.lapsed(now)) {
+            tracing::debug!(
+                "distributed_lock: a PostgreSQL waiter did not take its turn; passed over"
+            );
+            // Told, so that polled again it queues again at once, rather than rest (its wake-ups
+            // go to the queue's waiters only) until its own pause or deadline runs out.
+            if let Some(passed_over) = queue.pop_front() {
+                passed_over.wake.notify_one();
+            }
+            if queue.front().is_some_and(|head| head.is(&self.wake)) {
+                return Turn::Head;
+            }
+            wake_front(queue, now);
+        }
+        Turn::Behind(queue.front().and_then(Waiter::lapses_at))
+    }
+
+    /// Whether a release that was handing this waiter the key lost its answer: whether the key
+    /// is this waiter's is unknown, and its acquisition fails rather than try again under the
+    /// same owner (the release's clean-up deletes by that owner what it may have written, and a
+    /// late copy of that delete must find no lease of this owner to take).
+    pub(in crate::backend::postgres) fn hand_over_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// What this head is to do: claim a key a release handed it, wait while a release is
+    /// handing it over, or else try (and its try starts now).
+    pub(in crate::backend::postgres) fn start_try(&self) -> Start {
+        let mut start = Start::Try;
+        self.change(
+            |waiter| match std::mem::replace(&mut waiter.offer, Offer::None) {
+                Offer::Handed(handed) => start = Start::Handed(handed),
+                Offer::InFlight => {
+                    waiter.offer = Offer::InFlight;
+                    start = Start::Wait;
+                }
+                Offer::None => {
+                    waiter.due = None;
+                    waiter.trying_since = Some(Instant::now());
+                }
+            },
+        );
+        start
+    }
+
+    /// Whether other waiters of this backend wait for the key behind this one.
+    pub(in crate::backend::postgres) fn others_behind(&self) -> bool {
+        self.shared
+            .state()
+            .queues
+            .get(&self.key)
+            .is_some_and(|queue| queue.iter().any(|waiter| !waiter.is(&self.wake)))
+    }
+
+    /// Says this head, its try done, is due to try again at `until` at the latest; the waiter
+    /// behind it, which looks again when the head's turn lapses, is told the new time.
+    pub(in crate::backend::postgres) fn resting_until(&self, until: Instant) {
+        self.change(|waiter| {
+            waiter.trying_since = None;
+            waiter.due = Some(waiter.due.map_or(until, |due| due.min(until)));
+        });
+        if let Some(next) = self
+            .shared
+            .state()
+            .queues
+            .get(&self.key)
+            .and_then(|queue| queue.get(1))
+        {
+            next.wake.notify_one();
+        }
+    }
+
+    fn change(&self, change: impl FnOnce(&mut Waiter)) {
+        let mut state = self.shared.state();
+        if let Some(waiter) = state
+            .queues
+            .get_mut(&self.key)
+            .and_then(|queue| queue.iter_mut().find(|waiter| waiter.is(&self.wake)))
+        {
+            change(waiter);
+        }
+    }
+
+    /// Resolves when this waiter should look again: it became the head, the key was released,
+    /// or the listener's connection dropped. A wake-up that came before this call is not lost.
+    pub(in crate::backend::postgres) async fn woken(&self) {
+        self.wake.notified().await;
+    }
+}
+
+impl Place {
+    /// Leaves the queue holding the key, its lease running out at `expires`: the next waiter
+    /// rests until then rather than try now, which would only find the key busy (and, mid-try
+    /// as the holder releases, miss the key the release would have handed it). A release
+    /// announced, or handed to it, wakes it sooner.
+    pub(in crate::backend::postgres) fn holds_until(self, expires: Instant) {
+        self.leave(Some(expires));
+    }
+
+    /// Leaves the queue; the next head is due to try at `next_due`, or now.
+    fn leave(&self, next_due: Option<Instant>) {
+        let mut state = self.shared.state();
+        let Some(queue) = state.queues.get_mut(&self.key) else {
+            return;
+        };
+        let was_head = queue.front().is_some_and(|head| head.is(&self.wake));
+        queue.retain(|waiter| !waiter.is(&self.wake));
+        if queue.is_empty() {
+            state.queues.remove(&self.key);
+            // The last waiter of this backend for the key: its place in line goes too, or it
+            // would keep other processes' waiters from a free key until it lapsed.
+            if state.in_line.remove(&self.key) {
+                state.leaving.insert(self.key.clone());
+                self.shared.places_left.notify_one();
+            }
+        } else if was_head {
+            match (next_due, queue.front_mut()) {
+                (Some(due), Some(next)) => {
+                    next.due = Some(due);
+                    // The waiter behind it looks again when its turn lapses.
+                    if let Some(behind) = queue.get(1) {
+                        behind.wake.notify_one();
+                    }
+                }
+                // The next waiter's turn to ask the database.
+                _ => state.wake_head(&self.key),
+            }
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.leave(None);
+    }
+}
