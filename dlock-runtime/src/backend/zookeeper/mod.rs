@@ -61,7 +61,9 @@
 //!   (a `select!`, an aborted task, a time-out) stops only the waiting, never the delete. A
 //!   second release of the owner meanwhile waits for the same delete.
 //! - **Renewal**: one `multi` of version checks (any version) on every lease's node (1,000 per
-//!   request, the requests pipelined): a lease is held while its node exists on the live
+//!   request, fewer where their paths are long: a request stays well under the server's
+//!   `jute.maxbuffer`, whose excess drops the connection; the requests pipelined): a lease is
+//!   held while its node exists on the live
 //!   session. Nothing is extended on the server, because the lease *is* the session: the
 //!   client's heartbeats keep the session, and the session keeps the nodes.
 //! - **Confirmation through the quorum**: a server answers reads from its own copy of the data.
@@ -73,8 +75,8 @@
 //!   (the listing that shows no node ahead may be stale, but only about nodes that went, never
 //!   about older ones), and the renewal's checks. A `multi` rather than a `sync` before a read:
 //!   a `sync` is answered by a leader that may itself have lost its quorum and not noticed yet,
-//!   a committed write cannot be. The price is one transaction per renewal tick (per thousand
-//!   leases) in the ensemble's log, instead of a read.
+//!   a committed write cannot be. The price is one transaction per renewal request (per
+//!   thousand leases, or per half megabyte of their paths) in the ensemble's log, instead of a read.
 //! - **Claim**: the acquisition runs on dlock's background runtime, not in the caller's future,
 //!   so the queue moves on whether or not the caller is polled; a grant becomes the caller's
 //!   lease when the caller's future claims it. A grant not claimed within the *claim window*
@@ -143,6 +145,7 @@
 //! session outlives whichever tokio runtime first used the backend. Its session task is spawned
 //! through the `spawns` hook, which dlock points at its own background runtime.
 
+mod batch;
 mod builder;
 mod claim;
 mod cleanup;
@@ -183,10 +186,6 @@ pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(30);
 /// The ensemble's tick, unless [`ZookeeperBuilder::tick_time`] says otherwise: ZooKeeper's
 /// default `tickTime`. The client cannot ask the ensemble for it.
 pub const DEFAULT_TICK_TIME: Duration = Duration::from_secs(2);
-
-/// Leases renewed by one `multi` (and nodes read by one `multiRead`); more pipeline more
-/// requests.
-const RENEW_CHUNK: usize = 1_000;
 
 const PERSISTENT: CreateOptions<'static> = CreateMode::Persistent.with_acls(Acls::anyone_all());
 const EPHEMERAL_SEQUENTIAL: CreateOptions<'static> =
