@@ -123,11 +123,22 @@
 //! client's previous request, up to the client's idle gap (a third of the session timeout) and
 //! half a tick earlier. So a lease's ttl may be at most two thirds of the granted session
 //! timeout less one tick (see [`ttl_limit`](ZookeeperBackend::ttl_limit)): 18 s for the default
-//! session of 30 s on ZooKeeper's default tick of 2 s. A longer ttl is shortened to that limit
-//! by the [`Locker`](crate::Locker) — which costs only more frequent renewals, since a crashed
-//! holder's node lives as long as its session whatever the ttl — and refused with
+//! session of 30 s on ZooKeeper's default tick of 2 s. A longer ttl is refused with
 //! [`LockError::InvalidOptions`] by [`Backend::acquire`] called directly — checked again when
-//! an acquisition moves to a new session, which the ensemble may grant a shorter timeout. Set
+//! an acquisition moves to a new session, which the ensemble may grant a shorter timeout — and
+//! shortened to that limit by the [`Locker`](crate::Locker), which keeps the hold the caller
+//! asked for:
+//!
+//! - A renewed lease is renewed more often, that is all: a renewal extends nothing on the
+//!   server, and a crashed holder's node lives as long as its session whatever the ttl.
+//! - A lease with `renew = false` is confirmed all the same, at the pace of the shorter ttl, by
+//!   the same checks of its node a renewal makes (which extend nothing either), until its own
+//!   ttl runs out, and no longer: `ttl = "60s", renew = false` on the default session is held
+//!   for 60 s less the safety margin, as on any store, not for 18 s. Without those checks the
+//!   client could trust one confirmation for no longer than the limit, and would have to give
+//!   up the lease at 18 s while its node still held the key.
+//!
+//! Set
 //! [`ZookeeperBuilder::tick_time`] to the ensemble's `tickTime` when it is not the default, and
 //! raise [`ZookeeperBuilder::session_timeout`] (within the server's `maxSessionTimeout`) for
 //! longer leases.
@@ -217,7 +228,8 @@ const EPHEMERAL_SEQUENTIAL: CreateOptions<'static> =
 /// lost and later calls open a new session.
 /// Hence a lease's ttl may be at most [`ttl_limit`](Self::ttl_limit), two thirds of the session
 /// timeout the ensemble granted less one tick (see the module docs for why): a
-/// [`Locker`](crate::Locker) shortens a longer ttl to it. Requires ZooKeeper 3.6 or newer.
+/// [`Locker`](crate::Locker) shortens a longer ttl to it, and confirms a lease with
+/// `renew = false` at that pace until its own ttl runs out. Requires ZooKeeper 3.6 or newer.
 ///
 /// Besides [`Backend`], it has an operator's view of a key, [`queue`](Self::queue) and
 /// [`force_release`](Self::force_release), and a counter for tests,
@@ -323,7 +335,8 @@ impl ZookeeperBackend {
 
     /// The longest ttl a lease may have on the current session: two thirds of its timeout less
     /// one tick ([`ZookeeperBuilder::tick_time`]). A [`Locker`](crate::Locker) shortens a longer
-    /// ttl to this.
+    /// ttl to this; a lease with `renew = false` is then confirmed at this pace until its own
+    /// ttl runs out, so it is held for the ttl asked.
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
