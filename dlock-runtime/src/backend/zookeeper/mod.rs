@@ -138,7 +138,12 @@
 //!   client could trust one confirmation for no longer than the limit, and would have to give
 //!   up the lease at 18 s while its node still held the key.
 //!
-//! Set
+//! The limit is reckoned with the session timeout granted when the session was opened. A
+//! session that reconnects to another server is granted that server's value, which the client
+//! does not report, and the ensemble counts the session by it from then on. A server that grants less
+//! would let the ensemble expire the session, and delete its nodes, while the client still
+//! trusts their leases; so every server of the ensemble must grant the same session timeout
+//! (the same `tickTime`, `minSessionTimeout` and `maxSessionTimeout` on all of them). Set
 //! [`ZookeeperBuilder::tick_time`] to the ensemble's `tickTime` when it is not the default, and
 //! raise [`ZookeeperBuilder::session_timeout`] (within the server's `maxSessionTimeout`) for
 //! longer leases.
@@ -321,7 +326,10 @@ impl ZookeeperBackend {
         &self.shared.base
     }
 
-    /// The session timeout the ensemble granted the current session.
+    /// The session timeout the ensemble granted the current session when it was opened. A
+    /// reconnection to another server may be granted another value, which this does not show:
+    /// every server of the ensemble must grant the same (see
+    /// [`ZookeeperBuilder::session_timeout`]).
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
