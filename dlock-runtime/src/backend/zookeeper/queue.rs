@@ -29,7 +29,8 @@ pub(super) async fn queue_in_creation_order(
 
 /// The `czxid` of each lock node among `children` of `parent`, read in `multiRead`s of as many
 /// nodes as the server accepts in one request (see [`batch`](super::batch)), the requests
-/// pipelined. Other names, and nodes gone since the listing, are left out.
+/// pipelined. Other names, and nodes gone since the listing, are left out; a node that cannot
+/// be read for another reason (its ACL, say) is an error.
 pub(super) async fn creation_zxids(
     client: &Client,
     parent: &str,
@@ -53,8 +54,20 @@ pub(super) async fn creation_zxids(
     for read in reads {
         for result in read.await? {
             let name = names.next().unwrap_or_default();
-            if let MultiReadResult::Data { stat, .. } = result {
-                found.push((stat.czxid, name));
+            match result {
+                MultiReadResult::Data { stat, .. } => found.push((stat.czxid, name)),
+                // Gone since the listing: it is ahead of nobody any more.
+                MultiReadResult::Error {
+                    err: ZkError::NoNode,
+                } => {}
+                // A node whose age is unknown may be ahead of ours: leaving it out would let a
+                // waiter pass it and hold the key beside it.
+                MultiReadResult::Error { err } => return Err(err),
+                _ => {
+                    return Err(ZkError::UnexpectedError(format!(
+                        "a read of {parent}/{name} did not answer its data"
+                    )))
+                }
             }
         }
     }
