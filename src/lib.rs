@@ -154,8 +154,10 @@
 //!   a third of the session timeout and half a tick. So `ttl` is at most two thirds of the
 //!   granted session timeout less one tick — 18 s with the default session of 30 s and
 //!   ZooKeeper's default tick of 2 s — and a longer one, the default 30 s among them, is
-//!   shortened to that: it costs more frequent renewals, not a shorter hold, and a crashed
-//!   holder blocks its key for the session timeout whatever the ttl. For longer leases raise
+//!   shortened to that: it costs more frequent renewals, not a shorter hold (with
+//!   `renew = false` too: such a lease is confirmed at that pace until its own ttl runs out,
+//!   with checks that extend nothing), and a crashed holder blocks its key for the session
+//!   timeout whatever the ttl. For longer leases raise
 //!   `ZookeeperBuilder::session_timeout` (within the server's `maxSessionTimeout`); on an
 //!   ensemble whose `tickTime` is not 2 s, say so with `ZookeeperBuilder::tick_time`.
 //! - `wait = "0s"` (the default) suits de-duplication: the loser of a race is a duplicate and is

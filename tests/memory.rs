@@ -296,3 +296,84 @@ mod paused_clock {
         );
     }
 }
+
+/// A store that can vouch for a lease for a limited time (as ZooKeeper can, for its session's
+/// sake), over the in-process store: the `Locker` shortens a longer ttl to the limit, and a
+/// lease without renewal is still the holder's for its whole ttl, and no longer.
+mod store_ttl_limit {
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    use dlock::backend::{AcquireRequest, Acquired, Backend, MemoryBackend, Renewal};
+    use dlock::{LockError, LockOptions, Locker, Owner};
+
+    use crate::support::Counting;
+
+    /// The longest ttl the wrapped store takes.
+    const LIMIT: Duration = Duration::from_millis(600);
+
+    struct Limited(Counting<MemoryBackend>);
+
+    impl Backend for Limited {
+        async fn acquire(
+            &self,
+            request: &AcquireRequest<'_>,
+        ) -> Result<Option<Acquired>, LockError> {
+            assert!(request.ttl <= LIMIT, "asked for {:?}", request.ttl);
+            self.0.acquire(request).await
+        }
+
+        async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+            self.0.release(key, owner).await
+        }
+
+        async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+            self.0.renew(leases).await
+        }
+
+        fn ttl_limit(&self) -> Option<Duration> {
+            Some(LIMIT)
+        }
+
+        fn release_now(&self, key: &str, owner: Owner) -> bool {
+            self.0.release_now(key, owner)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unrenewed_lease_beyond_the_limit_is_confirmed_for_its_ttl_and_no_longer() {
+        let store = Counting::new(MemoryBackend::new());
+        let renewed = store.renewed.clone();
+        let locker = Locker::with_backend(Limited(store));
+        let sent_at = Instant::now();
+        let options = LockOptions::new().ttl(Duration::from_secs(2)).renew(false);
+        let lease = locker.lock("beyond", options).await.unwrap();
+        tokio::time::sleep_until((sent_at + Duration::from_millis(1500)).into()).await;
+        assert!(lease.is_held(), "given up before its ttl");
+        tokio::time::timeout(Duration::from_secs(1), lease.lost())
+            .await
+            .expect("trusted past its ttl");
+        assert!(
+            sent_at.elapsed() >= Duration::from_millis(1800),
+            "given up after {:?}, before its ttl less the margin",
+            sent_at.elapsed()
+        );
+        let confirmations = renewed.load(Ordering::SeqCst);
+        assert!(confirmations >= 3, "{confirmations} confirmations");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            renewed.load(Ordering::SeqCst),
+            confirmations,
+            "confirmed after its ttl ran out"
+        );
+        lease.release().await.unwrap();
+
+        // Within the limit, a lease without renewal is never renewed.
+        let options = LockOptions::new()
+            .ttl(Duration::from_millis(400))
+            .renew(false);
+        let lease = locker.lock("within", options).await.unwrap();
+        lease.lost().await;
+        assert_eq!(renewed.load(Ordering::SeqCst), confirmations);
+    }
+}

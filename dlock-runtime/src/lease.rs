@@ -23,8 +23,13 @@ pub(crate) struct LeaseState {
     pub(crate) ttl: Duration,
     pub(crate) locker_id: usize,
     /// Until when the lease is ours by the client's reckoning: the last confirmation's send time
-    /// plus ttl less the safety margin. Nanoseconds on the `clock` origin.
+    /// plus ttl less the safety margin, and never past `ends_at`. Nanoseconds on the `clock`
+    /// origin.
     valid_until: AtomicU64,
+    /// Where no confirmation takes the lease: set for a lease without renewal whose ttl the
+    /// store shortened, which is confirmed at the shorter ttl's pace only up to its own ttl.
+    /// `None` for every other lease.
+    ends_at: Option<Instant>,
     lost: AtomicBool,
     released: AtomicBool,
     lost_wake: Notify,
@@ -93,6 +98,7 @@ impl LeaseState {
             ttl,
             locker_id,
             valid_until: AtomicU64::new(clock::to_nanos(Self::validity_from(valid_from, ttl))),
+            ends_at: None,
             lost: AtomicBool::new(false),
             released: AtomicBool::new(false),
             lost_wake: Notify::new(),
@@ -104,8 +110,27 @@ impl LeaseState {
         }
     }
 
+    /// The same lease, never valid past its full ttl, `full_ttl`, counted from `valid_from`:
+    /// for a lease without renewal whose ttl the store shortened to `self.ttl`. Its
+    /// confirmations, which come at the shorter ttl's pace, keep it until then and no longer,
+    /// as an unrenewed lease of `full_ttl` would be kept.
+    pub(crate) fn ending_after(mut self, valid_from: Instant, full_ttl: Duration) -> Self {
+        let ends_at = Self::validity_from(valid_from, full_ttl);
+        self.ends_at = Some(ends_at);
+        self.valid_until
+            .fetch_min(clock::to_nanos(ends_at), Ordering::AcqRel);
+        self
+    }
+
     fn validity_from(confirmed_at: Instant, ttl: Duration) -> Instant {
         confirmed_at + ttl.saturating_sub(clock::safety_margin(ttl))
+    }
+
+    /// Whether no confirmation can make the lease valid for longer: its validity reached the
+    /// end of its full ttl (see [`ending_after`](Self::ending_after)).
+    pub(crate) fn fully_confirmed(&self) -> bool {
+        self.ends_at
+            .is_some_and(|ends_at| self.valid_until() >= ends_at)
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
@@ -163,8 +188,12 @@ impl LeaseState {
             self.mark_lost(LossCause::Unconfirmed);
             return;
         }
-        let until = clock::to_nanos(Self::validity_from(sent_at, self.ttl));
-        self.valid_until.fetch_max(until, Ordering::AcqRel);
+        let mut until = Self::validity_from(sent_at, self.ttl);
+        if let Some(ends_at) = self.ends_at {
+            until = until.min(ends_at);
+        }
+        self.valid_until
+            .fetch_max(clock::to_nanos(until), Ordering::AcqRel);
         if self.is_lost() {
             // Lost between the check above and the store: keep it lost.
             return;

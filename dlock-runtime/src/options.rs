@@ -47,8 +47,9 @@ impl LockOptions {
 
     /// Sets the lease length. A store that cannot keep a lease that long shortens it to the
     /// longest it can (on ZooKeeper, two thirds of the session timeout less a tick: see
-    /// `ZookeeperBackend`). A shorter lease is renewed more often; only a holder cut off from
-    /// the store gives it up sooner.
+    /// `ZookeeperBackend`). A shorter lease is renewed more often — a lease without renewal
+    /// too, up to the ttl set here and no further — and only a holder cut off from the store
+    /// gives it up sooner.
     ///
     /// A ttl under 1 ms makes [`Locker::lock`](crate::Locker::lock) fail with
     /// [`LockError::InvalidOptions`].
@@ -77,7 +78,9 @@ impl LockOptions {
     }
 
     /// Turns the watchdog's renewal on or off. Off, the lease ends a ttl after it was granted
-    /// however long its holder works: for work that must never outlast a fixed window.
+    /// however long its holder works: for work that must never outlast a fixed window. (Where
+    /// the store shortened the ttl, the lease is confirmed at the shorter ttl's pace up to that
+    /// end, so it still lasts the ttl set.)
     ///
     /// ```
     /// use std::time::Duration;

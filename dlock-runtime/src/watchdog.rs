@@ -171,7 +171,12 @@ impl Shared {
                     match held {
                         Some(true) => {
                             state.confirm(sent_at);
-                            self.reschedule(state, sent_at + clock::renew_interval(state.ttl));
+                            if state.fully_confirmed() {
+                                // Valid to the end of its ttl: nothing more to confirm.
+                                self.registry().leases.remove(&state.id);
+                            } else {
+                                self.reschedule(state, sent_at + clock::renew_interval(state.ttl));
+                            }
                         }
                         Some(false) => state.mark_lost(LossCause::Refused),
                         // Not confirmed this round (its part of the store failed): retried

@@ -5,7 +5,8 @@
 //! By topic: [`queue`] (waiters in line, one woken per release, nodes cleaned up), [`claim`]
 //! (a grant its waiter does not claim goes to the next one after the claim window), [`abandoned`]
 //! (nodes nobody uses go though their deletes are lost with the connection, and though nobody
-//! waits for their answer), [`sessions`] (leases within what the session guarantees:
+//! waits for their answer), [`requests`] (requests carrying many paths stay within what the
+//! server accepts), [`sessions`] (leases within what the session guarantees:
 //! partitions, outages, a follower cut off) and [`paths`] (the URL's chroot, the longest key).
 
 // The support every test crate shares, one directory up.
@@ -16,6 +17,7 @@ mod abandoned;
 mod claim;
 mod paths;
 mod queue;
+mod requests;
 mod sessions;
 
 use std::time::{Duration, Instant};

@@ -277,3 +277,67 @@ async fn the_queue_follows_creation_order_not_the_numbers_in_node_names() {
     assert!(lease.is_held());
     lease.release().await.unwrap();
 }
+
+/// A lock node whose age cannot be read (its ACL denies reading it to this client) is not taken
+/// to be gone: the waiter behind it does not get the key past it — which would make two
+/// holders — but fails, naming the error, and leaves no node of its own behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_node_that_cannot_be_read_is_not_passed_over() {
+    use zookeeper_client::{Acl, Acls, AuthId, CreateMode, Permission};
+
+    let zk = Zookeeper::shared().await;
+    let key = unique_key("unreadable");
+    let parent = format!("{ROOT}/{key}");
+    let plain = zk_server::plain_client(&zk.url).await;
+    plain
+        .mkdir(
+            &parent,
+            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let no_read = [Acl::new(
+        Permission::WRITE | Permission::DELETE | Permission::ADMIN,
+        AuthId::anyone(),
+    )];
+    let holder = Owner::random();
+    let (_, sequence) = plain
+        .create(
+            &format!("{parent}/{holder}-0-"),
+            holder.to_string().as_bytes(),
+            &CreateMode::EphemeralSequential.with_acls(Acls::new(&no_read)),
+        )
+        .await
+        .unwrap();
+    let holder_node = format!("{holder}-0-{sequence}");
+
+    let locker = Locker::with_backend(zk.backend().await);
+    let acquired = tokio::time::timeout(
+        Duration::from_secs(30),
+        locker.lock(&*key, ttl(10).wait(Duration::from_secs(1))),
+    )
+    .await
+    .expect("the acquisition did not answer");
+    match acquired {
+        Err(LockError::Backend(error)) => {
+            assert!(error.to_string().contains("ZooKeeper"), "{error}");
+        }
+        Ok(lease) => panic!(
+            "granted fence {} past the unreadable node {holder_node}: two holders",
+            lease.fence()
+        ),
+        Err(other) => panic!("expected a backend error, got {other}"),
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let children = plain.list_children(&parent).await.unwrap();
+        if children == [holder_node.clone()] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiter's node stayed: {children:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

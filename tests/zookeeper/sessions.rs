@@ -71,12 +71,12 @@ async fn in_a_partition_the_client_gives_its_leases_up_before_the_ensemble_delet
     }
 }
 
-/// A ttl longer than the session allows (two thirds of its timeout less a tick) is shortened by
-/// the `Locker` — the lease is served and trusted no longer than the limit — and refused by the
-/// backend called directly, naming the fix, without a node left behind; a session too short
-/// for any ttl is refused outright.
+/// A ttl longer than the session allows (two thirds of its timeout less a tick) is refused by
+/// the backend called directly, naming the fix, without a node left behind; a session too
+/// short for any ttl is refused outright. (The `Locker` shortens such a ttl instead: see the
+/// tests below.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_ttl_beyond_the_session_s_limit_is_shortened_or_refused() {
+async fn a_ttl_beyond_the_session_s_limit_is_refused_by_the_backend() {
     use dlock::backend::{AcquireRequest, Backend};
 
     let zk = Zookeeper::shared().await;
@@ -100,20 +100,6 @@ async fn a_ttl_beyond_the_session_s_limit_is_shortened_or_refused() {
     assert!(
         zk.queue(&key).await.is_empty(),
         "a refused acquisition made a node"
-    );
-
-    let locker = Locker::with_backend(backend);
-    let sent_at = Instant::now();
-    let lease = locker.lock(&*key, ttl(60).renew(false)).await.unwrap();
-    assert!(lease.is_held());
-    assert_eq!(zk.queue(&key).await.len(), 1);
-    tokio::time::timeout(Duration::from_secs(10), lease.lost())
-        .await
-        .expect("a lease of a shortened ttl was trusted for longer");
-    assert!(
-        sent_at.elapsed() >= Duration::from_millis(3150),
-        "given up after {:?}, before the limit less the margin",
-        sent_at.elapsed()
     );
 
     // Two thirds of 1.5 s is one (claimed) tick: nothing is left.
@@ -147,17 +133,19 @@ async fn a_ttl_beyond_the_session_s_limit_is_shortened_or_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_confirmation_is_trusted_no_longer_than_the_leader_keeps_the_session() {
     let zk = Zookeeper::shared().await;
+    let (partition, url) = FaultProxy::in_front_of(&zk.url);
     let session = Duration::from_secs(6);
-    let backend = backend_at(&zk.url, session).await;
+    let backend = backend_at(&url, session).await;
     assert_eq!(backend.session_timeout(), session);
     let locker = Locker::with_backend(backend);
     let key = unique_key("ttl-within-session");
-    // The acquisition is the only confirmation: no renewal follows it.
     let sent_at = Instant::now();
     let lease = locker
-        .lock(&*key, ttl(6).renew(false))
+        .lock(&*key, ttl(6))
         .await
         .expect("a ttl as long as the session timeout is served");
+    // The acquisition is the only confirmation: no renewal is answered after it.
+    partition.stall(Direction::Both);
     // The shared server's tick is 500 ms.
     let leader_may_expire = sent_at + session * 2 / 3 - Duration::from_millis(250);
     while lease.is_held() {
@@ -170,6 +158,47 @@ async fn a_confirmation_is_trusted_no_longer_than_the_leader_keeps_the_session()
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// A lease without renewal is the user's for its whole ttl, even where the ttl is longer than
+/// the session lets one confirmation vouch for: the `Locker` confirms it (a check of its node,
+/// which extends nothing) at the pace the session allows, and gives it up when its own ttl runs
+/// out, as on any store. Taken on a session of 6 s (a limit of 3.5 s) with a ttl of 8 s: held
+/// past the limit, lost at the ttl less its margin (7.2 s), its node kept until the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_without_renewal_keeps_its_whole_ttl_beyond_the_session_s_limit() {
+    let zk = Zookeeper::shared().await;
+    let locker = Locker::with_backend(backend_at(&zk.url, Duration::from_secs(6)).await);
+    let key = unique_key("unrenewed");
+    let sent_at = Instant::now();
+    let lease = locker.lock(&*key, ttl(8).renew(false)).await.unwrap();
+    let granted_in = sent_at.elapsed();
+    tokio::time::sleep_until((sent_at + Duration::from_secs(6)).into()).await;
+    assert!(
+        lease.is_held(),
+        "a lease of 8 s without renewal was no longer held {:?} in",
+        sent_at.elapsed()
+    );
+    assert_eq!(zk.queue(&key).await.len(), 1);
+    tokio::time::timeout(Duration::from_secs(4), lease.lost())
+        .await
+        .expect("a lease without renewal outlived its ttl");
+    let lost_after = sent_at.elapsed();
+    assert!(
+        lost_after >= Duration::from_millis(7200),
+        "given up after {lost_after:?}, before its ttl less the margin"
+    );
+    assert!(
+        lost_after <= Duration::from_millis(7200) + granted_in + Duration::from_millis(300),
+        "given up only after {lost_after:?}: trusted past its ttl"
+    );
+    assert_eq!(
+        zk.queue(&key).await.len(),
+        1,
+        "the node went before the release"
+    );
+    lease.release().await.unwrap();
+    zk.until_queue_is(&key, 0).await;
 }
 
 async fn until_set(flag: &AtomicBool) {

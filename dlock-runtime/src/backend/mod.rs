@@ -99,7 +99,9 @@ pub struct AcquireRequest<'a> {
     /// Whether the lease will be renewed while held (the watchdog's renewals): a store may then
     /// grant a lease that needs its first renewal sooner than a third of the ttl (see
     /// [`Acquired::valid_from`]). `false` unless set: a caller that renews nothing gets a lease
-    /// valid for its ttl. A `Locker` sets it from [`LockOptions::renew`](crate::LockOptions::renew).
+    /// valid for its ttl. A `Locker` sets it from [`LockOptions::renew`](crate::LockOptions::renew),
+    /// and for a lease whose ttl it shortened to [`Backend::ttl_limit`], which it renews up to
+    /// the ttl asked whatever that option says.
     pub renewed: bool,
 }
 
@@ -372,7 +374,10 @@ pub trait Backend: Send + Sync + 'static {
 
     /// The longest ttl the store can keep its promise for, if it has such a limit: the runtime
     /// shortens a longer ttl to it before acquiring (a shorter lease is only renewed more
-    /// often), and `acquire` may refuse a longer one with [`LockError::InvalidOptions`]. `None`
+    /// often), and `acquire` may refuse a longer one with [`LockError::InvalidOptions`]. A
+    /// lease whose caller asked for no renewal and a longer ttl is still renewed by the runtime
+    /// (its request says [`renewed`](AcquireRequest::renewed)), at the shorter ttl's pace,
+    /// until its own ttl runs out and no longer, so that it is held as long as asked. `None`
     /// (the default) where any ttl is kept.
     fn ttl_limit(&self) -> Option<Duration> {
         None

@@ -322,12 +322,21 @@ impl Locker {
         let Ok(_acquiring) = self.inner.holdings.acquisition() else {
             return Err(LockError::ShutDown);
         };
+        // A ttl the store cannot vouch for with one confirmation is shortened to what it can.
+        // A renewed lease is then only renewed more often. One without renewal would end sooner
+        // than its holder was told: it is confirmed at the shorter ttl's pace instead, up to its
+        // own ttl and no further, which is what that holder counts on.
+        let mut full_ttl = None;
         if let Some(limit) = self.inner.backend.ttl_limit() {
             if options.ttl > limit {
                 tracing::debug!(%key, asked = ?options.ttl, kept = ?limit, "distributed_lock: ttl shortened to the store's limit");
+                if !options.renew {
+                    full_ttl = Some(options.ttl);
+                }
                 options.ttl = limit;
             }
         }
+        let watched = options.renew || full_ttl.is_some();
         let owner = Owner::random();
         let started = Instant::now();
         // Exists before the acquisition is awaited, so a dropped future still releases.
@@ -339,7 +348,7 @@ impl Locker {
                 armed: true,
             };
             let request =
-                AcquireRequest::new(&key, owner, options.ttl, options.wait).renewed(options.renew);
+                AcquireRequest::new(&key, owner, options.ttl, options.wait).renewed(watched);
             // A shutdown stops the acquisition: dropped here, the store's guards undo what
             // reached it, and the guard above releases a grant that may have.
             let acquired = tokio::select! {
@@ -365,20 +374,24 @@ impl Locker {
             }
         };
         tracing::debug!(%key, fence = acquired.fence, waited = ?started.elapsed(), "distributed_lock: acquired");
-        let state = Arc::new(LeaseState::new(
+        let mut state = LeaseState::new(
             key,
             owner,
             acquired.fence,
             options.ttl,
             acquired.valid_from,
             self.id(),
-        ));
+        );
+        if let Some(full_ttl) = full_ttl {
+            state = state.ending_after(acquired.valid_from, full_ttl);
+        }
+        let state = Arc::new(state);
         if self.inner.holdings.register(&state).is_err() {
             // Shut down while the acquisition was in flight: give the key back at once.
             self.release_in_background(&state);
             return Err(LockError::ShutDown);
         }
-        if options.renew {
+        if watched {
             self.inner.watchdog.watch(&state, acquired.valid_from);
         }
         Ok(state)

@@ -102,6 +102,13 @@ impl ZookeeperBuilder {
     /// a lease's ttl may be at most two thirds of the granted value less a tick (see
     /// [`ZookeeperBackend::ttl_limit`]).
     ///
+    /// Every server of the ensemble must grant the same value: give them all the same
+    /// `tickTime`, `minSessionTimeout` and `maxSessionTimeout`. A session that reconnects to
+    /// another server is granted that server's value, and the ensemble counts it by that from
+    /// then on; the client goes on reporting the value granted when the session was opened, so
+    /// dlock would go on trusting leases for as long as the first server's timeout allows,
+    /// possibly after the ensemble expired the session and gave their keys to others.
+    ///
     /// ```
     /// # use std::time::Duration;
     /// # use dlock::backend::ZookeeperBackend;

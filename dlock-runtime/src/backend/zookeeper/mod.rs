@@ -61,7 +61,9 @@
 //!   (a `select!`, an aborted task, a time-out) stops only the waiting, never the delete. A
 //!   second release of the owner meanwhile waits for the same delete.
 //! - **Renewal**: one `multi` of version checks (any version) on every lease's node (1,000 per
-//!   request, the requests pipelined): a lease is held while its node exists on the live
+//!   request, fewer where their paths are long: a request stays well under the server's
+//!   `jute.maxbuffer`, whose excess drops the connection; the requests pipelined): a lease is
+//!   held while its node exists on the live
 //!   session. Nothing is extended on the server, because the lease *is* the session: the
 //!   client's heartbeats keep the session, and the session keeps the nodes.
 //! - **Confirmation through the quorum**: a server answers reads from its own copy of the data.
@@ -73,8 +75,8 @@
 //!   (the listing that shows no node ahead may be stale, but only about nodes that went, never
 //!   about older ones), and the renewal's checks. A `multi` rather than a `sync` before a read:
 //!   a `sync` is answered by a leader that may itself have lost its quorum and not noticed yet,
-//!   a committed write cannot be. The price is one transaction per renewal tick (per thousand
-//!   leases) in the ensemble's log, instead of a read.
+//!   a committed write cannot be. The price is one transaction per renewal request (per
+//!   thousand leases, or per half megabyte of their paths) in the ensemble's log, instead of a read.
 //! - **Claim**: the acquisition runs on dlock's background runtime, not in the caller's future,
 //!   so the queue moves on whether or not the caller is polled; a grant becomes the caller's
 //!   lease when the caller's future claims it. A grant not claimed within the *claim window*
@@ -121,11 +123,27 @@
 //! client's previous request, up to the client's idle gap (a third of the session timeout) and
 //! half a tick earlier. So a lease's ttl may be at most two thirds of the granted session
 //! timeout less one tick (see [`ttl_limit`](ZookeeperBackend::ttl_limit)): 18 s for the default
-//! session of 30 s on ZooKeeper's default tick of 2 s. A longer ttl is shortened to that limit
-//! by the [`Locker`](crate::Locker) — which costs only more frequent renewals, since a crashed
-//! holder's node lives as long as its session whatever the ttl — and refused with
+//! session of 30 s on ZooKeeper's default tick of 2 s. A longer ttl is refused with
 //! [`LockError::InvalidOptions`] by [`Backend::acquire`] called directly — checked again when
-//! an acquisition moves to a new session, which the ensemble may grant a shorter timeout. Set
+//! an acquisition moves to a new session, which the ensemble may grant a shorter timeout — and
+//! shortened to that limit by the [`Locker`](crate::Locker), which keeps the hold the caller
+//! asked for:
+//!
+//! - A renewed lease is renewed more often, that is all: a renewal extends nothing on the
+//!   server, and a crashed holder's node lives as long as its session whatever the ttl.
+//! - A lease with `renew = false` is confirmed all the same, at the pace of the shorter ttl, by
+//!   the same checks of its node a renewal makes (which extend nothing either), until its own
+//!   ttl runs out, and no longer: `ttl = "60s", renew = false` on the default session is held
+//!   for 60 s less the safety margin, as on any store, not for 18 s. Without those checks the
+//!   client could trust one confirmation for no longer than the limit, and would have to give
+//!   up the lease at 18 s while its node still held the key.
+//!
+//! The limit is reckoned with the session timeout granted when the session was opened. A
+//! session that reconnects to another server is granted that server's value, which the client
+//! does not report, and the ensemble counts the session by it from then on. A server that grants less
+//! would let the ensemble expire the session, and delete its nodes, while the client still
+//! trusts their leases; so every server of the ensemble must grant the same session timeout
+//! (the same `tickTime`, `minSessionTimeout` and `maxSessionTimeout` on all of them). Set
 //! [`ZookeeperBuilder::tick_time`] to the ensemble's `tickTime` when it is not the default, and
 //! raise [`ZookeeperBuilder::session_timeout`] (within the server's `maxSessionTimeout`) for
 //! longer leases.
@@ -143,6 +161,7 @@
 //! session outlives whichever tokio runtime first used the backend. Its session task is spawned
 //! through the `spawns` hook, which dlock points at its own background runtime.
 
+mod batch;
 mod builder;
 mod claim;
 mod cleanup;
@@ -184,10 +203,6 @@ pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(30);
 /// default `tickTime`. The client cannot ask the ensemble for it.
 pub const DEFAULT_TICK_TIME: Duration = Duration::from_secs(2);
 
-/// Leases renewed by one `multi` (and nodes read by one `multiRead`); more pipeline more
-/// requests.
-const RENEW_CHUNK: usize = 1_000;
-
 const PERSISTENT: CreateOptions<'static> = CreateMode::Persistent.with_acls(Acls::anyone_all());
 const EPHEMERAL_SEQUENTIAL: CreateOptions<'static> =
     CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
@@ -218,7 +233,8 @@ const EPHEMERAL_SEQUENTIAL: CreateOptions<'static> =
 /// lost and later calls open a new session.
 /// Hence a lease's ttl may be at most [`ttl_limit`](Self::ttl_limit), two thirds of the session
 /// timeout the ensemble granted less one tick (see the module docs for why): a
-/// [`Locker`](crate::Locker) shortens a longer ttl to it. Requires ZooKeeper 3.6 or newer.
+/// [`Locker`](crate::Locker) shortens a longer ttl to it, and confirms a lease with
+/// `renew = false` at that pace until its own ttl runs out. Requires ZooKeeper 3.6 or newer.
 ///
 /// Besides [`Backend`], it has an operator's view of a key, [`queue`](Self::queue) and
 /// [`force_release`](Self::force_release), and a counter for tests,
@@ -310,7 +326,10 @@ impl ZookeeperBackend {
         &self.shared.base
     }
 
-    /// The session timeout the ensemble granted the current session.
+    /// The session timeout the ensemble granted the current session when it was opened. A
+    /// reconnection to another server may be granted another value, which this does not show:
+    /// every server of the ensemble must grant the same (see
+    /// [`ZookeeperBuilder::session_timeout`]).
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {
@@ -324,7 +343,8 @@ impl ZookeeperBackend {
 
     /// The longest ttl a lease may have on the current session: two thirds of its timeout less
     /// one tick ([`ZookeeperBuilder::tick_time`]). A [`Locker`](crate::Locker) shortens a longer
-    /// ttl to this.
+    /// ttl to this; a lease with `renew = false` is then confirmed at this pace until its own
+    /// ttl runs out, so it is held for the ttl asked.
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() -> Result<(), dlock::LockError> {

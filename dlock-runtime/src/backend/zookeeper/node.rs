@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use zookeeper_client::{Client, Error as ZkError, MultiWriteError, SessionId};
 
+use super::batch::batches;
 use super::cleanup::{delete_abandoned, delete_unanswered_create};
 use super::paths::sequence;
 use super::queue::creation_zxids;
 use super::session::{ends_session, Session};
-use super::RENEW_CHUNK;
 use crate::cleanups::Cleanups;
 use crate::Owner;
 
@@ -206,16 +206,18 @@ impl Drop for LockNode {
 }
 
 /// Whether each node of `paths` exists, in the leader's word: a `multi` of version checks (any
-/// version), one per thousand nodes, the requests pipelined. A `multi` is a write, so its
+/// version), as many nodes to a request as the server accepts (see [`batch`](super::batch)),
+/// the requests pipelined. A `multi` is a write, so its
 /// answer is the leader's, committed by a quorum, never a stale copy's: a server cut off from
 /// the leader cannot answer it, which leaves the leases unconfirmed until the client's own
 /// deadline. A `multi` fails whole when one check fails and names that check: the node is
 /// gone, and the rest are checked again without it.
 pub(super) async fn confirm_nodes(client: &Client, paths: &[&str]) -> Result<Vec<bool>, ZkError> {
     let mut found = vec![true; paths.len()];
-    let mut pending: Vec<Vec<usize>> = (0..paths.len())
-        .collect::<Vec<_>>()
-        .chunks(RENEW_CHUNK)
+    let indices: Vec<usize> = (0..paths.len()).collect();
+    // A request that fails one check is sent again without it: smaller, so it still fits.
+    let mut pending: Vec<Vec<usize>> = batches(&indices, |&i| paths[i].len())
+        .into_iter()
         .map(<[usize]>::to_vec)
         .collect();
     while !pending.is_empty() {

@@ -3,8 +3,8 @@
 
 use zookeeper_client::{Client, Error as ZkError, MultiReadResult};
 
+use super::batch::batches;
 use super::paths::sequence;
-use super::RENEW_CHUNK;
 
 /// The children of `parent`; none when there is no parent.
 pub(super) async fn list_or_empty(client: &Client, parent: &str) -> Result<Vec<String>, ZkError> {
@@ -27,9 +27,10 @@ pub(super) async fn queue_in_creation_order(
     ))
 }
 
-/// The `czxid` of each lock node among `children` of `parent`, read in one `multiRead` per
-/// thousand nodes, the requests pipelined. Other names, and nodes gone since the listing, are
-/// left out.
+/// The `czxid` of each lock node among `children` of `parent`, read in `multiRead`s of as many
+/// nodes as the server accepts in one request (see [`batch`](super::batch)), the requests
+/// pipelined. Other names, and nodes gone since the listing, are left out; a node that cannot
+/// be read for another reason (its ACL, say) is an error.
 pub(super) async fn creation_zxids(
     client: &Client,
     parent: &str,
@@ -40,7 +41,8 @@ pub(super) async fn creation_zxids(
         .filter(|name| sequence(name).is_some())
         .collect();
     let mut reads = Vec::new();
-    for chunk in names.chunks(RENEW_CHUNK) {
+    // Every path is the parent's and a short name.
+    for chunk in batches(&names, |name| parent.len() + 1 + name.len()) {
         let mut reader = client.new_multi_reader();
         for name in chunk {
             reader.add_get_data(&format!("{parent}/{name}"))?;
@@ -52,8 +54,20 @@ pub(super) async fn creation_zxids(
     for read in reads {
         for result in read.await? {
             let name = names.next().unwrap_or_default();
-            if let MultiReadResult::Data { stat, .. } = result {
-                found.push((stat.czxid, name));
+            match result {
+                MultiReadResult::Data { stat, .. } => found.push((stat.czxid, name)),
+                // Gone since the listing: it is ahead of nobody any more.
+                MultiReadResult::Error {
+                    err: ZkError::NoNode,
+                } => {}
+                // A node whose age is unknown may be ahead of ours: leaving it out would let a
+                // waiter pass it and hold the key beside it.
+                MultiReadResult::Error { err } => return Err(err),
+                _ => {
+                    return Err(ZkError::UnexpectedError(format!(
+                        "a read of {parent}/{name} did not answer its data"
+                    )))
+                }
             }
         }
     }
