@@ -164,7 +164,8 @@ async fn a_confirmation_is_trusted_no_longer_than_the_leader_keeps_the_session()
 /// the session lets one confirmation vouch for: the `Locker` confirms it (a check of its node,
 /// which extends nothing) at the pace the session allows, and gives it up when its own ttl runs
 /// out, as on any store. Taken on a session of 6 s (a limit of 3.5 s) with a ttl of 8 s: held
-/// past the limit, lost at the ttl less its margin (7.2 s), its node kept until the release.
+/// past the limit, lost at the ttl less its margin (7.2 s), its node kept through the margin
+/// and deleted when the whole ttl ran out (8 s), though the `Lease` is not released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_without_renewal_keeps_its_whole_ttl_beyond_the_session_s_limit() {
     let zk = Zookeeper::shared().await;
@@ -195,9 +196,100 @@ async fn a_lease_without_renewal_keeps_its_whole_ttl_beyond_the_session_s_limit(
     assert_eq!(
         zk.queue(&key).await.len(),
         1,
-        "the node went before the release"
+        "the node went before the whole ttl ran out"
     );
+    zk.until_queue_is(&key, 0).await;
+    let deleted_after = sent_at.elapsed();
+    assert!(
+        deleted_after <= Duration::from_millis(8500),
+        "the node outlived its ttl of 8 s: deleted after {deleted_after:?}"
+    );
+    // Released already: the release changes nothing.
     lease.release().await.unwrap();
+}
+
+/// A lease without renewal whose ttl the session shortened frees its key when its whole ttl
+/// runs out, as a store that expires keys would, though its holder keeps the `Lease`: a waiter
+/// on another session gets the key then, not when the holder lets go. Taken on a session of 6 s
+/// with a ttl of 8 s and kept for 15 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_without_renewal_frees_its_key_at_its_ttl_though_its_holder_keeps_it() {
+    let zk = Zookeeper::shared().await;
+    let holder = Locker::with_backend(backend_at(&zk.url, Duration::from_secs(6)).await);
+    let waiter = Locker::with_backend(zk.backend().await);
+    let key = unique_key("unrenewed-kept");
+    let sent_at = Instant::now();
+    let lease = holder.lock(&*key, ttl(8).renew(false)).await.unwrap();
+    let kept = tokio::spawn(async move {
+        tokio::time::sleep_until((sent_at + Duration::from_secs(15)).into()).await;
+        assert!(!lease.is_held(), "held 15 s in, past its ttl of 8 s");
+        // Its key is another's now: the release changes nothing.
+        lease.release().await.unwrap();
+    });
+    let waited = waiter
+        .lock(&*key, ttl(8).wait(Duration::from_secs(20)))
+        .await
+        .expect("the waiter never got the key");
+    let granted_after = sent_at.elapsed();
+    assert!(
+        granted_after <= Duration::from_millis(8500),
+        "the waiter got the key only {granted_after:?} after a lease of 8 s was taken"
+    );
+    assert!(
+        granted_after >= Duration::from_secs(8) - Duration::from_millis(100),
+        "the waiter got the key {granted_after:?} in, before the ttl of 8 s ran out"
+    );
+    kept.await.unwrap();
+    assert!(waited.is_held());
+    assert_eq!(
+        zk.queue(&key).await.len(),
+        1,
+        "the old holder's release took the key"
+    );
+    waited.release().await.unwrap();
+    zk.until_queue_is(&key, 0).await;
+}
+
+#[distributed_lock(key = "<key>", ttl = "8s", renew = false, on_lost = "continue", locker = locker)]
+async fn work_on_past_an_unrenewed_ttl(locker: &Locker, key: &str) -> Result<bool, LockError> {
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    Ok(dlock::current_lease()
+        .expect("inside a locked body")
+        .is_held())
+}
+
+/// The same for a body under `on_lost = "continue"` that works on for 15 s: its key goes to the
+/// waiter at 8 s, while the body runs on without it, and its release at the end changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_continues_past_an_unrenewed_ttl_frees_its_key_at_the_ttl() {
+    let zk = Zookeeper::shared().await;
+    let holder = Locker::with_backend(backend_at(&zk.url, Duration::from_secs(6)).await);
+    let waiter = Locker::with_backend(zk.backend().await);
+    let key = unique_key("unrenewed-continue");
+    let sent_at = Instant::now();
+    let body = tokio::spawn({
+        let (holder, key) = (holder.clone(), key.clone());
+        async move { work_on_past_an_unrenewed_ttl(&holder, &key).await }
+    });
+    zk.until_queue_is(&key, 1).await;
+    let waited = waiter
+        .lock(&*key, ttl(8).wait(Duration::from_secs(20)))
+        .await
+        .expect("the waiter never got the key");
+    let granted_after = sent_at.elapsed();
+    assert!(
+        granted_after <= Duration::from_millis(8500),
+        "the waiter got the key only {granted_after:?} after the body took it with a ttl of 8 s"
+    );
+    let held_at_the_end = body.await.unwrap().expect("the body ran to its end");
+    assert!(!held_at_the_end, "the body's lease read as held 15 s in");
+    assert!(waited.is_held());
+    assert_eq!(
+        zk.queue(&key).await.len(),
+        1,
+        "the body's release took the key"
+    );
+    waited.release().await.unwrap();
     zk.until_queue_is(&key, 0).await;
 }
 

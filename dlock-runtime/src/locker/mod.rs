@@ -11,6 +11,7 @@ use crate::watchdog::Watchdog;
 use crate::{LockError, LockOptions, Owner};
 
 mod default;
+mod expiry;
 mod guard;
 mod holdings;
 mod pending;
@@ -325,7 +326,8 @@ impl Locker {
         // A ttl the store cannot vouch for with one confirmation is shortened to what it can.
         // A renewed lease is then only renewed more often. One without renewal would end sooner
         // than its holder was told: it is confirmed at the shorter ttl's pace instead, up to its
-        // own ttl and no further, which is what that holder counts on.
+        // own ttl and no further, which is what that holder counts on, and released when that
+        // ttl runs out, which is what the next holder counts on.
         let mut full_ttl = None;
         if let Some(limit) = self.inner.backend.ttl_limit() {
             if options.ttl > limit {
@@ -393,6 +395,10 @@ impl Locker {
         }
         if watched {
             self.inner.watchdog.watch(&state, acquired.valid_from);
+        }
+        if let Some(full_ttl) = full_ttl {
+            // Nothing on the store ends it when its ttl runs out: the locker does.
+            self.expire_at(&state, acquired.valid_from + full_ttl);
         }
         Ok(state)
     }

@@ -1,7 +1,8 @@
 //! Releasing a lease: from the holder's task when it awaits the release, from the background
-//! when a `Drop` or a dropped future leaves it there, and again from a shutdown for a release
-//! still in flight. Every way is owner-checked on the store, so a second release of one lease
-//! answers that it was not held and changes nothing.
+//! when a `Drop` or a dropped future leaves it there or when a ttl the store does not expire ran
+//! out (`expiry`), and again from a shutdown for a release still in flight. Every way is
+//! owner-checked on the store, so a second release of one lease answers that it was not held
+//! and changes nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,14 +69,22 @@ impl Locker {
     /// Releases `state` without waiting: at once where the store is in-process, else queued on
     /// the background runtime. For `Drop`, which must not block.
     pub(crate) fn release_in_background(&self, state: &Arc<LeaseState>) {
+        if self.queue_release_of(state) {
+            tracing::debug!(key = %state.key, fence = state.fence, "distributed_lock: released on drop");
+        }
+    }
+
+    /// Releases `state` without waiting, as [`release_in_background`](Self::release_in_background)
+    /// does; `false`, sending nothing, if it was released already.
+    pub(super) fn queue_release_of(&self, state: &Arc<LeaseState>) -> bool {
         let queued = self.inner.holdings.queued_release();
         if !state.mark_released() {
-            return;
+            return false;
         }
         self.inner.watchdog.forget(state);
         self.inner.holdings.forget(state);
         self.send_release(state.key.clone(), state.owner, queued);
-        tracing::debug!(key = %state.key, fence = state.fence, "distributed_lock: released on drop");
+        true
     }
 
     /// Releases `key` for `owner` without waiting, counted by a fresh queued-release guard.
