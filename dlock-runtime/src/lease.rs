@@ -113,7 +113,8 @@ impl LeaseState {
     /// The same lease, never valid past its full ttl, `full_ttl`, counted from `valid_from`:
     /// for a lease without renewal whose ttl the store shortened to `self.ttl`. Its
     /// confirmations, which come at the shorter ttl's pace, keep it until then and no longer,
-    /// as an unrenewed lease of `full_ttl` would be kept.
+    /// as an unrenewed lease of `full_ttl` would be kept; they go on until then once one has
+    /// reached it, so that a key taken away meanwhile is noticed as soon as on a renewed lease.
     pub(crate) fn ending_after(mut self, valid_from: Instant, full_ttl: Duration) -> Self {
         let ends_at = Self::validity_from(valid_from, full_ttl);
         self.ends_at = Some(ends_at);
@@ -124,13 +125,6 @@ impl LeaseState {
 
     fn validity_from(confirmed_at: Instant, ttl: Duration) -> Instant {
         confirmed_at + ttl.saturating_sub(clock::safety_margin(ttl))
-    }
-
-    /// Whether no confirmation can make the lease valid for longer: its validity reached the
-    /// end of its full ttl (see [`ending_after`](Self::ending_after)).
-    pub(crate) fn fully_confirmed(&self) -> bool {
-        self.ends_at
-            .is_some_and(|ends_at| self.valid_until() >= ends_at)
     }
 
     pub(crate) fn valid_until(&self) -> Instant {

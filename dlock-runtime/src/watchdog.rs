@@ -170,13 +170,12 @@ impl Shared {
                 for (state, held) in batch.iter().zip(held) {
                     match held {
                         Some(true) => {
+                            // A lease confirmed up to the end of its ttl already (see
+                            // `LeaseState::ending_after`) is checked on all the same, until
+                            // that end: a check is how its holder learns that its key was
+                            // taken away (an operator's release), so as to stop trusting it.
                             state.confirm(sent_at);
-                            if state.fully_confirmed() {
-                                // Valid to the end of its ttl: nothing more to confirm.
-                                self.registry().leases.remove(&state.id);
-                            } else {
-                                self.reschedule(state, sent_at + clock::renew_interval(state.ttl));
-                            }
+                            self.reschedule(state, sent_at + clock::renew_interval(state.ttl));
                         }
                         Some(false) => state.mark_lost(LossCause::Refused),
                         // Not confirmed this round (its part of the store failed): retried

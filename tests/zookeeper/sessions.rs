@@ -293,6 +293,34 @@ async fn a_body_that_continues_past_an_unrenewed_ttl_frees_its_key_at_the_ttl() 
     zk.until_queue_is(&key, 0).await;
 }
 
+/// An operator's `force_release` is noticed by the holder of a lease without renewal whose ttl
+/// the session shortened at the next check of its node, as by a renewed lease, even once its
+/// checks have vouched for it up to the end of its ttl: on a session of 6 s (checks every
+/// 1.17 s) with a ttl of 8 s, taken away 5 s in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_without_renewal_notices_an_operator_s_release() {
+    let zk = Zookeeper::shared().await;
+    let locker = Locker::with_backend(backend_at(&zk.url, Duration::from_secs(6)).await);
+    let key = unique_key("unrenewed-forced");
+    let sent_at = Instant::now();
+    let lease = locker.lock(&*key, ttl(8).renew(false)).await.unwrap();
+    tokio::time::sleep_until((sent_at + Duration::from_secs(5)).into()).await;
+    assert!(lease.is_held());
+    assert!(zk.admin.force_release(&key).await.unwrap());
+    let released_at = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), lease.lost())
+        .await
+        .expect("the loss was never seen");
+    let noticed_after = released_at.elapsed();
+    assert!(
+        noticed_after <= Duration::from_millis(1500),
+        "the holder trusted its lease for {noticed_after:?} after an operator released it \
+         ({:?} in)",
+        sent_at.elapsed()
+    );
+    lease.release().await.unwrap();
+}
+
 async fn until_set(flag: &AtomicBool) {
     while !flag.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(5)).await;
