@@ -249,6 +249,124 @@ async fn an_acquire_that_timed_out_leaves_no_late_copy_to_grant_the_key_to_nobod
     );
 }
 
+/// An acquisition granted on the server whose reply was lost (its connection dropped), and whose
+/// copy sent again on a fresh connection hangs past the response timeout, fails; the caller's
+/// undo then finds the key granted and releases it. That second copy, reaching the server after
+/// the undo, takes no effect: the undo left the owner's cancel marker although it found the key
+/// held. Without it the copy found the key free and granted it to an owner nobody holds, for a
+/// full ttl.
+#[test]
+fn a_copy_of_a_failed_acquisition_that_lands_after_its_undo_grants_nothing() {
+    let server = RedisServer::start();
+    let (proxy, url) = FaultProxy::in_front_of(&server.url());
+    let backend = RedisBackend::builder(&url)
+        .unwrap()
+        .response_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let locker = Locker::with_backend(backend.clone());
+    let key = unique_key("copy-after-undo");
+    let lock_key = backend.lock_key(&key);
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // The caller's runtime, whose connection is made last, so that the proxy can single it out.
+    let caller = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut raw = main.block_on(async {
+        redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    });
+    main.block_on(async {
+        // The background connection exists (a dropped lease is released from there), and the
+        // scripts are loaded.
+        drop(locker.lock(&*key, LockOptions::new()).await.unwrap());
+        wait_until_gone(&mut raw, &lock_key).await;
+    });
+    caller.block_on(locker.health()).unwrap();
+    let evalsha_calls = |raw: &mut redis::aio::MultiplexedConnection| {
+        let mut raw = raw.clone();
+        async move {
+            let stats: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            stats
+                .lines()
+                .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |calls| calls.parse::<u64>().unwrap())
+        }
+    };
+
+    // The first copy's reply is held, and a fresh connection hangs on its first request (the
+    // handshake is two requests: the setup pipeline and the version check).
+    proxy.stall_newest(Direction::ToClient);
+    proxy.stall_new_connections_after(Direction::ToServer, 2);
+    let lock = caller.spawn({
+        let (locker, key) = (locker.clone(), key.clone());
+        async move {
+            locker
+                .lock(&*key, LockOptions::new().ttl(Duration::from_secs(30)))
+                .await
+                .map(drop)
+        }
+    });
+    main.block_on(async {
+        // The first copy granted the key: its connection drops before the reply gets through.
+        let started = Instant::now();
+        while raw.get::<_, Option<String>>(&lock_key).await.unwrap().is_none() {
+            assert!(started.elapsed() < Duration::from_secs(5), "the first copy never ran");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        proxy.cut_newest();
+        let result = lock.await.unwrap();
+        assert!(
+            matches!(result, Err(LockError::Backend(_))),
+            "the acquisition did not fail: {result:?}"
+        );
+        // The undo, from the background connection, released the key.
+        wait_until_gone(&mut raw, &lock_key).await;
+        let before = evalsha_calls(&mut raw).await;
+        proxy.resume(Direction::ToServer);
+        let started = Instant::now();
+        while evalsha_calls(&mut raw).await == before {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "the second copy never reached the server"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let pttl: i64 = raw.pttl(&lock_key).await.unwrap();
+        assert_eq!(
+            pttl, -2,
+            "the key is held by nobody: a copy of the failed acquisition that landed after its undo granted it (PTTL {pttl} ms)"
+        );
+    });
+    caller.shutdown_background();
+}
+
+/// Waits until `lock_key` is gone from the server.
+async fn wait_until_gone(raw: &mut redis::aio::MultiplexedConnection, lock_key: &str) {
+    let started = Instant::now();
+    while raw.exists::<_, bool>(lock_key).await.unwrap() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{lock_key} was never released"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// A deployment configures the store with one variable: the key prefix and the time-outs ride in
 /// the URL's query, and the keys land under that prefix on the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -346,6 +346,18 @@ impl<B: Backend> Backend for Chaos<B> {
         released
     }
 
+    async fn undo_acquire(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+        let mut released = self.inner.undo_acquire(key, owner).await;
+        if self.chance(self.faults.duplicate) {
+            let _ = self.inner.undo_acquire(key, owner).await;
+        }
+        self.late_reply().await;
+        if let Some(error) = self.lost_reply("undo_acquire") {
+            released = Err(error);
+        }
+        released
+    }
+
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
         let sent = Instant::now();
         for lease in leases {

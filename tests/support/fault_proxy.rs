@@ -50,6 +50,9 @@ struct Faults {
     refusing: AtomicBool,
     /// Whether a new connection starts stalled both ways ([`FaultProxy::stall_new_connections`]).
     stall_new: AtomicBool,
+    /// Per direction: how many chunks a new connection carries before it holds the rest; 0, no
+    /// such limit ([`FaultProxy::stall_new_connections_after`]).
+    stall_new_after: [AtomicU64; 2],
     /// How long, in milliseconds, a new connection waits for its target to accept before the
     /// proxy gives up on it (closing the client's side); 0: one try.
     connect_patience_ms: AtomicU64,
@@ -84,9 +87,19 @@ struct Connection {
     stalled: [AtomicBool; 2],
     /// Chunks this connection has carried, per direction.
     forwarded: [AtomicU64; 2],
+    /// Per direction: how many chunks this connection carries before it holds the rest (0: no
+    /// limit), until `resume`.
+    stall_after: [AtomicU64; 2],
 }
 
 impl Connection {
+    /// Whether this connection has carried as many chunks going direction `index` as it may
+    /// before it holds the rest ([`FaultProxy::stall_new_connections_after`]).
+    fn holds_beyond_limit(&self, index: usize) -> bool {
+        let limit = self.stall_after[index].load(Ordering::SeqCst);
+        limit > 0 && self.forwarded[index].load(Ordering::SeqCst) >= limit
+    }
+
     /// Closes both sockets; false if the connection was closed already.
     fn cut(&self) -> bool {
         if self.closed.swap(true, Ordering::SeqCst) {
@@ -206,11 +219,32 @@ impl FaultProxy {
     pub fn resume(&self, direction: Direction) {
         for &i in direction.indices() {
             self.faults.stalled[i].store(false, Ordering::SeqCst);
+            self.faults.stall_new_after[i].store(0, Ordering::SeqCst);
         }
         for connection in self.faults.open.lock().unwrap().iter() {
             for &i in direction.indices() {
                 connection.stalled[i].store(false, Ordering::SeqCst);
+                connection.stall_after[i].store(0, Ordering::SeqCst);
             }
+        }
+    }
+
+    /// From now on, a new connection carries `chunks` chunks going `direction`, then holds every
+    /// further one, kept open, until `resume`; the connections open now are left alone. Set to
+    /// the chunks of a client's handshake, a fresh connection is set up and then hangs on its
+    /// first request, while the older ones work.
+    pub fn stall_new_connections_after(&self, direction: Direction, chunks: u64) {
+        for &i in direction.indices() {
+            self.faults.stall_new_after[i].store(chunks, Ordering::SeqCst);
+        }
+    }
+
+    /// Closes the connection opened last, both ways, as a reset of that one connection would.
+    pub fn cut_newest(&self) {
+        let open = self.faults.open.lock().unwrap();
+        let newest = open.last().expect("no connection is open");
+        if newest.cut() {
+            self.faults.cuts.fetch_add(1, Ordering::SeqCst);
         }
     }
 
@@ -316,6 +350,9 @@ fn serve(client: TcpStream, server: TcpStream, faults: &Arc<Faults>) {
         closed: AtomicBool::new(false),
         stalled: std::array::from_fn(|_| AtomicBool::new(faults.stall_new.load(Ordering::SeqCst))),
         forwarded: Default::default(),
+        stall_after: std::array::from_fn(|i| {
+            AtomicU64::new(faults.stall_new_after[i].load(Ordering::SeqCst))
+        }),
     });
     {
         let mut open = faults.open.lock().unwrap();
@@ -368,6 +405,7 @@ fn pump(
             }
             while faults.stalled[index].load(Ordering::SeqCst)
                 || connection.stalled[index].load(Ordering::SeqCst)
+                || connection.holds_beyond_limit(index)
             {
                 if connection.closed.load(Ordering::SeqCst) {
                     return;

@@ -193,6 +193,11 @@ impl<B: Backend> Backend for Counting<B> {
         self.inner.release(key, owner).await
     }
 
+    async fn undo_acquire(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        self.inner.undo_acquire(key, owner).await
+    }
+
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
         self.renew_calls.fetch_add(1, Ordering::SeqCst);
         self.renewed

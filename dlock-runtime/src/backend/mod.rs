@@ -222,7 +222,8 @@ impl<'a> AcquireRequest<'a> {
 /// Written as `fn … -> impl Future + Send`, so an implementation may write `async fn` (its
 /// future must then be `Send`). Implement it to add a store, or to wrap one — to count, log or
 /// time its calls. A wrapper forwards every method, the provided ones too: left to their
-/// defaults, `renew_each` would lose a cluster's per-node answers, `ttl_limit` would lift the
+/// defaults, `undo_acquire` would lose what a store does beyond a release (Redis's guard against
+/// a late copy of the acquisition), `renew_each` would lose a cluster's per-node answers, `ttl_limit` would lift the
 /// store's cap on the ttl, `close` would leave connections open at shutdown, and `release_now`
 /// would queue releases an in-process store makes at once.
 ///
@@ -250,6 +251,10 @@ impl<'a> AcquireRequest<'a> {
 ///
 ///     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
 ///         self.store.release(key, owner).await
+///     }
+///
+///     async fn undo_acquire(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+///         self.store.undo_acquire(key, owner).await
 ///     }
 ///
 ///     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
@@ -293,18 +298,18 @@ pub trait Backend: Send + Sync + 'static {
     /// [`LockError::InvalidOptions`] for a ttl beyond [`ttl_limit`](Self::ttl_limit); with
     /// either, nothing of the request may be left on the store, as the runtime undoes nothing.
     /// [`LockError::Backend`] where the store failed, or cannot say whether it
-    /// granted the key (a lost reply): the runtime then releases the key for the owner, which
-    /// the owner check makes harmless if it was not granted. A busy key is `Ok(None)`, not an
-    /// error.
+    /// granted the key (a lost reply): the runtime then undoes the acquisition with
+    /// [`undo_acquire`](Self::undo_acquire) for the owner, which the owner check makes harmless
+    /// if it was not granted. A busy key is `Ok(None)`, not an error.
     ///
     /// # Cancel safety
     ///
     /// The runtime drops this future when its caller gives up (a time-out, a `select!`). The
     /// backend must then leave no waiting state behind that blocks others (a place in a queue).
-    /// A key granted to the dropped call is released by the runtime, with
-    /// [`release`](Self::release) for the same owner, and that release may reach the store
-    /// before the grant: a store that can apply the two out of order must make the late grant
-    /// take no effect, or undo it itself.
+    /// A key granted to the dropped call is given back by the runtime, with
+    /// [`undo_acquire`](Self::undo_acquire) for the same owner, and that undo may reach the
+    /// store before the grant: a store that can apply the two out of order must make the late
+    /// grant take no effect, or undo it itself.
     fn acquire(
         &self,
         request: &AcquireRequest<'_>,
@@ -331,6 +336,30 @@ pub trait Backend: Send + Sync + 'static {
         key: &str,
         owner: Owner,
     ) -> impl Future<Output = Result<bool, LockError>> + Send;
+
+    /// Undoes an acquisition of `key` for `owner` that went unanswered: its future was dropped,
+    /// or it failed without saying whether the store granted the key (a lost reply, a time-out).
+    /// Releases `key` where `owner` holds it, as [`release`](Self::release) does, and answers
+    /// the same; besides, a copy of that acquisition still on its way to the store (sent again
+    /// after a lost reply, held up on a connection this undo overtook) is to take no effect when
+    /// it arrives, whether or not this undo found the key granted. The default calls `release`,
+    /// which is enough for a store that applies an owner's calls in the order they were sent.
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Self::release): the key, if it was granted, then stays held until its ttl
+    /// runs out.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`release`](Self::release).
+    fn undo_acquire(
+        &self,
+        key: &str,
+        owner: Owner,
+    ) -> impl Future<Output = Result<bool, LockError>> + Send {
+        self.release(key, owner)
+    }
 
     /// Renews every lease of `leases` in as few round trips as the store allows (ideally one),
     /// answering for each whether its owner still held it: `true` extends the lease to its ttl
@@ -429,6 +458,11 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         request: &'a AcquireRequest<'a>,
     ) -> BoxFuture<'a, Result<Option<Acquired>, LockError>>;
     fn release<'a>(&'a self, key: &'a str, owner: Owner) -> BoxFuture<'a, Result<bool, LockError>>;
+    fn undo_acquire<'a>(
+        &'a self,
+        key: &'a str,
+        owner: Owner,
+    ) -> BoxFuture<'a, Result<bool, LockError>>;
     fn renew_each<'a>(
         &'a self,
         leases: &'a [Renewal<'a>],
@@ -449,6 +483,14 @@ impl<B: Backend> DynBackend for B {
 
     fn release<'a>(&'a self, key: &'a str, owner: Owner) -> BoxFuture<'a, Result<bool, LockError>> {
         Box::pin(Backend::release(self, key, owner))
+    }
+
+    fn undo_acquire<'a>(
+        &'a self,
+        key: &'a str,
+        owner: Owner,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(Backend::undo_acquire(self, key, owner))
     }
 
     fn renew_each<'a>(

@@ -5,7 +5,8 @@ use super::Locker;
 use crate::lease::LeaseState;
 use crate::Owner;
 
-/// Releases a key whose acquisition was abandoned mid-flight: the store may have granted it.
+/// Undoes an acquisition abandoned mid-flight or failed unanswered: the store may have granted
+/// the key, and a copy of the call may still be on its way to it.
 pub(super) struct PendingAcquire<'a> {
     pub(super) locker: &'a Locker,
     pub(super) key: &'a str,
@@ -16,7 +17,7 @@ pub(super) struct PendingAcquire<'a> {
 impl Drop for PendingAcquire<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.locker.queue_release(self.key.to_owned(), self.owner);
+            self.locker.queue_undo(self.key.to_owned(), self.owner);
         }
     }
 }

@@ -83,27 +83,48 @@ impl Locker {
         }
         self.inner.watchdog.forget(state);
         self.inner.holdings.forget(state);
-        self.send_release(state.key.clone(), state.owner, queued);
+        self.send_release(state.key.clone(), state.owner, queued, Undo::No);
         true
     }
 
     /// Releases `key` for `owner` without waiting, counted by a fresh queued-release guard.
     pub(super) fn queue_release(&self, key: String, owner: Owner) {
         let queued = self.inner.holdings.queued_release();
-        self.send_release(key, owner, queued);
+        self.send_release(key, owner, queued, Undo::No);
     }
 
-    /// Releases `key` for `owner` without waiting: at once where the store is in-process, else
-    /// on the background runtime, counted by `queued` until it is done.
-    pub(super) fn send_release(&self, key: String, owner: Owner, queued: QueuedRelease) {
+    /// Undoes an acquisition of `key` for `owner` that went unanswered, without waiting, counted
+    /// by a fresh queued-release guard: a release that also keeps a copy of the acquisition
+    /// still on its way from taking effect ([`Backend::undo_acquire`](crate::backend::Backend::undo_acquire)).
+    pub(super) fn queue_undo(&self, key: String, owner: Owner) {
+        let queued = self.inner.holdings.queued_release();
+        self.send_release(key, owner, queued, Undo::Yes);
+    }
+
+    /// Releases `key` for `owner` without waiting: at once where the store is in-process (it
+    /// applies calls in order, so no copy of an acquisition can come after), else on the
+    /// background runtime, counted by `queued` until it is done.
+    pub(super) fn send_release(
+        &self,
+        key: String,
+        owner: Owner,
+        queued: QueuedRelease,
+        undo: Undo,
+    ) {
         if self.inner.backend.release_now(&key, owner) {
             return;
         }
         let backend = self.inner.backend.clone();
         background::spawn(async move {
             let _queued = queued;
+            let release = async {
+                match undo {
+                    Undo::Yes => backend.undo_acquire(&key, owner).await,
+                    Undo::No => backend.release(&key, owner).await,
+                }
+            };
             // Bounded, so a store that never answers cannot hold a shutdown up for good.
-            let result = tokio::time::timeout(RELEASE_PATIENCE, backend.release(&key, owner))
+            let result = tokio::time::timeout(RELEASE_PATIENCE, release)
                 .await
                 .unwrap_or_else(|_| Err(release_timed_out()));
             if let Err(error) = result {
@@ -111,6 +132,16 @@ impl Locker {
             }
         });
     }
+}
+
+/// Whether a release sent from the background undoes an acquisition that went unanswered, or
+/// releases a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Undo {
+    /// An acquisition dropped or failed unanswered: a copy of it may still reach the store.
+    Yes,
+    /// A lease, whose acquisition was answered.
+    No,
 }
 
 /// How long a release may take before it is given up (the lease then expires with its ttl): a

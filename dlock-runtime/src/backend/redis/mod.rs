@@ -159,11 +159,13 @@
 //!
 //! # Cancellation
 //!
-//! A caller that drops its acquire (a timeout, a `select!`) cannot tell whether the call reached
-//! the server: dlock undoes it with a release from its background runtime, on another
-//! connection than the call's own, so the undo may reach the server first. Where the undo finds
-//! the owner not holding the lock, it leaves a cancel marker for that owner, and an acquire call
-//! of that owner arriving later finds the marker and takes no effect. Checking for the marker
+//! A caller that drops its acquire (a timeout, a `select!`), or whose acquire failed unanswered
+//! (a lost reply, a time-out), cannot tell whether the call reached the server: dlock undoes it
+//! with a release from its background runtime, on another connection than the call's own, so
+//! the undo may reach the server first — and a copy of the call sent again on a fresh
+//! connection after a lost reply may still be on its way. The undo leaves a cancel marker for
+//! that owner, whether or not it found the lock granted to it (releasing it then), and an
+//! acquire call of that owner arriving later finds the marker and takes no effect. Checking for the marker
 //! costs the uncontended acquire one more key in its `EXISTS`, no command and no round trip.
 //!
 //! # Connections
@@ -333,6 +335,14 @@ impl Backend for RedisBackend {
 
     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
         self.release_or_leave(key, owner, false).await
+    }
+
+    /// A release that leaves the owner's cancel marker even where it finds the key granted: a
+    /// copy of the acquisition sent again after a lost reply may still reach the server after
+    /// this undo, and would otherwise find the key free and grant it to an owner nobody
+    /// releases, for a full ttl.
+    async fn undo_acquire(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+        self.release_or_leave(key, owner, true).await
     }
 
     /// A `PING`: a release of a key nobody holds, the default probe, would leave a cancel

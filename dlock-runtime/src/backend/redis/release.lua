@@ -3,8 +3,9 @@
 -- KEYS: the lock, its fence counter, its queue (see common.lua).
 -- ARGV[1] this owner; ARGV[2] the id of the calling backend, whose own waiters it wakes itself;
 -- ARGV[3] the key prefix (which names the waiters' channels, see `hand_to` in common.lua);
--- ARGV[4] `1` where this undoes an acquisition its caller gave up (a dropped or failed waiter),
--- rather than releasing a lease: the owner's cancel marker is then left in every case.
+-- ARGV[4] `1` where this undoes an acquisition its caller gave up or that failed unanswered (a
+-- dropped or failed acquire, a lost reply), rather than releasing a lease: the owner's cancel
+-- marker is then left in every case.
 --
 -- Where this owner holds the lock, hands it to the first live waiter, or deletes it where nobody
 -- waits. Else marks this owner's acquisition cancelled, takes it out of the queue, and hands on
@@ -32,8 +33,9 @@ end
 
 if holder == owner then
   if undo then
-    -- A waiter undone after a release handed it the lock: an acquire call of its that is still
-    -- on its way (sent before its caller gave up, overtaken by this undo on another
+    -- An acquisition undone after it was granted (a waiter a release handed the lock to, a grant
+    -- whose reply was lost): an acquire call of its owner that is still on its way (sent before
+    -- its caller gave up, or again after a lost reply, and overtaken by this undo on another
     -- connection) would otherwise find the lock free, or queue, and be granted it, for a full
     -- ttl, with nobody to release it. A lease's release needs no marker: its acquisition was
     -- answered, so no call of its owner is on its way.
