@@ -134,8 +134,10 @@ use proc_macro::TokenStream;
 ///   a round trip, under the outer call's ttl and renewal; calls joined inside the body on that
 ///   key re-enter one at a time, each waiting for its turn at most its own `wait` or `ttl`,
 ///   whichever is longer, and then returning `LockError::Busy`. Calls joined side by side outside any body, spawned tasks, and
-///   tasks polled inside the body (a `LocalSet` or a runtime the body drives) are other owners;
-///   a re-entered call moved to another task returns `LockError::Lost` at its next poll.
+///   tasks polled inside the body (a `LocalSet` or a runtime the body drives) are other owners.
+///   A started call is judged where it is awaited, not where it was first polled: a re-entered
+///   call awaited outside the body it re-entered (beside it, after it, or in another task)
+///   returns `LockError::Lost` at that poll.
 /// - Two attributes stacked on one function take both locks, the lower one first.
 ///
 /// # Compile errors
