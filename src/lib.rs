@@ -81,12 +81,15 @@
 //!   locker re-enters the held lease without asking the store; only the outermost exit releases.
 //!   Calls joined side by side (`tokio::join!`) or spawned are other owners, and so are tasks
 //!   polled inside the body's poll (a `LocalSet` the body drives with `run_until`, a runtime of
-//!   its own it drives with `block_on`): only the task that runs the body is inside it. A
-//!   re-entered call moved to another task (started inside the body, then `tokio::spawn`ed)
-//!   returns `LockError::Lost` at its next poll without running further, whatever its
-//!   `on_lost`: it has the lease only where its body runs. A re-entered call runs under the
-//!   outer call's lease: the outer `ttl` and renewal hold for it, whatever its own `ttl` and
-//!   `renew` say, while its own `on_lost` applies to its own body.
+//!   its own it drives with `block_on`): only the task that runs the body is inside it. Inside
+//!   means polled inside it now: a started call (`Box::pin(call)` polled once) is judged where
+//!   it is awaited, not where it was first polled, so one started in a body and awaited beside
+//!   it or after it is another owner there. A re-entered call polled outside the body it
+//!   re-entered (awaited beside it or after it, or `tokio::spawn`ed) returns `LockError::Lost`
+//!   at that poll without running further, whatever its `on_lost`: it has the lease only inside
+//!   that body. A re-entered call runs under the outer call's lease: the outer `ttl` and
+//!   renewal hold for it, whatever its own `ttl` and `renew` say, while its own `on_lost`
+//!   applies to its own body.
 //! - **Siblings inside a body take turns.** Calls on the held key joined inside the body
 //!   (`tokio::join!`, `join_all`, `select!`) re-enter one at a time, each waiting in process for
 //!   the one before it to end, for at most its own `wait` or `ttl`, whichever is longer: after

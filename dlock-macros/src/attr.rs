@@ -118,8 +118,8 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
                     Ok(())
                 }
             }),
-            "ttl" => duration(&name, value, false).map(|d| ttl = d),
-            "wait" => duration(&name, value, true).map(|d| wait = d),
+            "ttl" => duration(&name, value, Bounds::TTL).map(|d| ttl = d),
+            "wait" => duration(&name, value, Bounds::WAIT).map(|d| wait = d),
             "renew" => match &value {
                 Expr::Lit(ExprLit { lit: Lit::Bool(b), .. }) => {
                     renew = b.value;
@@ -266,7 +266,28 @@ fn ungroup(value: Expr) -> Expr {
     }
 }
 
-fn duration(name: &Ident, value: Expr, zero_allowed: bool) -> syn::Result<DurationArg> {
+/// What a duration literal of one argument may be.
+struct Bounds {
+    zero_allowed: bool,
+    max_millis: u64,
+}
+
+impl Bounds {
+    /// A lease lasts from 1 ms up to `i64::MAX` ms: the bounds `Locker::lock` checks at every
+    /// call (`LockOptions`), here so that a literal out of them is a compile error.
+    const TTL: Bounds = Bounds {
+        zero_allowed: false,
+        max_millis: i64::MAX as u64,
+    };
+    /// Any wait is one: zero tries once, and a longer one than the runtime honours waits until
+    /// the key is free.
+    const WAIT: Bounds = Bounds {
+        zero_allowed: true,
+        max_millis: u64::MAX,
+    };
+}
+
+fn duration(name: &Ident, value: Expr, bounds: Bounds) -> syn::Result<DurationArg> {
     match ungroup(value) {
         Expr::Path(path) => Ok(DurationArg::Const {
             name: name.clone(),
@@ -274,7 +295,7 @@ fn duration(name: &Ident, value: Expr, zero_allowed: bool) -> syn::Result<Durati
         }),
         Expr::Lit(ExprLit {
             lit: Lit::Str(lit), ..
-        }) => duration_literal(&lit, name, zero_allowed).map(DurationArg::Millis),
+        }) => duration_literal(&lit, name, bounds).map(DurationArg::Millis),
         other => Err(syn::Error::new_spanned(
             other,
             format!(
@@ -286,13 +307,26 @@ fn duration(name: &Ident, value: Expr, zero_allowed: bool) -> syn::Result<Durati
     }
 }
 
-fn duration_literal(lit: &LitStr, name: &Ident, zero_allowed: bool) -> syn::Result<u64> {
+fn duration_literal(lit: &LitStr, name: &Ident, bounds: Bounds) -> syn::Result<u64> {
     let ms =
         duration::parse_millis(&lit.value()).map_err(|msg| syn::Error::new(lit.span(), msg))?;
-    if ms == 0 && !zero_allowed {
+    if ms == 0 && !bounds.zero_allowed {
         return Err(syn::Error::new(
             lit.span(),
             format!("`{name}` must be longer than zero, e.g. {name} = \"3s\""),
+        ));
+    }
+    if ms > bounds.max_millis {
+        const MILLIS_PER_YEAR: u64 = 31_557_600_000;
+        return Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "`{name}` \"{text}\" is too long; it must be at most {max}ms (about {years} \
+                 million years), e.g. {name} = \"30s\"",
+                text = lit.value(),
+                max = bounds.max_millis,
+                years = bounds.max_millis / MILLIS_PER_YEAR / 1_000_000,
+            ),
         ));
     }
     Ok(ms)
@@ -379,6 +413,20 @@ mod tests {
             "{message}"
         );
         assert!(message.contains("`ttl` is given twice"), "{message}");
+    }
+
+    #[test]
+    fn bounds_a_ttl_literal_as_every_call_does() {
+        let longest = parse(quote!(key = "k", ttl = "9223372036854775807ms")).unwrap();
+        assert_eq!(millis(&longest.ttl), Some(i64::MAX as u64));
+        let message = err(quote!(key = "k", ttl = "9223372036854775808ms"));
+        assert!(
+            message.contains("`ttl` \"9223372036854775808ms\" is too long; it must be at most 9223372036854775807ms (about 292 million years), e.g. ttl = \"30s\""),
+            "{message}"
+        );
+        // Any wait is one: a longer one than the runtime honours waits until the key is free.
+        let forever = parse(quote!(key = "k", wait = "18446744073709551615ms")).unwrap();
+        assert_eq!(millis(&forever.wait), Some(u64::MAX));
     }
 
     #[test]

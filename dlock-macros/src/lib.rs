@@ -41,7 +41,7 @@ use proc_macro::TokenStream;
 /// | argument | default | meaning |
 /// | --- | --- | --- |
 /// | `key = "…"` | required | literal text and placeholders `<param>` or `<param.field.field>` (`self` included) |
-/// | `ttl = "…"` or `ttl = PATH` | `"30s"` | lease length: an integer and a unit (`ms`, `s`, `m`, `h`), combinable (`"1m30s"`), or the path of a `std::time::Duration` constant |
+/// | `ttl = "…"` or `ttl = PATH` | `"30s"` | lease length, from 1 ms to `i64::MAX` ms: an integer and a unit (`ms`, `s`, `m`, `h`), combinable (`"1m30s"`), or the path of a `std::time::Duration` constant |
 /// | `wait = "…"` or `wait = PATH` | `"0s"` | how long to wait for a busy key; `"0s"` tries once |
 /// | `renew = bool` | `true` | a watchdog renews the lease every ttl/3 while the body runs |
 /// | `on_lost = "…"` | `"cancel"` | `"cancel"`: the body is dropped at its next await and the call returns `LockError::Lost`; `"continue"`: the body runs on and `current_lease().is_held()` says the lease is gone |
@@ -50,7 +50,11 @@ use proc_macro::TokenStream;
 ///
 /// A literal duration is checked when the attribute expands; a constant is read at compile time
 /// (`const LOCK_TTL: Duration = Duration::from_secs(3);`, `Self::TTL`, `config::LOCK_WAIT`),
-/// and a path that is no `Duration` constant is a type error on the path:
+/// and a path that is no `Duration` constant is a type error on the path. A ttl constant out of
+/// the bounds every call checks (shorter than 1 ms, or longer than `i64::MAX` ms) is an error on
+/// its path: as soon as the crate is checked for a constant named on its own or through a module
+/// (`LOCK_TTL`, `config::LOCK_TTL`), and once the function is compiled for a caller for one
+/// through a type (`Self::TTL`, `Jobs::TTL`), which may be a generic parameter of the `impl`.
 ///
 /// ```
 /// use std::time::Duration;
@@ -134,8 +138,10 @@ use proc_macro::TokenStream;
 ///   a round trip, under the outer call's ttl and renewal; calls joined inside the body on that
 ///   key re-enter one at a time, each waiting for its turn at most its own `wait` or `ttl`,
 ///   whichever is longer, and then returning `LockError::Busy`. Calls joined side by side outside any body, spawned tasks, and
-///   tasks polled inside the body (a `LocalSet` or a runtime the body drives) are other owners;
-///   a re-entered call moved to another task returns `LockError::Lost` at its next poll.
+///   tasks polled inside the body (a `LocalSet` or a runtime the body drives) are other owners.
+///   A started call is judged where it is awaited, not where it was first polled: a re-entered
+///   call awaited outside the body it re-entered (beside it, after it, or in another task)
+///   returns `LockError::Lost` at that poll.
 /// - Two attributes stacked on one function take both locks, the lower one first.
 ///
 /// # Compile errors
@@ -144,10 +150,11 @@ use proc_macro::TokenStream;
 /// (the parameters are listed), `<>`, an unclosed `<`, a stray `>`, a placeholder on a
 /// destructured parameter, a field of a placeholder's path that its parameter does not have (on
 /// the key), a value that is not `Display`, a non-literal or empty key, a malformed, zero or
-/// overflowing duration literal, a duration path that is no `Duration` constant, an unknown or
-/// repeated argument, a function that is not `async`, a return type that cannot carry a lock
-/// failure (the message says which can, and how to make this one), a `locker` expression that
-/// is no `&Locker`, and one that builds a new `Locker` at every call (`&Locker::memory()`: no two
+/// overflowing duration literal, a ttl literal longer than `i64::MAX` ms, a duration path that
+/// is no `Duration` constant, a ttl constant out of the bounds (above), an unknown or repeated
+/// argument, a function that is not `async`, a return type that cannot carry a lock failure
+/// (the message says which can, and how to make this one), a `locker` expression that is no
+/// `&Locker`, and one that builds a new `Locker` at every call (`&Locker::memory()`: no two
 /// calls would exclude each other). The function is still written back under an error, so that
 /// call sites keep compiling and no warning about its parameters follows.
 #[proc_macro_attribute]

@@ -64,4 +64,5 @@ pub use reentry::current_lease;
 pub mod __private {
     pub use crate::key::KeyBuilder;
     pub use crate::locked::{locked, locker, LockSpec, OnLost};
+    pub use crate::options::{ttl_is_too_long, ttl_is_too_short};
 }

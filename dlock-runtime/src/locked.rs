@@ -143,23 +143,20 @@ where
         },
     };
 
-    let outer = match reentry::enter(locker.id(), &key) {
-        reentry::Entry::Reenter { parent, top } => {
-            // Siblings joined inside the body take turns under the lease, each waiting for the
-            // one before it at most its own `wait` or `ttl`, whichever is longer.
-            let turn = match reentry::Turn::take(&parent, top, turn_patience(&spec.options)).await {
-                Ok(turn) => turn,
-                Err(error) => return on_failure(&spec, error),
-            };
-            tracing::trace!(%key, function = spec.name, "distributed_lock: re-entered");
-            // `None` as well when the call was moved to another task (see `Turn::scope`).
-            let output = run_body(spec.on_lost, turn.lease(), turn.scope(body))
-                .await
-                .flatten();
-            return output.unwrap_or_else(|| on_failure(&spec, LockError::Lost { key }));
-        }
-        reentry::Entry::Acquire { outer } => outer,
-    };
+    if let Some(parent) = reentry::holder(locker.id(), &key) {
+        // Siblings joined inside the body take turns under the lease, each waiting for the one
+        // before it at most its own `wait` or `ttl`, whichever is longer.
+        let turn = match reentry::Turn::take(&parent, turn_patience(&spec.options)).await {
+            Ok(turn) => turn,
+            Err(error) => return on_failure(&spec, error),
+        };
+        tracing::trace!(%key, function = spec.name, "distributed_lock: re-entered");
+        // `None` as well when the call was moved out of the body (see `Turn::scope`).
+        let output = run_body(spec.on_lost, turn.lease(), turn.scope(body))
+            .await
+            .flatten();
+        return output.unwrap_or_else(|| on_failure(&spec, LockError::Lost { key }));
+    }
 
     let lease = match locker.acquire(key, spec.options).await {
         Ok(state) => Lease { state, locker },
@@ -167,7 +164,7 @@ where
     };
     // From here `lease` releases on every exit: its `Drop` queues the release when the body
     // panics or this future is dropped, and the release below awaits it on a normal return.
-    let body = reentry::scope(lease.state.clone(), outer, body);
+    let body = reentry::scope(lease.state.clone(), body);
     let Some(output) = run_body(spec.on_lost, &lease.state, body).await else {
         // Returns at once; dropping the lease queues its release.
         return on_failure(

@@ -113,18 +113,31 @@ impl LockOptions {
     }
 
     fn validate(&self) -> Result<(), LockError> {
-        if self.ttl < Duration::from_millis(1) {
+        if ttl_is_too_short(self.ttl) {
             return Err(LockError::InvalidOptions {
                 reason: format!("ttl {:?} is shorter than 1ms", self.ttl),
             });
         }
-        if self.ttl.as_millis() > i64::MAX as u128 {
+        if ttl_is_too_long(self.ttl) {
             return Err(LockError::InvalidOptions {
                 reason: format!("ttl {:?} is too long", self.ttl),
             });
         }
         Ok(())
     }
+}
+
+/// Whether `ttl` is shorter than any lease may be: 1 ms. `const`, so that `#[distributed_lock]`
+/// checks a ttl constant at compile time by the same bound.
+pub const fn ttl_is_too_short(ttl: Duration) -> bool {
+    ttl.as_nanos() < 1_000_000
+}
+
+/// Whether `ttl` is longer than any lease may be: `i64::MAX` milliseconds (about 292 million
+/// years). `const`, so that `#[distributed_lock]` checks a ttl constant at compile time by the
+/// same bound.
+pub const fn ttl_is_too_long(ttl: Duration) -> bool {
+    ttl.as_millis() > i64::MAX as u128
 }
 
 impl Default for LockOptions {

@@ -1,19 +1,22 @@
 //! Re-entrancy: the leases held by the annotated bodies a task is inside of, and the turns that
 //! keep re-entered calls on one lease from running side by side.
 //!
-//! The stack lives in a `tokio::task_local!` scope around each body, never in a `thread_local!`
-//! (a task moves between threads). A scope covers exactly one body's future, so a call awaited
-//! inside the body sees the lease and re-enters, while a call joined beside it (`tokio::join!`)
-//! or spawned from it does not: those are other owners.
+//! A call is inside the bodies its poll is inside of *now*. A started call is a future that can
+//! be awaited anywhere: started in one body, it may be handed out and awaited beside that body,
+//! or after it ended, or it may be started outside any body and awaited inside one. So nothing
+//! about where a call was first polled is kept. Each body has a frame, put on top of the held
+//! stack (a `tokio::task_local!` scope, never a `thread_local!`: a task moves between threads)
+//! for each poll of the body, and for the length of each poll only, the frame records which
+//! task polls it and the frame of the body that poll comes from. The frames reachable that way
+//! from the top are exactly the bodies being polled now, each inside the next. A call awaited
+//! inside a body sees its lease and re-enters; a call joined beside it (`tokio::join!`),
+//! spawned from it, or awaited after it ended does not: those are other owners.
 //!
 //! A scope is still a thread-local while the body is polled, and other tasks can be polled
 //! inside that poll: a `LocalSet` the body drives with `run_until`, or a runtime of its own the
 //! body drives with `block_on`, polls its tasks there, and those tasks run on later, on other
-//! threads, beside the body. So each lease also records which tokio task polls its acquiring
-//! body, and only that task's code is inside the body: another task finds no frame of its own,
-//! and acquires like any other owner. A re-entered call moved to another task (started in the
-//! body, then `tokio::spawn`ed) is stopped at its next poll with `LockError::Lost`, whatever its
-//! `on_lost`: it had the lease, and no longer has it where it now runs.
+//! threads, beside the body. So the walk down the stack stops at a frame another task polls:
+//! only that task's code is inside the body, and another task acquires like any other owner.
 //!
 //! Re-entering is not the same as running alone: a body may join two calls on its own key
 //! (`tokio::join!(withdraw(id), withdraw(id))`), and both find the lease on the stack. So each
@@ -22,20 +25,26 @@
 //! frame), takes the turn, and gives it back when it ends, whichever way. Siblings therefore go
 //! one at a time, while a call nested inside a re-entered call (whose parent is that call)
 //! never waits on itself. A call waits for its turn for a bounded time (its own `wait` or
-//! `ttl`, whichever is longer; see `locked`): the occupant may be a future its caller has stopped polling until this call ends
-//! (a `select!` loop that awaits this call in one branch while the other holds the turn), and
-//! would otherwise wait for ever with its lease renewed all along.
+//! `ttl`, whichever is longer; see `locked`): the occupant may be a future its caller has
+//! stopped polling until this call ends (a `select!` loop that awaits this call in one branch
+//! while the other holds the turn), and would otherwise wait for ever with its lease renewed
+//! all along.
+//!
+//! A re-entered call runs only while its poll is inside the body it answers to: it has the
+//! lease there and nowhere else. Polled anywhere else (awaited beside the body, after it, or in
+//! another task), it is stopped with `LockError::Lost`, whatever its `on_lost`.
 //!
 //! A call can outlive the call it was started in (started, then handed out to an outer body):
 //! its parent then ends while it still holds the turn, or still waits for it. The parent gives
-//! back nothing it does not hold; the call, when it ends, gives the turn to its nearest ancestor
-//! still running, and a call still waiting waits for that ancestor's turn instead.
+//! back nothing it does not hold; the call answers to its nearest ancestor still running: it
+//! runs inside that body, waits for that body's turn, and, when it ends, gives the turn to it.
 
 use std::future::Future;
 use std::hash::{Hash, Hasher};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -45,23 +54,76 @@ use crate::lease::{LeaseInfo, LeaseState};
 use crate::{LockError, LockOptions};
 
 tokio::task_local! {
-    /// The frame of the innermost body; each links to the frame around it.
+    /// The frame of the innermost body being polled.
     static HELD: Arc<Frame>;
 }
 
-/// One annotated body a task is inside of: the lease it runs under, and the body around it.
+/// One annotated body: the lease it runs under, and where it is being polled.
 pub(crate) struct Frame {
     lease: Arc<LeaseState>,
     /// This body's identity in its lease's turns; [`Turns::ACQUIRER`] for the body that acquired.
     id: u64,
-    outer: Option<Arc<Frame>>,
     /// The frame under the same lease this one re-entered from; `None` for the acquirer.
     parent: Option<Arc<Frame>>,
     /// Set, under the lease's turn lock, when this body has ended.
     ended: AtomicBool,
+    /// While the body is being polled, by whom and inside which body; `None` between polls.
+    polled: Mutex<Option<Polled>>,
+}
+
+/// One poll of a body.
+struct Polled {
+    /// The task that polls it ([`current_task`]).
+    task: u64,
+    /// The frame of the body this poll is inside of: the top of the held stack when it began.
+    outer: Option<Arc<Frame>>,
 }
 
 impl Frame {
+    fn new(lease: Arc<LeaseState>, id: u64, parent: Option<Arc<Frame>>) -> Arc<Frame> {
+        Arc::new(Frame {
+            lease,
+            id,
+            parent,
+            ended: AtomicBool::new(false),
+            polled: Mutex::new(None),
+        })
+    }
+
+    fn polled(&self) -> MutexGuard<'_, Option<Polled>> {
+        self.polled.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `task` polls this body now.
+    fn is_polled_by(&self, task: u64) -> bool {
+        self.polled()
+            .as_ref()
+            .is_some_and(|polled| polled.task == task)
+    }
+
+    /// Polls `body`, this frame's body in its scope, once, recording for that poll that `task`
+    /// polls it inside `outer`.
+    fn poll<F: Future>(
+        &self,
+        task: u64,
+        outer: Option<Arc<Frame>>,
+        body: Pin<&mut F>,
+        cx: &mut Context<'_>,
+    ) -> Poll<F::Output> {
+        /// Forgets the poll when it ends, a panic included: between polls a body is inside no
+        /// other, and its frame keeps no other alive (a frame polled inside one it was once
+        /// polled around would otherwise hold it in a cycle).
+        struct Forget<'a>(&'a Frame);
+        impl Drop for Forget<'_> {
+            fn drop(&mut self) {
+                *self.0.polled() = None;
+            }
+        }
+        *self.polled() = Some(Polled { task, outer });
+        let _forget = Forget(self);
+        body.poll(cx)
+    }
+
     /// This frame if its body still runs, else its nearest ancestor under the same lease whose
     /// body does: at the latest the acquirer's, which is never marked ended. Read under the
     /// lease's turn lock, which `ended` is set under.
@@ -84,10 +146,6 @@ pub(crate) struct Turns {
     /// parents' `ended` flags and writes the occupant as one step.
     occupant: Mutex<u64>,
     handed_back: Notify,
-    /// The task ([`current_task`]) that polls the acquiring body, as of its latest poll: the
-    /// only task whose code is inside the bodies under this lease. Written at every poll, so
-    /// that an acquiring call moved to another task takes its lease along.
-    polled_by: AtomicU64,
 }
 
 impl Turns {
@@ -98,13 +156,7 @@ impl Turns {
         Turns {
             occupant: Mutex::new(Self::ACQUIRER),
             handed_back: Notify::new(),
-            // Set at the acquiring body's first poll, before any frame of the lease is seen.
-            polled_by: AtomicU64::new(0),
         }
-    }
-
-    fn is_polled_by(&self, task: u64) -> bool {
-        self.polled_by.load(Ordering::Relaxed) == task
     }
 
     fn occupant(&self) -> MutexGuard<'_, u64> {
@@ -112,37 +164,16 @@ impl Turns {
     }
 }
 
-/// Where a call on `key` by `locker_id` stands.
-pub(crate) enum Entry {
-    /// A body of this task holds the key: `parent` is the innermost frame under that lease, and
-    /// `top` the innermost frame of all.
-    Reenter { parent: Arc<Frame>, top: Arc<Frame> },
-    /// The call must acquire; `outer` is the innermost enclosing frame, if any.
-    Acquire { outer: Option<Arc<Frame>> },
-}
-
-/// Looks `key` up among the leases of the enclosing bodies, with one task-local access (and,
-/// inside a body, one read of the current task), as this is on every call's path.
-pub(crate) fn enter(locker_id: usize, key: &str) -> Entry {
+/// The frame of the innermost body this call's poll is inside of that holds `key` on locker
+/// `locker_id`, if any: the body the call re-enters. One task-local access (and, inside a body,
+/// one read of the current task), as this is on every call's path.
+pub(crate) fn holder(locker_id: usize, key: &str) -> Option<Arc<Frame>> {
     HELD.try_with(|top| {
-        let mut frames = frames_of(top, current_task()).peekable();
-        if frames.peek().is_none() {
-            // Polled inside another task's body: none of its frames are this task's.
-            return Entry::Acquire { outer: None };
-        }
-        for frame in frames {
-            if frame.lease.locker_id == locker_id && frame.lease.key == key {
-                return Entry::Reenter {
-                    parent: frame.clone(),
-                    top: top.clone(),
-                };
-            }
-        }
-        Entry::Acquire {
-            outer: Some(top.clone()),
-        }
+        frames_of(top, current_task())
+            .find(|frame| frame.lease.locker_id == locker_id && frame.lease.key == key)
     })
-    .unwrap_or(Entry::Acquire { outer: None })
+    .ok()
+    .flatten()
 }
 
 /// The ids of the leases the bodies this task is inside of run under, innermost first.
@@ -155,13 +186,19 @@ pub(crate) fn leases_of_this_task() -> Vec<u64> {
     .unwrap_or_default()
 }
 
-/// The frames of the stack under `top` that `task` is inside of, innermost first: up to the
-/// first whose lease's body another task polls. A frame's outer frames were the stack of the
-/// task that entered it; one that has since moved to another task (a call started inside a
-/// body, then spawned) leaves those behind.
-fn frames_of(top: &Arc<Frame>, task: u64) -> impl Iterator<Item = &Arc<Frame>> {
-    std::iter::successors(Some(top), |frame| frame.outer.as_ref())
-        .take_while(move |frame| frame.lease.turns.is_polled_by(task))
+/// The frames of the bodies `task` is inside of now, innermost first: from `top`, each frame
+/// being polled by `task`, then the one its poll is inside of, up to the first that another
+/// task polls (or none does).
+fn frames_of(top: &Arc<Frame>, task: u64) -> impl Iterator<Item = Arc<Frame>> {
+    let mut next = Some(top.clone());
+    std::iter::from_fn(move || {
+        let frame = next.take()?;
+        next = match &*frame.polled() {
+            Some(polled) if polled.task == task => polled.outer.clone(),
+            _ => return None,
+        };
+        Some(frame)
+    })
 }
 
 /// The tokio task being polled now, as a number. Outside any task (a future that a runtime's
@@ -201,29 +238,17 @@ fn current_task() -> u64 {
     }
 }
 
-/// Runs the body of the call that acquired `lease` with the lease on top of the held stack,
-/// recording at each poll which task polls it.
-pub(crate) fn scope<F: Future>(
-    lease: Arc<LeaseState>,
-    outer: Option<Arc<Frame>>,
-    body: F,
-) -> impl Future<Output = F::Output> {
-    let frame = Frame {
-        lease: lease.clone(),
-        id: Turns::ACQUIRER,
-        outer,
-        parent: None,
-        ended: AtomicBool::new(false),
-    };
-    let body = HELD.scope(Arc::new(frame), body);
+/// Runs the body of the call that acquired `lease`, with its frame on top of the held stack
+/// at each poll.
+pub(crate) fn scope<F: Future>(lease: Arc<LeaseState>, body: F) -> impl Future<Output = F::Output> {
+    let frame = Frame::new(lease, Turns::ACQUIRER, None);
+    let body = HELD.scope(frame.clone(), body);
     async move {
         let mut body = std::pin::pin!(body);
         std::future::poll_fn(|cx| {
-            lease
-                .turns
-                .polled_by
-                .store(current_task(), Ordering::Relaxed);
-            body.as_mut().poll(cx)
+            // Read outside the body's own scope: the body this poll is inside of.
+            let outer = HELD.try_with(Arc::clone).ok();
+            frame.poll(current_task(), outer, body.as_mut(), cx)
         })
         .await
     }
@@ -238,20 +263,15 @@ pub(crate) struct Turn {
 static NEXT_FRAME: AtomicU64 = AtomicU64::new(Turns::ACQUIRER + 1);
 
 impl Turn {
-    /// Waits until `parent` is the lease's occupant, then takes the turn for a new frame above
-    /// `top`. Waits at most `wait`, and fails with
+    /// Waits until `parent` is the lease's occupant, then takes the turn for a new frame under
+    /// it. Waits at most `wait`, and fails with
     /// [`LockError::Busy`] after it: the occupant may be a call its caller no longer polls (one
     /// branch of a `select!` whose other branch is this call), which then never hands the turn
     /// back. Fails with [`LockError::Lost`] when the lease is lost first.
-    pub(crate) async fn take(
-        parent: &Arc<Frame>,
-        top: Arc<Frame>,
-        wait: Duration,
-    ) -> Result<Turn, LockError> {
+    pub(crate) async fn take(parent: &Arc<Frame>, wait: Duration) -> Result<Turn, LockError> {
         let lease = &parent.lease;
         let turns = &lease.turns;
         let id = NEXT_FRAME.fetch_add(1, Ordering::Relaxed);
-        let mut top = Some(top);
         // Read only once the turn is found taken: a free turn costs no clock read.
         let mut deadline = None;
         loop {
@@ -264,15 +284,8 @@ impl Turn {
                 // which is the body this call now answers to.
                 if *occupant == parent.running().id {
                     *occupant = id;
-                    let frame = Frame {
-                        lease: lease.clone(),
-                        id,
-                        outer: top.take(),
-                        parent: Some(parent.clone()),
-                        ended: AtomicBool::new(false),
-                    };
                     return Ok(Turn {
-                        frame: Arc::new(frame),
+                        frame: Frame::new(lease.clone(), id, Some(parent.clone())),
                     });
                 }
             }
@@ -300,23 +313,48 @@ impl Turn {
         &self.frame.lease
     }
 
-    /// Runs `body` with this turn's frame on top of the held stack. `None`, without polling
-    /// `body` again, once a poll comes from a task other than the one polling the acquiring
-    /// body (the call was moved out of the body it re-entered, and runs under no lease there),
-    /// or once the acquiring call released the lease (the call outlived that body, and whatever
-    /// its `on_lost`, the key may be another owner's now).
+    /// Runs `body` with this turn's frame on top of the held stack at each poll. `None`,
+    /// without polling `body` again, once a poll is not inside the body this call answers to
+    /// ([`Turn::is_inside_its_body`]): the call was moved out of it (awaited beside it, after
+    /// it, or in another task), has no lease there, and whatever its `on_lost`, the key may be
+    /// another owner's.
     pub(crate) fn scope<F: Future>(&self, body: F) -> impl Future<Output = Option<F::Output>> {
-        let lease = self.frame.lease.clone();
-        let body = HELD.scope(self.frame.clone(), body);
+        let frame = self.frame.clone();
+        let body = HELD.scope(frame.clone(), body);
         async move {
             let mut body = std::pin::pin!(body);
             std::future::poll_fn(|cx| {
-                if lease.is_released() || !lease.turns.is_polled_by(current_task()) {
+                let task = current_task();
+                // Read outside the body's own scope: the body this poll is inside of.
+                let outer = HELD.try_with(Arc::clone).ok();
+                if !Turn::is_inside_its_body(&frame, task, outer.as_ref()) {
                     return Poll::Ready(None);
                 }
-                body.as_mut().poll(cx).map(Some)
+                frame.poll(task, outer, body.as_mut(), cx).map(Some)
             })
             .await
+        }
+    }
+
+    /// Whether a poll of re-entered `frame` by `task` inside `outer` is inside the body the call
+    /// answers to: the one it was called from, or, once that one ended, its nearest ancestor
+    /// still running.
+    fn is_inside_its_body(frame: &Arc<Frame>, task: u64, outer: Option<&Arc<Frame>>) -> bool {
+        let Some(outer) = outer else {
+            return false;
+        };
+        let parent = frame
+            .parent
+            .as_ref()
+            .expect("a re-entered frame has a parent");
+        let is_around = |body: &Arc<Frame>| frames_of(outer, task).any(|f| Arc::ptr_eq(&f, body));
+        // A parent being polled has not ended: the turn lock is only needed when it is not.
+        is_around(parent) || {
+            let running = {
+                let _turns = frame.lease.turns.occupant();
+                parent.running().clone()
+            };
+            !Arc::ptr_eq(&running, parent) && is_around(&running)
         }
     }
 }
@@ -368,12 +406,9 @@ impl Drop for Turn {
 pub fn current_lease() -> Option<LeaseInfo> {
     HELD.try_with(|top| {
         // A task polled inside another task's body is not inside it.
-        top.lease
-            .turns
-            .is_polled_by(current_task())
-            .then(|| LeaseInfo {
-                state: top.lease.clone(),
-            })
+        top.is_polled_by(current_task()).then(|| LeaseInfo {
+            state: top.lease.clone(),
+        })
     })
     .ok()
     .flatten()

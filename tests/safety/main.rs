@@ -5,14 +5,16 @@
 //!
 //! By rule: [`validity`] (no body runs on a lease known to be invalid), [`siblings`] (calls
 //! joined inside a body take turns on its lease), [`tasks`] (no other task runs under a body's
-//! lease), [`deadlines`] (each lease judged against its own deadline) and [`waiting`] (no key
-//! held by nobody when a waiter leaves).
+//! lease), [`moved`] (a started call is inside the bodies it is polled in now), [`deadlines`]
+//! (each lease judged against its own deadline) and [`waiting`] (no key held by nobody when a
+//! waiter leaves).
 
 // The support every test crate shares, one directory up.
 #[path = "../support/mod.rs"]
 mod support;
 
 mod deadlines;
+mod moved;
 mod siblings;
 mod tasks;
 mod validity;
