@@ -82,9 +82,12 @@
 //!   Calls joined side by side (`tokio::join!`) or spawned are other owners, and so are tasks
 //!   polled inside the body's poll (a `LocalSet` the body drives with `run_until`, a runtime of
 //!   its own it drives with `block_on`): only the task that runs the body is inside it. Inside
-//!   means polled inside it now: a started call (`Box::pin(call)` polled once) is judged where
-//!   it is awaited, not where it was first polled, so one started in a body and awaited beside
-//!   it or after it is another owner there. A re-entered call polled outside the body it
+//!   means polled inside it now. A call decides at its first poll whether it re-enters (a body
+//!   on its key is being polled around that poll) or asks the store; the calls it makes later
+//!   decide at theirs. So a call started outside any body and first polled inside one re-enters
+//!   it, while one that already asked the store (polled once, then awaited inside a body on its
+//!   key) stays a store acquisition, and waits for its own caller's key until its `wait` runs
+//!   out (`LockError::Busy`). A re-entered call polled outside the body it
 //!   re-entered (awaited beside it or after it, or `tokio::spawn`ed) returns `LockError::Lost`
 //!   at that poll without running further, whatever its `on_lost`: it has the lease only inside
 //!   that body. A re-entered call runs under the outer call's lease: the outer `ttl` and

@@ -139,9 +139,9 @@ use proc_macro::TokenStream;
 ///   key re-enter one at a time, each waiting for its turn at most its own `wait` or `ttl`,
 ///   whichever is longer, and then returning `LockError::Busy`. Calls joined side by side outside any body, spawned tasks, and
 ///   tasks polled inside the body (a `LocalSet` or a runtime the body drives) are other owners.
-///   A started call is judged where it is awaited, not where it was first polled: a re-entered
-///   call awaited outside the body it re-entered (beside it, after it, or in another task)
-///   returns `LockError::Lost` at that poll.
+///   A call decides at its first poll whether it re-enters (a body on its key is being polled
+///   around it) or asks the store; a re-entered call polled outside the body it re-entered
+///   (awaited beside it, after it, or in another task) returns `LockError::Lost` at that poll.
 /// - Two attributes stacked on one function take both locks, the lower one first.
 ///
 /// # Compile errors
