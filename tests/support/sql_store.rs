@@ -14,7 +14,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use dlock::{LockOptions, Locker};
+use dlock::{LockError, LockOptions, Locker};
 
 use super::fault_proxy::{Direction, FaultProxy};
 use super::{unique_key, Store};
@@ -273,4 +273,55 @@ pub async fn a_late_acquire_of_the_holder_never_shortens_its_lease<S: SqlStore>(
         got.is_err(),
         "a rival got the key 1 s into a 60 s lease: a late acquire of its holder cut it to 0.3 s"
     );
+}
+
+/// A lease's ttl, however long the options allow it, leaves its row live on the store, so a
+/// rival is refused: a ttl past what the database's timestamps hold must not come out as an
+/// expiry in the past (MariaDB reads `+ INTERVAL 18446744073709551615 MICROSECOND` as minus one
+/// microsecond, and wraps other huge intervals likewise), nor as an unclear error.
+pub async fn a_lease_with_a_huge_ttl_keeps_rivals_out<S: SqlStore>() {
+    const YEAR: u64 = 365 * 24 * 3600;
+    let db = S::fresh().await;
+    let (holder, rival) = (db.locker().await, db.locker().await);
+    for ttl in [
+        // The longest ttl the options take.
+        Duration::from_millis(i64::MAX as u64),
+        // Wraps, in microseconds, to half a second in the past on MariaDB.
+        Duration::from_secs(18_446_744_073_709),
+        // Past the year 9999 on MySQL, past 294276 on PostgreSQL.
+        Duration::from_secs(10_000 * YEAR),
+        Duration::from_secs(300_000 * YEAR),
+    ] {
+        let key = unique_key("huge-ttl");
+        let lease = holder.lock(&*key, LockOptions::new().ttl(ttl)).await;
+        assert!(
+            lease.is_ok(),
+            "a lease of {ttl:?} was refused: {:?}",
+            lease.err()
+        );
+        let got = rival.lock(&*key, LockOptions::new()).await;
+        assert!(
+            matches!(got, Err(LockError::Busy { .. })),
+            "a rival asked for a key held with a ttl of {ttl:?}, and got {:?}: two holders",
+            got.as_ref().map(|lease| lease.fence())
+        );
+        lease.unwrap().release().await.unwrap();
+    }
+    // Asked directly, past its limit, the store refuses the ttl and writes nothing.
+    use dlock::backend::{AcquireRequest, Backend};
+    let backend = db.backend().await;
+    let limit = backend.ttl_limit().expect("a SQL store has a ttl limit");
+    let key = unique_key("past-the-limit");
+    let request = AcquireRequest::new(
+        &key,
+        dlock::Owner::random(),
+        limit + Duration::from_millis(1),
+        Duration::ZERO,
+    );
+    let refused = backend.acquire(&request).await;
+    assert!(
+        matches!(refused, Err(LockError::InvalidOptions { .. })),
+        "a ttl past the store's limit of {limit:?} gave {refused:?}"
+    );
+    assert_eq!(db.rows(&key).await, 0, "a refused acquisition wrote a row");
 }

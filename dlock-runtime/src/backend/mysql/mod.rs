@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::mysql::MySqlPool;
 
-use super::sql::{micros, Backoff, Limits};
+use super::sql::{ttl_micros, Backoff, Limits, TTL_LIMIT};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
 use crate::{LockError, Owner};
@@ -86,6 +86,11 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 ///
 /// `VARBINARY` because a case-insensitive collation would make `Acct:1` and `acct:1` one lock;
 /// `DATETIME(6)` written with `UTC_TIMESTAMP(6)` so neither the session time zone nor 2038 matter.
+///
+/// A lease lasts at most a century ([`Backend::ttl_limit`]): its expiry must be a
+/// `DATETIME(6)`, which ends with the year 9999, and MySQL does not refuse a later one but wraps
+/// it, or makes it `NULL`. A [`Locker`](crate::Locker) shortens a longer ttl to a century; a
+/// direct [`Backend::acquire`] refuses it with [`LockError::InvalidOptions`].
 ///
 /// # The statements
 ///
@@ -293,7 +298,7 @@ impl Backend for MysqlBackend {
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
         check_key(request.key)?;
         let owner = request.owner.to_string();
-        let ttl_us = micros(request.ttl);
+        let ttl_us = ttl_micros("MySQL", request.ttl)?;
         let deadline = Instant::now() + request.wait;
         let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF, request.owner);
         loop {
@@ -322,6 +327,11 @@ impl Backend for MysqlBackend {
         on_background(async move { delete_row(&shared, &key, &owner, None).await }).await
     }
 
+    /// A century (see the type's docs): an expiry must stay a timestamp the table holds.
+    fn ttl_limit(&self) -> Option<Duration> {
+        Some(TTL_LIMIT)
+    }
+
     async fn close(&self) {
         self.shared.cleanups.done(CLEANUP_PATIENCE).await;
         if !self.shared.owns_pool {
@@ -339,16 +349,14 @@ impl Backend for MysqlBackend {
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
         let shared = self.shared.clone();
-        let leases: Vec<(Vec<u8>, String, u64)> = leases
+        // A longer ttl than the limit renews to the limit (a `Locker` never asks for one).
+        let leases = leases
             .iter()
             .map(|l| {
-                (
-                    l.key.as_bytes().to_vec(),
-                    l.owner.to_string(),
-                    micros(l.ttl),
-                )
+                let ttl_us = ttl_micros("MySQL", l.ttl.min(TTL_LIMIT))?;
+                Ok((l.key.as_bytes().to_vec(), l.owner.to_string(), ttl_us))
             })
-            .collect();
+            .collect::<Result<Vec<(Vec<u8>, String, i64)>, LockError>>()?;
         on_background(async move {
             let mut held = Vec::with_capacity(leases.len());
             for chunk in leases.chunks(RENEW_CHUNK) {

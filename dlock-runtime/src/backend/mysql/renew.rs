@@ -10,15 +10,15 @@ use crate::LockError;
 /// some lease was not renewed.
 pub(super) async fn renew_chunk(
     shared: &Shared,
-    chunk: &[(Vec<u8>, String, u64)],
+    chunk: &[(Vec<u8>, String, i64)],
 ) -> Result<Vec<bool>, LockError> {
     let table = &shared.sql.table;
-    let mut ttls: Vec<u64> = chunk.iter().map(|(_, _, ttl)| *ttl).collect();
+    let mut ttls: Vec<i64> = chunk.iter().map(|(_, _, ttl)| *ttl).collect();
     ttls.sort_unstable();
     ttls.dedup();
     let mut renewed = 0;
     for ttl in ttls {
-        let group: Vec<&(Vec<u8>, String, u64)> =
+        let group: Vec<&(Vec<u8>, String, i64)> =
             chunk.iter().filter(|(_, _, t)| *t == ttl).collect();
         let keys = vec!["?"; group.len()].join(", ");
         let pairs = vec!["(?, ?)"; group.len()].join(", ");

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgPool;
 
-use super::sql::{self, micros, Backoff, Limits};
+use super::sql::{self, micros, ttl_micros, Backoff, Limits, TTL_LIMIT};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
 use crate::{LockError, Owner};
@@ -101,6 +101,11 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 ///
 /// `BYTEA` because a key is bytes: no collation can make two keys one lock, and no database
 /// encoding can refuse one. Read them in `psql` with `convert_from(lock_key, 'UTF8')`.
+///
+/// A lease lasts at most a century ([`Backend::ttl_limit`]), as on MySQL: PostgreSQL refuses an
+/// interval past 2⁶³ µs and a timestamp past the year 294276. A [`Locker`](crate::Locker)
+/// shortens a longer ttl to a century; a direct [`Backend::acquire`] refuses it with
+/// [`LockError::InvalidOptions`].
 ///
 /// # The statements
 ///
@@ -413,7 +418,7 @@ impl Backend for PostgresBackend {
         check_key(request.key)?;
         let key = request.key.as_bytes();
         let owner = request.owner.to_string();
-        let ttl_us = micros_i64(request.ttl);
+        let ttl_us = ttl_micros("PostgreSQL", request.ttl)?;
         let granted = |fence, sent_at| {
             Some(Acquired {
                 fence,
@@ -559,14 +564,20 @@ impl Backend for PostgresBackend {
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
         let shared = self.shared.clone();
-        let leases: Vec<(Vec<u8>, String, i64)> = leases
+        // A longer ttl than the limit renews to the limit (a `Locker` never asks for one).
+        let leases = leases
             .iter()
             .map(|l| {
-                let ttl_us = micros_i64(l.ttl);
-                (l.key.as_bytes().to_vec(), l.owner.to_string(), ttl_us)
+                let ttl_us = ttl_micros("PostgreSQL", l.ttl.min(TTL_LIMIT))?;
+                Ok((l.key.as_bytes().to_vec(), l.owner.to_string(), ttl_us))
             })
-            .collect();
+            .collect::<Result<Vec<(Vec<u8>, String, i64)>, LockError>>()?;
         on_background(async move { renew::renew_all(&shared, &leases).await }).await
+    }
+
+    /// A century (see the type's docs): an expiry must stay a timestamp the table holds.
+    fn ttl_limit(&self) -> Option<Duration> {
+        Some(TTL_LIMIT)
     }
 
     async fn close(&self) {
