@@ -65,6 +65,12 @@ mod sql_scenarios {
     async fn a_lease_with_a_huge_ttl_keeps_rivals_out() {
         scenario::a_lease_with_a_huge_ttl_keeps_rivals_out::<Postgres>().await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal() {
+        scenario::a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal::<Postgres>()
+            .await;
+    }
 }
 
 /// A lock table of this test's own; dropped with it. Its backends send prepared statements,
@@ -339,6 +345,12 @@ mod simple_queries {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lease_with_a_huge_ttl_keeps_rivals_out() {
         scenario::a_lease_with_a_huge_ttl_keeps_rivals_out::<Simple>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal() {
+        scenario::a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal::<Simple>()
+            .await;
     }
 }
 
