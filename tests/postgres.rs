@@ -71,6 +71,11 @@ mod sql_scenarios {
         scenario::a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal::<Postgres>()
             .await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_renewal_never_shortens_its_lease() {
+        scenario::a_late_renewal_never_shortens_its_lease::<Postgres>().await;
+    }
 }
 
 /// A lock table of this test's own; dropped with it. Its backends send prepared statements,
@@ -351,6 +356,11 @@ mod simple_queries {
     async fn a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal() {
         scenario::a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal::<Simple>()
             .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_renewal_never_shortens_its_lease() {
+        scenario::a_late_renewal_never_shortens_its_lease::<Simple>().await;
     }
 }
 

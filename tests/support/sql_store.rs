@@ -363,3 +363,30 @@ pub async fn a_lease_with_a_huge_ttl_keeps_rivals_out<S: SqlStore>() {
     );
     assert_eq!(db.rows(&key).await, 0, "a refused acquisition wrote a row");
 }
+
+/// A renewal never moves its lease's expiry back. The watchdog sends a renewal again when the
+/// first goes unanswered, so the first copy can land after a later one, held up on the server
+/// (a stalled backend process, a wait on another transaction's row) with the expiry it
+/// computed as it began: earlier than the one the client counts from after the later copy, so
+/// a rival could take the key while the holder still runs its body. The late copy is modelled
+/// here by a renewal of the holder with a shorter ttl.
+pub async fn a_late_renewal_never_shortens_its_lease<S: SqlStore>() {
+    use dlock::backend::{AcquireRequest, Backend, Renewal};
+    use dlock::Owner;
+
+    let store = S::fresh().await;
+    let backend = store.backend().await;
+    let key = unique_key("late-renewal");
+    let owner = Owner::random();
+    let held = AcquireRequest::new(&key, owner, Duration::from_secs(60), Duration::ZERO);
+    assert!(backend.acquire(&held).await.unwrap().is_some());
+    let late = Renewal::new(&key, owner, Duration::from_millis(300));
+    assert_eq!(backend.renew(&[late]).await.unwrap(), [true]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rival = store.locker().await;
+    let got = rival.lock(&*key, LockOptions::new()).await;
+    assert!(
+        got.is_err(),
+        "a rival got the key 1 s into a 60 s lease: a late renewal of its holder cut it to 0.3 s"
+    );
+}

@@ -127,9 +127,10 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 ///   the goal is that the row is no longer ours, which a second delete achieves either way.
 /// - **Renewal**: every lease of the tick (in chunks of 1,000) in one short transaction:
 ///   `SELECT … WHERE lock_key IN (…) AND (lock_key, owner) IN (…) AND` live `FOR UPDATE SKIP
-///   LOCKED`, then one `UPDATE` of the rows it locked, and only when some lease's row was not
-///   among them a plain `SELECT` to tell a lost lease from one whose row another transaction
-///   keeps locked. Such a row is passed over, not waited for: its lease is not renewed this
+///   LOCKED`, then one `UPDATE` of the rows it locked (to `GREATEST(expires_at, …)`: a late
+///   copy of an earlier renewal never moves an expiry back), and only when some lease's row
+///   was not among them a plain `SELECT` to tell a lost lease from one whose row another
+///   transaction keeps locked. Such a row is passed over, not waited for: its lease is not renewed this
 ///   round, and is lost if the row stays locked past its validity; the leases renewed with it
 ///   are not held up. (A single `UPDATE` would wait on that row for the lock wait timeout, and
 ///   fail with every lease of the chunk.) A server without `SKIP LOCKED` (MySQL before 8.0.1,

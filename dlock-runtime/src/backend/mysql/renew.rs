@@ -18,6 +18,11 @@ use super::retry::{backend_error, retry_transient};
 use super::Shared;
 use crate::LockError;
 
+/// The expiry a renewal sets, the ttl bound first: never earlier than the row's. A renewal is
+/// sent again when its answer is late, and the first copy can land last, held up on the server
+/// with the time it read as it began; the client counts the lease from the later copy.
+const EXTENDED: &str = "GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
+
 /// One lease to renew: key, owner, ttl in µs.
 pub(super) type Lease = (Vec<u8>, String, i64);
 
@@ -81,10 +86,7 @@ async fn renew_skipping_locked(
             continue;
         }
         let keys = vec!["?"; group.len()].join(", ");
-        let sql = format!(
-            "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-             WHERE lock_key IN ({keys})"
-        );
+        let sql = format!("UPDATE {table} SET expires_at = {EXTENDED} WHERE lock_key IN ({keys})");
         let mut query = sqlx::query(AssertSqlSafe(sql)).bind(ttl);
         for key in group {
             query = query.bind(key);
@@ -156,7 +158,7 @@ async fn renew_in_one_update(shared: &Shared, chunk: &[Lease]) -> Result<Vec<boo
         let keys = vec!["?"; group.len()].join(", ");
         let pairs = vec!["(?, ?)"; group.len()].join(", ");
         let sql = format!(
-            "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+            "UPDATE {table} SET expires_at = {EXTENDED} \
              WHERE expires_at > UTC_TIMESTAMP(6) AND lock_key IN ({keys}) AND (lock_key, owner) IN ({pairs})"
         );
         let mut query = sqlx::query(AssertSqlSafe(sql)).bind(ttl);

@@ -153,7 +153,8 @@ const UNKNOWN_EXPIRY_RECHECK: Duration = Duration::from_millis(50);
 ///   backend connects, so every spelling of one table's name (`locks`, `public.locks`, another
 ///   `search_path`) shares it.
 /// - **Renewal**: one `UPDATE … FROM unnest($1::bytea[], $2::text[], $3::bigint[])` for every
-///   lease of the tick, each by its own ttl, `RETURNING` the (key, owner) pairs it renewed. It
+///   lease of the tick, each by its own ttl (never moving an expiry back: a late copy of an
+///   earlier renewal lands harmlessly), `RETURNING` the (key, owner) pairs it renewed. It
 ///   updates only the rows a `SELECT … FOR UPDATE SKIP LOCKED` in the same statement locked: a
 ///   row another transaction keeps locked is passed over, not waited for, and its lease is not
 ///   renewed this round (it is lost if the row stays locked past its validity), while the

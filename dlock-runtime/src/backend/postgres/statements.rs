@@ -173,7 +173,10 @@ impl Statements {
         // timeout with every lease of the tick. `mine` locks the live rows of the leases that
         // it can at once; only those are extended; a lease whose row is live and its owner's
         // but was passed over comes back as not renewed this round, and any other lease not
-        // at all (lost).
+        // at all (lost). Never moving an expiry back, as the acquire's take-over: a renewal is
+        // sent again when its answer is late, and the first copy can land last (its backend
+        // stalled before it committed) with the time it read; the client counts the lease from
+        // the later copy.
         let renew = format!(
             "WITH lease AS ( \
                SELECT * FROM unnest($1::bytea[], $2::text[], $3::bigint[]) AS lease(lock_key, owner, ttl_us)), \
@@ -184,7 +187,8 @@ impl Statements {
                FOR UPDATE OF held SKIP LOCKED), \
              renewed AS ( \
                UPDATE {table} AS held \
-               SET expires_at = clock_timestamp() + lease.ttl_us * interval '1 microsecond' \
+               SET expires_at = GREATEST(held.expires_at, \
+                 clock_timestamp() + lease.ttl_us * interval '1 microsecond') \
                FROM lease WHERE held.lock_key = lease.lock_key AND held.owner = lease.owner \
                  AND held.lock_key IN (SELECT lock_key FROM mine) \
                RETURNING held.lock_key, held.owner) \
