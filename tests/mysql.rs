@@ -48,6 +48,22 @@ mod sql_scenarios {
     async fn a_late_acquire_of_the_holder_never_shortens_its_lease() {
         scenario::a_late_acquire_of_the_holder_never_shortens_its_lease::<Mysql>().await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_with_a_huge_ttl_keeps_rivals_out() {
+        scenario::a_lease_with_a_huge_ttl_keeps_rivals_out::<Mysql>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal() {
+        scenario::a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal::<Mysql>()
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_renewal_never_shortens_its_lease() {
+        scenario::a_late_renewal_never_shortens_its_lease::<Mysql>().await;
+    }
 }
 
 /// A lock table of this test's own; dropped with it.

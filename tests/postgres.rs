@@ -60,6 +60,22 @@ mod sql_scenarios {
     async fn a_late_acquire_of_the_holder_never_shortens_its_lease() {
         scenario::a_late_acquire_of_the_holder_never_shortens_its_lease::<Postgres>().await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_with_a_huge_ttl_keeps_rivals_out() {
+        scenario::a_lease_with_a_huge_ttl_keeps_rivals_out::<Postgres>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal() {
+        scenario::a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal::<Postgres>()
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_renewal_never_shortens_its_lease() {
+        scenario::a_late_renewal_never_shortens_its_lease::<Postgres>().await;
+    }
 }
 
 /// A lock table of this test's own; dropped with it. Its backends send prepared statements,
@@ -329,6 +345,22 @@ mod simple_queries {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_acquisition_abandoned_while_its_insert_waits_leaves_no_row() {
         scenario::an_acquisition_abandoned_while_its_insert_waits_leaves_no_row::<Simple>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_with_a_huge_ttl_keeps_rivals_out() {
+        scenario::a_lease_with_a_huge_ttl_keeps_rivals_out::<Simple>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal() {
+        scenario::a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal::<Simple>()
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_renewal_never_shortens_its_lease() {
+        scenario::a_late_renewal_never_shortens_its_lease::<Simple>().await;
     }
 }
 

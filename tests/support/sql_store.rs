@@ -14,7 +14,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use dlock::{LockOptions, Locker};
+use dlock::{LockError, LockOptions, Locker};
 
 use super::fault_proxy::{Direction, FaultProxy};
 use super::{unique_key, Store};
@@ -104,6 +104,44 @@ pub async fn a_row_locked_by_another_transaction_neither_holds_up_tries_nor_star
         "a lease on another key was lost while tries waited on the locked row"
     );
     lease.release().await.unwrap();
+}
+
+/// A lease whose row another transaction keeps locked cannot be renewed meanwhile, and is lost
+/// once its validity runs out; the other leases renewed in the same batch are not: their
+/// renewal never waits on that row, nor fails with it.
+pub async fn a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal<S: SqlStore>() {
+    let db = S::fresh().await;
+    let locker = db.locker().await;
+    let (beside, locked_key) = (unique_key("renewed-beside"), unique_key("held-row-locked"));
+    // Taken together, so their renewals fall due together and go in one batch.
+    let options = LockOptions::new().ttl(Duration::from_secs(3));
+    let beside = locker.lock(&*beside, options).await.unwrap();
+    let locked = locker.lock(&*locked_key, options).await.unwrap();
+    let row_lock = db.lock_row(&locked_key).await;
+    // Twice the row-lock patience, and past the locked lease's validity.
+    let until = Instant::now() + 2 * ROW_LOCK_PATIENCE + Duration::from_secs(1);
+    let started = Instant::now();
+    while Instant::now() < until {
+        assert!(
+            beside.is_held(),
+            "a lease was lost {:?} after another lease's row was locked by another transaction: \
+             its renewal waited on that row",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(row_lock);
+    assert!(
+        !locked.is_held(),
+        "a lease whose row stayed locked past its validity is still held"
+    );
+    // Renewed on, once the row lock is gone too.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        beside.is_held(),
+        "the lease beside was lost after the row lock ended"
+    );
+    beside.release().await.unwrap();
 }
 
 /// Tries stuck on a row another transaction keeps locked give their connections back after the
@@ -272,5 +310,77 @@ pub async fn a_late_acquire_of_the_holder_never_shortens_its_lease<S: SqlStore>(
     assert!(
         got.is_err(),
         "a rival got the key 1 s into a 60 s lease: a late acquire of its holder cut it to 0.3 s"
+    );
+}
+
+/// A ttl past what the database's timestamps hold is refused, and writes nothing: it must not
+/// come out as an expiry in the past (MariaDB reads `+ INTERVAL 18446744073709551615 MICROSECOND`
+/// as minus one microsecond, and wraps other huge intervals likewise), whose row a rival then
+/// takes over, nor as an unclear error. The longest ttl taken, a century, keeps a rival out.
+pub async fn a_lease_with_a_huge_ttl_keeps_rivals_out<S: SqlStore>() {
+    const YEAR: u64 = 365 * 24 * 3600;
+    let db = S::fresh().await;
+    let (holder, rival) = (db.locker().await, db.locker().await);
+    for ttl in [
+        // The longest ttl the options take.
+        Duration::from_millis(i64::MAX as u64),
+        // Wraps, in microseconds, to half a second in the past on MariaDB.
+        Duration::from_secs(18_446_744_073_709),
+        // Past the year 9999 on MySQL, past 294276 on PostgreSQL.
+        Duration::from_secs(10_000 * YEAR),
+        Duration::from_secs(300_000 * YEAR),
+        // Just past a century.
+        Duration::from_secs(100 * YEAR + 1),
+    ] {
+        let key = unique_key("huge-ttl");
+        let got = holder.lock(&*key, LockOptions::new().ttl(ttl)).await;
+        assert!(
+            matches!(got, Err(LockError::InvalidOptions { .. })),
+            "a lease of {ttl:?} gave {:?}",
+            got.as_ref().map(|lease| lease.fence())
+        );
+        assert_eq!(db.rows(&key).await, 0, "a refused acquisition wrote a row");
+    }
+    let key = unique_key("century");
+    let lease = holder
+        .lock(
+            &*key,
+            LockOptions::new().ttl(Duration::from_secs(100 * YEAR)),
+        )
+        .await
+        .expect("a lease of a century was refused");
+    let got = rival.lock(&*key, LockOptions::new()).await;
+    assert!(
+        matches!(got, Err(LockError::Busy { .. })),
+        "a rival asked for a key held for a century, and got {:?}: two holders",
+        got.as_ref().map(|lease| lease.fence())
+    );
+    lease.release().await.unwrap();
+}
+
+/// A renewal never moves its lease's expiry back. The watchdog sends a renewal again when the
+/// first goes unanswered, so the first copy can land after a later one, held up on the server
+/// (a stalled backend process, a wait on another transaction's row) with the expiry it
+/// computed as it began: earlier than the one the client counts from after the later copy, so
+/// a rival could take the key while the holder still runs its body. The late copy is modelled
+/// here by a renewal of the holder with a shorter ttl.
+pub async fn a_late_renewal_never_shortens_its_lease<S: SqlStore>() {
+    use dlock::backend::{AcquireRequest, Backend, Renewal};
+    use dlock::Owner;
+
+    let store = S::fresh().await;
+    let backend = store.backend().await;
+    let key = unique_key("late-renewal");
+    let owner = Owner::random();
+    let held = AcquireRequest::new(&key, owner, Duration::from_secs(60), Duration::ZERO);
+    assert!(backend.acquire(&held).await.unwrap().is_some());
+    let late = Renewal::new(&key, owner, Duration::from_millis(300));
+    assert_eq!(backend.renew(&[late]).await.unwrap(), [true]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rival = store.locker().await;
+    let got = rival.lock(&*key, LockOptions::new()).await;
+    assert!(
+        got.is_err(),
+        "a rival got the key 1 s into a 60 s lease: a late renewal of its holder cut it to 0.3 s"
     );
 }

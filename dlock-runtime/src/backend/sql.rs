@@ -178,9 +178,39 @@ where
     }
 }
 
-/// `duration` in whole microseconds, as the statements take a ttl.
+/// `duration` in whole microseconds, `u64::MAX` where longer.
 pub(super) fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The longest lease the SQL stores keep: a century, as long as
+/// [`LockOptions::MAX_WAIT`](crate::LockOptions::MAX_WAIT), which stands for "for ever" too.
+///
+/// An expiry is `now + ttl` by the database's clock, and must be a timestamp the column holds:
+/// MySQL's `DATETIME(6)` ends with the year 9999, and MariaDB does not refuse an interval past
+/// that but wraps it (`+ INTERVAL 18446744073709551615 MICROSECOND` is minus one microsecond) or
+/// makes it `NULL`, so a longer ttl could write a row that is expired already, which a rival
+/// then takes over; PostgreSQL refuses an interval past 2⁶³ µs and a timestamp past the year
+/// 294276. A century from now stays thousands of years inside all of these, and in
+/// microseconds (3.2 × 10¹⁵) far inside a signed 64-bit integer, which is how MySQL reads an
+/// `INTERVAL` and PostgreSQL a `bigint`. A longer ttl is refused rather than shortened (the
+/// stores report no [`ttl_limit`](super::Backend::ttl_limit)): a store with a limit is one that
+/// does not end a lease at its ttl by itself, which these do.
+pub(super) const TTL_LIMIT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `ttl` in whole microseconds, as the statements bind it; [`LockError::InvalidOptions`] for a
+/// ttl beyond [`TTL_LIMIT`], which `store` names.
+pub(super) fn ttl_micros(store: &'static str, ttl: Duration) -> Result<i64, LockError> {
+    let too_long = || LockError::InvalidOptions {
+        reason: format!(
+            "ttl {ttl:?} is longer than the {TTL_LIMIT:?} (a century) a {store} lease may last: \
+             its expiry would be past what the database's timestamps hold"
+        ),
+    };
+    if ttl > TTL_LIMIT {
+        return Err(too_long());
+    }
+    i64::try_from(ttl.as_micros()).map_err(|_| too_long())
 }
 
 /// The pauses of an exponential back-off with full jitter: each a random share of the current
@@ -238,8 +268,35 @@ impl Jitter {
 mod tests {
     use std::time::Duration;
 
-    use super::{Backoff, Jitter};
-    use crate::Owner;
+    use super::{ttl_micros, Backoff, Jitter, TTL_LIMIT};
+    use crate::{LockError, Owner};
+
+    #[test]
+    fn a_ttl_is_bound_in_microseconds_up_to_the_limit_and_refused_past_it() {
+        assert_eq!(
+            ttl_micros("MySQL", Duration::from_millis(1500)).unwrap(),
+            1_500_000
+        );
+        assert_eq!(
+            ttl_micros("MySQL", TTL_LIMIT).unwrap(),
+            i64::try_from(TTL_LIMIT.as_micros()).unwrap()
+        );
+        for ttl in [
+            TTL_LIMIT + Duration::from_micros(1),
+            Duration::from_millis(i64::MAX as u64),
+            Duration::MAX,
+        ] {
+            match ttl_micros("PostgreSQL", ttl) {
+                Err(LockError::InvalidOptions { reason }) => {
+                    assert!(
+                        reason.contains("century") && reason.contains("PostgreSQL"),
+                        "{reason}"
+                    )
+                }
+                other => panic!("a ttl of {ttl:?} gave {other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn backoff_steps_double_up_to_the_cap_and_start_again_on_reset() {

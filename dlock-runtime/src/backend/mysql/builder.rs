@@ -1,5 +1,6 @@
 //! [`MysqlBuilder`]: the options of a MySQL store, and the statements they make.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -299,6 +300,7 @@ impl MysqlBuilder {
                 sql,
                 cleanups: Arc::default(),
                 tries,
+                without_skip_locked: AtomicBool::new(false),
             }),
         })
     }

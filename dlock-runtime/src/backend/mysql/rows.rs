@@ -19,7 +19,7 @@ impl MysqlBackend {
         &self,
         key: &str,
         owner: &str,
-        ttl_us: u64,
+        ttl_us: i64,
         limits: Limits,
     ) -> Result<Option<(u64, Instant)>, LockError> {
         let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
@@ -51,7 +51,7 @@ async fn acquire_row(
     shared: &Shared,
     key: &[u8],
     owner: &str,
-    ttl_us: u64,
+    ttl_us: i64,
 ) -> Result<Option<(u64, Instant)>, LockError> {
     let insert = retry_transient(|| {
         execute_timed(

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use super::rows::{Attempt, Line};
 use super::waiting::{Start, Turn};
-use super::{check_key, micros_i64, PostgresBackend};
-use crate::backend::sql::{Backoff, Limits};
+use super::{check_key, PostgresBackend};
+use crate::backend::sql::{ttl_micros, Backoff, Limits};
 use crate::backend::{AcquireRequest, Acquired};
 use crate::LockError;
 
@@ -28,7 +28,7 @@ impl PostgresBackend {
         check_key(request.key)?;
         let key = request.key.as_bytes();
         let owner = request.owner.to_string();
-        let ttl_us = micros_i64(request.ttl);
+        let ttl_us = ttl_micros("PostgreSQL", request.ttl)?;
         let granted = |fence, sent_at| {
             Some(Acquired {
                 fence,

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use sqlx::postgres::PgPool;
 
-use super::sql::{self, micros};
+use super::sql::{self, micros, ttl_micros, TTL_LIMIT};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
 use crate::{LockError, Owner};
@@ -94,6 +94,10 @@ pub const MAX_KEY_BYTES: usize = 2048;
 /// `BYTEA` because a key is bytes: no collation can make two keys one lock, and no database
 /// encoding can refuse one. Read them in `psql` with `convert_from(lock_key, 'UTF8')`.
 ///
+/// A lease lasts at most a century, as on MySQL: PostgreSQL refuses an interval past 2⁶³ µs and
+/// a timestamp past the year 294276. A longer ttl is refused with [`LockError::InvalidOptions`],
+/// and nothing is written.
+///
 /// # The statements
 ///
 /// Each is one short autocommit statement on a connection of the pool (the backend's own, or
@@ -140,7 +144,13 @@ pub const MAX_KEY_BYTES: usize = 2048;
 ///   backend connects, so every spelling of one table's name (`locks`, `public.locks`, another
 ///   `search_path`) shares it.
 /// - **Renewal**: one `UPDATE … FROM unnest($1::bytea[], $2::text[], $3::bigint[])` for every
-///   lease of the tick, each by its own ttl, `RETURNING` the (key, owner) pairs it renewed.
+///   lease of the tick, each by its own ttl (never moving an expiry back: a late copy of an
+///   earlier renewal lands harmlessly), `RETURNING` the (key, owner) pairs it renewed. It
+///   updates only the rows a `SELECT … FOR UPDATE SKIP LOCKED` in the same statement locked: a
+///   row another transaction keeps locked is passed over, not waited for, and its lease is not
+///   renewed this round (it is lost if the row stays locked past its validity), while the
+///   leases renewed with it are not held up. (Waiting, the statement would fail after the lock
+///   timeout with every lease of the tick.)
 ///
 /// # Fences
 ///
@@ -420,15 +430,24 @@ impl Backend for PostgresBackend {
             .map_err(|_| LockError::backend("PostgreSQL: the release's task failed"))?
     }
 
+    /// As [`renew_each`](Backend::renew_each), a lease whose row another transaction keeps
+    /// locked answered `false`.
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+        let held = self.renew_each(leases).await?;
+        Ok(held.into_iter().map(|held| held == Some(true)).collect())
+    }
+
+    /// `None` for a lease whose row another transaction keeps locked: not renewed this round.
+    async fn renew_each(&self, leases: &[Renewal<'_>]) -> Result<Vec<Option<bool>>, LockError> {
         let shared = self.shared.clone();
-        let leases: Vec<(Vec<u8>, String, i64)> = leases
+        // A longer ttl than the limit renews to the limit (a `Locker` never asks for one).
+        let leases = leases
             .iter()
             .map(|l| {
-                let ttl_us = micros_i64(l.ttl);
-                (l.key.as_bytes().to_vec(), l.owner.to_string(), ttl_us)
+                let ttl_us = ttl_micros("PostgreSQL", l.ttl.min(TTL_LIMIT))?;
+                Ok((l.key.as_bytes().to_vec(), l.owner.to_string(), ttl_us))
             })
-            .collect();
+            .collect::<Result<Vec<(Vec<u8>, String, i64)>, LockError>>()?;
         on_background(async move { renew::renew_all(&shared, &leases).await }).await
     }
 

@@ -273,8 +273,8 @@ pub(super) async fn release_row(
     };
     let ((fence, released, in_line), sent_at) = match answer {
         Ok(answer) => answer,
-        // Nothing was written, and no send went astray: refused by the server (a ttl out of
-        // its range, a row another transaction keeps locked past the lock timeout), or never
+        // Nothing was written, and no send went astray: refused by the server (a row another
+        // transaction keeps locked past the lock timeout), or never
         // sent (no connection in time). The key is released the plain way.
         Err(sqlx::Error::Database(_) | sqlx::Error::PoolTimedOut) if !sent_blind => {
             offer.settle(None);
