@@ -1,8 +1,10 @@
-//! The end of a lease without renewal whose ttl the store shortened (see
-//! [`LeaseState::ending_after`]): such a store does not expire the key when the ttl asked runs
-//! out either (ZooKeeper keeps a lock node as long as its session), so the `Locker` releases it
-//! then, as the expiry of a store that keeps any ttl would, whether or not its holder still
-//! keeps the [`Lease`](super::Lease) or still runs a body under it.
+//! The end of a lease without renewal on a store with a ttl limit (see
+//! [`Backend::ttl_limit`](crate::backend::Backend::ttl_limit)), whether the `Locker` shortened
+//! its ttl (see [`LeaseState::ending_after`]) or not: such a store does not expire the key when
+//! the ttl asked runs out (ZooKeeper keeps a lock node as long as its session), so the `Locker`
+//! releases it then, as the expiry of a store that keeps any ttl would, whether or not its
+//! holder still keeps the [`Lease`](super::Lease) or still runs a body under it. A lease
+//! released sooner aborts its timer, so nothing of it stays behind.
 //!
 //! The release comes at the end of the whole ttl, not of the validity the client reckons (the
 //! ttl less its safety margin): a body under `on_lost = "cancel"` still inside a poll keeps the
