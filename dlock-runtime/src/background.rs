@@ -26,6 +26,14 @@ where
     drop(RUNTIME.spawn(task));
 }
 
+/// Runs `task` on dlock's background runtime, and gives a handle to abort it.
+pub(crate) fn spawn_abortable<F>(task: F) -> tokio::task::AbortHandle
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    RUNTIME.spawn(task).abort_handle()
+}
+
 /// Sleeps until `deadline` by the background runtime's timer, whose clock is real time: for a
 /// caller whose own runtime's clock may be paused (a test's `start_paused`), which skips ahead to
 /// its next timer whenever it is idle. Dropping the future cancels the timer.

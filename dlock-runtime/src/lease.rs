@@ -4,10 +4,11 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
+use tokio::task::AbortHandle;
 
 use crate::clock;
 use crate::notified;
@@ -47,6 +48,10 @@ pub(crate) struct LeaseState {
     stopping: AtomicBool,
     /// Which of the bodies re-entering this lease may run now (`reentry`).
     pub(crate) turns: Turns,
+    /// The timer that releases the lease when its ttl runs out on a store that does not expire
+    /// it then (`locker::expiry`): aborted when the lease is released sooner, so that a lease
+    /// leaves nothing behind once released, however long its ttl.
+    expiry: Mutex<Option<AbortHandle>>,
 }
 
 /// Why a lease stopped being held, for the log.
@@ -107,6 +112,7 @@ impl LeaseState {
             rested: Notify::new(),
             stopping: AtomicBool::new(false),
             turns: Turns::new(),
+            expiry: Mutex::new(None),
         }
     }
 
@@ -211,8 +217,39 @@ impl LeaseState {
         self.lost_wake.notify_waiters();
     }
 
+    /// Marks the lease released; `false` if it was already. Ends its expiry timer, if any.
     pub(crate) fn mark_released(&self) -> bool {
-        !self.released.swap(true, Ordering::AcqRel)
+        if self.released.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        if let Some(timer) = self.expiry().take() {
+            timer.abort();
+        }
+        true
+    }
+
+    /// Keeps `timer`, the task that ends the lease at its ttl, to abort it when the lease is
+    /// released sooner. Stored first and checked after, as `mark_released` sets `released` and
+    /// then takes the timer: either that finds the timer here, or this sees the lease released.
+    pub(crate) fn set_expiry(&self, timer: AbortHandle) {
+        *self.expiry() = Some(timer);
+        if self.is_released() {
+            if let Some(timer) = self.expiry().take() {
+                timer.abort();
+            }
+        }
+    }
+
+    /// Forgets the expiry timer without aborting it: for the timer itself, which goes on to
+    /// release the lease.
+    pub(crate) fn expiry_fired(&self) {
+        self.expiry().take();
+    }
+
+    fn expiry(&self) -> MutexGuard<'_, Option<AbortHandle>> {
+        self.expiry
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Counts a poll of a body under `on_lost = "cancel"` until the guard drops: call it before

@@ -250,6 +250,47 @@ async fn a_lease_without_renewal_frees_its_key_at_its_ttl_though_its_holder_keep
     zk.until_queue_is(&key, 0).await;
 }
 
+/// The same for a lease without renewal whose ttl is within the session's limit, which the
+/// `Locker` does not shorten: nothing on the server ends its node at that ttl either. Taken on a
+/// session of 6 s (a limit of about 3.5 s) with a ttl of 3 s and kept for 15 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_without_renewal_within_the_limit_frees_its_key_at_its_ttl() {
+    let zk = Zookeeper::shared().await;
+    let holder = Locker::with_backend(backend_at(&zk.url, Duration::from_secs(6)).await);
+    let waiter = Locker::with_backend(zk.backend().await);
+    let key = unique_key("unrenewed-within");
+    let sent_at = Instant::now();
+    let lease = holder.lock(&*key, ttl(3).renew(false)).await.unwrap();
+    let kept = tokio::spawn(async move {
+        tokio::time::sleep_until((sent_at + Duration::from_secs(15)).into()).await;
+        assert!(!lease.is_held(), "held 15 s in, past its ttl of 3 s");
+        // Its key is another's now: the release changes nothing.
+        lease.release().await.unwrap();
+    });
+    let waited = waiter
+        .lock(&*key, ttl(8).wait(Duration::from_secs(20)))
+        .await
+        .expect("the waiter never got the key");
+    let granted_after = sent_at.elapsed();
+    assert!(
+        granted_after <= Duration::from_millis(3500),
+        "the waiter got the key only {granted_after:?} after a lease of 3 s was taken"
+    );
+    assert!(
+        granted_after >= Duration::from_secs(3) - Duration::from_millis(100),
+        "the waiter got the key {granted_after:?} in, before the ttl of 3 s ran out"
+    );
+    kept.await.unwrap();
+    assert!(waited.is_held());
+    assert_eq!(
+        zk.queue(&key).await.len(),
+        1,
+        "the old holder's release took the key"
+    );
+    waited.release().await.unwrap();
+    zk.until_queue_is(&key, 0).await;
+}
+
 #[distributed_lock(key = "<key>", ttl = "8s", renew = false, on_lost = "continue", locker = locker)]
 async fn work_on_past_an_unrenewed_ttl(locker: &Locker, key: &str) -> Result<bool, LockError> {
     tokio::time::sleep(Duration::from_secs(15)).await;

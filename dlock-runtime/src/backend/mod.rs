@@ -406,9 +406,10 @@ pub trait Backend: Send + Sync + 'static {
     /// often), and `acquire` may refuse a longer one with [`LockError::InvalidOptions`]. A
     /// lease whose caller asked for no renewal and a longer ttl is still renewed by the runtime
     /// (its request says [`renewed`](AcquireRequest::renewed)), at the shorter ttl's pace,
-    /// until its own ttl runs out and no longer, so that it is held as long as asked, and then
-    /// released by the runtime, as a store that keeps its ttl would expire it. `None` (the
-    /// default) where any ttl is kept.
+    /// until its own ttl runs out and no longer, so that it is held as long as asked. A store
+    /// with a limit is taken not to expire a key at its ttl either: every lease without
+    /// renewal on it, whatever its ttl, is released by the runtime when that ttl runs out, as a
+    /// store that keeps its ttl would expire it. `None` (the default) where any ttl is kept.
     fn ttl_limit(&self) -> Option<Duration> {
         None
     }

@@ -326,10 +326,15 @@ impl Locker {
         // A ttl the store cannot vouch for with one confirmation is shortened to what it can.
         // A renewed lease is then only renewed more often. One without renewal would end sooner
         // than its holder was told: it is confirmed at the shorter ttl's pace instead, up to its
-        // own ttl and no further, which is what that holder counts on, and released when that
-        // ttl runs out, which is what the next holder counts on.
+        // own ttl and no further, which is what that holder counts on. Such a store does not
+        // expire a key at its ttl either: every lease without renewal on it, shortened or not,
+        // is released when its ttl runs out, which is what the next holder counts on.
         let mut full_ttl = None;
+        let mut expires_after = None;
         if let Some(limit) = self.inner.backend.ttl_limit() {
+            if !options.renew {
+                expires_after = Some(options.ttl);
+            }
             if options.ttl > limit {
                 tracing::debug!(%key, asked = ?options.ttl, kept = ?limit, "distributed_lock: ttl shortened to the store's limit");
                 if !options.renew {
@@ -396,9 +401,9 @@ impl Locker {
         if watched {
             self.inner.watchdog.watch(&state, acquired.valid_from);
         }
-        if let Some(full_ttl) = full_ttl {
+        if let Some(ttl) = expires_after {
             // Nothing on the store ends it when its ttl runs out: the locker does.
-            self.expire_at(&state, acquired.valid_from + full_ttl);
+            self.expire_at(&state, acquired.valid_from + ttl);
         }
         Ok(state)
     }

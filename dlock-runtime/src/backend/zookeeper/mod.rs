@@ -136,11 +136,13 @@
 //!   ttl runs out, and no longer: `ttl = "60s", renew = false` on the default session is held
 //!   for 60 s less the safety margin, not for 18 s. Without those checks the client could
 //!   trust one confirmation for no longer than the limit, and would have to give up the lease
-//!   at 18 s while its node still held the key. Nothing on the server ends the node when that
-//!   ttl runs out, so the `Locker` deletes it then (owner-checked), whether or not its holder
-//!   still keeps the [`Lease`](crate::Lease) or runs a body under `on_lost = "continue"`: the
-//!   next waiter gets the key 60 s after the grant, as on a store that expires keys, and the
-//!   holder's own release later changes nothing.
+//!   at 18 s while its node still held the key.
+//! - Nothing on the server ends a node when its lease's ttl runs out, so the `Locker` deletes
+//!   the node of every lease with `renew = false` then (owner-checked), whether its ttl was
+//!   shortened or not, and whether or not its holder still keeps the [`Lease`](crate::Lease)
+//!   or runs a body under `on_lost = "continue"`: the next waiter gets the key 60 s after the
+//!   grant for `ttl = "60s"`, 10 s after it for `ttl = "10s"`, as on a store that expires keys,
+//!   and the holder's own release later changes nothing.
 //!
 //! The limit is reckoned with the session timeout granted when the session was opened. A
 //! session that reconnects to another server is granted that server's value, which the client
