@@ -118,7 +118,7 @@ mod tests {
             .renew(false);
         for i in 0..200 {
             let lease = locker
-                .lock(&format!("k{i}"), options.clone())
+                .lock(&format!("k{i}"), options)
                 .await
                 .unwrap();
             lease.release().await.unwrap();
