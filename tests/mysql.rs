@@ -55,12 +55,6 @@ mod sql_scenarios {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal() {
-        scenario::a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal::<Mysql>()
-            .await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_late_renewal_never_shortens_its_lease() {
         scenario::a_late_renewal_never_shortens_its_lease::<Mysql>().await;
     }

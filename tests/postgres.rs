@@ -67,12 +67,6 @@ mod sql_scenarios {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal() {
-        scenario::a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal::<Postgres>()
-            .await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_late_renewal_never_shortens_its_lease() {
         scenario::a_late_renewal_never_shortens_its_lease::<Postgres>().await;
     }
@@ -350,12 +344,6 @@ mod simple_queries {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lease_with_a_huge_ttl_keeps_rivals_out() {
         scenario::a_lease_with_a_huge_ttl_keeps_rivals_out::<Simple>().await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal() {
-        scenario::a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal::<Simple>()
-            .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

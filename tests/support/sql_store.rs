@@ -106,44 +106,6 @@ pub async fn a_row_locked_by_another_transaction_neither_holds_up_tries_nor_star
     lease.release().await.unwrap();
 }
 
-/// A lease whose row another transaction keeps locked cannot be renewed meanwhile, and is lost
-/// once its validity runs out; the other leases renewed in the same batch are not: their
-/// renewal never waits on that row, nor fails with it.
-pub async fn a_row_locked_by_another_transaction_costs_only_its_own_leases_renewal<S: SqlStore>() {
-    let db = S::fresh().await;
-    let locker = db.locker().await;
-    let (beside, locked_key) = (unique_key("renewed-beside"), unique_key("held-row-locked"));
-    // Taken together, so their renewals fall due together and go in one batch.
-    let options = LockOptions::new().ttl(Duration::from_secs(3));
-    let beside = locker.lock(&*beside, options).await.unwrap();
-    let locked = locker.lock(&*locked_key, options).await.unwrap();
-    let row_lock = db.lock_row(&locked_key).await;
-    // Twice the row-lock patience, and past the locked lease's validity.
-    let until = Instant::now() + 2 * ROW_LOCK_PATIENCE + Duration::from_secs(1);
-    let started = Instant::now();
-    while Instant::now() < until {
-        assert!(
-            beside.is_held(),
-            "a lease was lost {:?} after another lease's row was locked by another transaction: \
-             its renewal waited on that row",
-            started.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    drop(row_lock);
-    assert!(
-        !locked.is_held(),
-        "a lease whose row stayed locked past its validity is still held"
-    );
-    // Renewed on, once the row lock is gone too.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(
-        beside.is_held(),
-        "the lease beside was lost after the row lock ended"
-    );
-    beside.release().await.unwrap();
-}
-
 /// Tries stuck on a row another transaction keeps locked give their connections back after the
 /// row-lock patience: they do not keep every other key from being locked for as long as that
 /// transaction lasts.

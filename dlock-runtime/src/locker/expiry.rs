@@ -117,10 +117,7 @@ mod tests {
             .ttl(Duration::from_secs(3600))
             .renew(false);
         for i in 0..200 {
-            let lease = locker
-                .lock(&format!("k{i}"), options)
-                .await
-                .unwrap();
+            let lease = locker.lock(&format!("k{i}"), options).await.unwrap();
             lease.release().await.unwrap();
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(2);

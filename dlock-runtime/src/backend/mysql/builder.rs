@@ -1,6 +1,5 @@
 //! [`MysqlBuilder`]: the options of a MySQL store, and the statements they make.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -300,7 +299,6 @@ impl MysqlBuilder {
                 sql,
                 cleanups: Arc::default(),
                 tries,
-                without_skip_locked: AtomicBool::new(false),
             }),
         })
     }

@@ -9,7 +9,6 @@
 //! already depend on. Its connections belong to a tokio runtime, so they live on dlock's
 //! background runtime and a `Locker` in a `static` keeps working across runtimes.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -124,18 +123,10 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// - **Release**: `DELETE … WHERE lock_key = ? AND owner = ?` (and, undoing a grant nobody
 ///   claimed, `AND fence = ?`: that grant only, not a later one of the same owner); retried once if its reply is lost —
 ///   the goal is that the row is no longer ours, which a second delete achieves either way.
-/// - **Renewal**: every lease of the tick (in chunks of 1,000) in one short transaction:
-///   `SELECT … WHERE lock_key IN (…) AND (lock_key, owner) IN (…) AND` live `FOR UPDATE SKIP
-///   LOCKED`, then one `UPDATE` of the rows it locked (to `GREATEST(expires_at, …)`: a late
-///   copy of an earlier renewal never moves an expiry back), and only when some lease's row
-///   was not among them a plain `SELECT` to tell a lost lease from one whose row another
-///   transaction keeps locked. Such a row is passed over, not waited for: its lease is not renewed this
-///   round, and is lost if the row stays locked past its validity; the leases renewed with it
-///   are not held up. (A single `UPDATE` would wait on that row for the lock wait timeout, and
-///   fail with every lease of the chunk.) A server without `SKIP LOCKED` (MySQL before 8.0.1,
-///   MariaDB before 10.6) gets one `UPDATE … WHERE … (lock_key, owner) IN (…)` per chunk, and
-///   a `SELECT` only when fewer rows changed than leases were sent; there a row another
-///   transaction keeps locked holds up the renewal of its chunk.
+/// - **Renewal**: one `UPDATE … WHERE lock_key IN (…) AND (lock_key, owner) IN (…)` for every
+///   lease of the tick (in chunks of 1,000), to `GREATEST(expires_at, …)` (a late copy of an
+///   earlier renewal never moves an expiry back); only when fewer rows changed than leases were
+///   sent does a `SELECT` find out which were lost.
 /// - **Waiting**: MySQL cannot say when a row goes, so a waiter polls with jittered exponential
 ///   back-off, 5 ms doubling to 250 ms, within `wait`; between tries it holds no connection.
 ///
@@ -170,9 +161,6 @@ struct Shared {
     /// Permits for the acquisitions' statements, one fewer than the pool's connections (see
     /// [`claimed`](crate::backend::sql::claimed)).
     tries: Arc<tokio::sync::Semaphore>,
-    /// Set once the server refused `SKIP LOCKED` (MySQL before 8.0.1, MariaDB before 10.6):
-    /// renewals then send one `UPDATE` per chunk (see [`renew`]).
-    without_skip_locked: AtomicBool,
 }
 
 /// The statements, with the table name filled in once. The table name is checked by
@@ -354,16 +342,7 @@ impl Backend for MysqlBackend {
         .await;
     }
 
-    /// As [`renew_each`](Backend::renew_each), a lease it could not renew this round (its row
-    /// locked by another transaction, its chunk failed) answered `false`.
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
-        let held = self.renew_each(leases).await?;
-        Ok(held.into_iter().map(|held| held == Some(true)).collect())
-    }
-
-    /// `None` for a lease whose row another transaction keeps locked, and for the leases of a
-    /// chunk whose statements failed while another chunk's went through.
-    async fn renew_each(&self, leases: &[Renewal<'_>]) -> Result<Vec<Option<bool>>, LockError> {
         let shared = self.shared.clone();
         // A longer ttl than the limit renews to the limit (a `Locker` never asks for one).
         let leases = leases
@@ -372,26 +351,13 @@ impl Backend for MysqlBackend {
                 let ttl_us = ttl_micros("MySQL", l.ttl.min(TTL_LIMIT))?;
                 Ok((l.key.as_bytes().to_vec(), l.owner.to_string(), ttl_us))
             })
-            .collect::<Result<Vec<renew::Lease>, LockError>>()?;
+            .collect::<Result<Vec<(Vec<u8>, String, i64)>, LockError>>()?;
         on_background(async move {
             let mut held = Vec::with_capacity(leases.len());
-            let (mut answered, mut failure) = (false, None);
             for chunk in leases.chunks(RENEW_CHUNK) {
-                match renew_chunk(&shared, chunk).await {
-                    Ok(answers) => {
-                        answered = true;
-                        held.extend(answers);
-                    }
-                    Err(error) => {
-                        held.extend(std::iter::repeat_n(None, chunk.len()));
-                        failure.get_or_insert(error);
-                    }
-                }
+                held.extend(renew_chunk(&shared, chunk).await?);
             }
-            match failure {
-                Some(error) if !answered => Err(error),
-                _ => Ok(held),
-            }
+            Ok(held)
         })
         .await
     }

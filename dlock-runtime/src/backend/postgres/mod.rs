@@ -145,12 +145,7 @@ pub const MAX_KEY_BYTES: usize = 2048;
 ///   `search_path`) shares it.
 /// - **Renewal**: one `UPDATE … FROM unnest($1::bytea[], $2::text[], $3::bigint[])` for every
 ///   lease of the tick, each by its own ttl (never moving an expiry back: a late copy of an
-///   earlier renewal lands harmlessly), `RETURNING` the (key, owner) pairs it renewed. It
-///   updates only the rows a `SELECT … FOR UPDATE SKIP LOCKED` in the same statement locked: a
-///   row another transaction keeps locked is passed over, not waited for, and its lease is not
-///   renewed this round (it is lost if the row stays locked past its validity), while the
-///   leases renewed with it are not held up. (Waiting, the statement would fail after the lock
-///   timeout with every lease of the tick.)
+///   earlier renewal lands harmlessly), `RETURNING` the (key, owner) pairs it renewed.
 ///
 /// # Fences
 ///
@@ -430,15 +425,7 @@ impl Backend for PostgresBackend {
             .map_err(|_| LockError::backend("PostgreSQL: the release's task failed"))?
     }
 
-    /// As [`renew_each`](Backend::renew_each), a lease whose row another transaction keeps
-    /// locked answered `false`.
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
-        let held = self.renew_each(leases).await?;
-        Ok(held.into_iter().map(|held| held == Some(true)).collect())
-    }
-
-    /// `None` for a lease whose row another transaction keeps locked: not renewed this round.
-    async fn renew_each(&self, leases: &[Renewal<'_>]) -> Result<Vec<Option<bool>>, LockError> {
         let shared = self.shared.clone();
         // A longer ttl than the limit renews to the limit (a `Locker` never asks for one).
         let leases = leases

@@ -1,7 +1,6 @@
-//! Renewal: every lease of a tick in one `UPDATE … FROM unnest(…)`, which passes over a row
-//! another transaction keeps locked rather than wait for it.
+//! Renewal: every lease of a tick in one `UPDATE … FROM unnest(…)`.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 use sqlx::Row;
@@ -10,12 +9,12 @@ use super::{backend_error, is_conflict, Shared};
 use crate::backend::sql::retry_transient;
 use crate::LockError;
 
-/// Renews `leases` (key, owner, ttl in µs) with one statement: for each, `Some(held)`, or `None`
-/// where its row is held but another transaction keeps it locked (not renewed this round).
+/// Renews `leases` (key, owner, ttl in µs) with one statement, which answers the (key, owner)
+/// pairs it renewed: a lease is held where its pair came back.
 pub(super) async fn renew_all(
     shared: &Shared,
     leases: &[(Vec<u8>, String, i64)],
-) -> Result<Vec<Option<bool>>, LockError> {
+) -> Result<Vec<bool>, LockError> {
     let keys: Vec<Vec<u8>> = leases.iter().map(|(key, _, _)| key.clone()).collect();
     let owners: Vec<String> = leases.iter().map(|(_, owner, _)| owner.clone()).collect();
     let ttls: Vec<i64> = leases.iter().map(|(_, _, ttl)| *ttl).collect();
@@ -32,24 +31,13 @@ pub(super) async fn renew_all(
     })
     .await
     .map_err(backend_error)?;
-    let answered = rows
+    let renewed = rows
         .iter()
-        .map(|row| {
-            Ok((
-                (row.try_get::<Vec<u8>, _>(0)?, row.try_get::<String, _>(1)?),
-                row.try_get::<bool, _>(2)?,
-            ))
-        })
-        .collect::<Result<HashMap<(Vec<u8>, String), bool>, sqlx::Error>>()
+        .map(|row| Ok((row.try_get::<Vec<u8>, _>(0)?, row.try_get::<String, _>(1)?)))
+        .collect::<Result<HashSet<(Vec<u8>, String)>, sqlx::Error>>()
         .map_err(backend_error)?;
     Ok(leases
         .iter()
-        .map(
-            |(key, owner, _)| match answered.get(&(key.clone(), owner.clone())) {
-                Some(true) => Some(true),
-                Some(false) => None,
-                None => Some(false),
-            },
-        )
+        .map(|(key, owner, _)| renewed.contains(&(key.clone(), owner.clone())))
         .collect())
 }

@@ -35,9 +35,7 @@ pub(super) struct Statements {
     /// → (the new fence where it handed the key over; whether it released it instead, another
     /// process's waiter being ahead in line; whether this backend holds a place now).
     pub(super) hand_over: Statement,
-    /// `$1` keys, `$2` owners, `$3` ttls in µs → (key, owner, whether renewed): renewed, or
-    /// held but its row locked by another transaction (not renewed this round); a lease not
-    /// answered is lost.
+    /// `$1` keys, `$2` owners, `$3` ttls in µs → the (key, owner) pairs renewed.
     pub(super) renew: Statement,
     /// `$1` waiter name, `$2` keys, `$3` how long the places last in µs, `$4` the keys this
     /// backend's heads wait for: keeps this backend's places in line for `$2` (those not lapsed
@@ -168,36 +166,16 @@ impl Statements {
                     WHEN EXISTS (SELECT 1 FROM released) \
                       THEN pg_notify('{channel}', encode($1, 'hex')) END"
         );
-        // A renewal passes over a row another transaction keeps locked (a `SELECT … FOR UPDATE`
-        // left open in a client) rather than wait for it: waiting, it would fail after the lock
-        // timeout with every lease of the tick. `mine` locks the live rows of the leases that
-        // it can at once; only those are extended; a lease whose row is live and its owner's
-        // but was passed over comes back as not renewed this round, and any other lease not
-        // at all (lost). Never moving an expiry back, as the acquire's take-over: a renewal is
-        // sent again when its answer is late, and the first copy can land last (its backend
-        // stalled before it committed) with the time it read; the client counts the lease from
-        // the later copy.
+        // Never moving an expiry back, as the acquire's take-over: a renewal is sent again
+        // when its answer is late, and the first copy can land last (its backend stalled
+        // before it committed) with the time it read; the client counts from the later copy.
         let renew = format!(
-            "WITH lease AS ( \
-               SELECT * FROM unnest($1::bytea[], $2::text[], $3::bigint[]) AS lease(lock_key, owner, ttl_us)), \
-             mine AS ( \
-               SELECT held.lock_key FROM {table} AS held JOIN lease \
-                 ON held.lock_key = lease.lock_key AND held.owner = lease.owner \
-               WHERE held.expires_at > clock_timestamp() \
-               FOR UPDATE OF held SKIP LOCKED), \
-             renewed AS ( \
-               UPDATE {table} AS held \
-               SET expires_at = GREATEST(held.expires_at, \
-                 clock_timestamp() + lease.ttl_us * interval '1 microsecond') \
-               FROM lease WHERE held.lock_key = lease.lock_key AND held.owner = lease.owner \
-                 AND held.lock_key IN (SELECT lock_key FROM mine) \
-               RETURNING held.lock_key, held.owner) \
-             SELECT lock_key, owner, true FROM renewed \
-             UNION ALL \
-             SELECT held.lock_key, held.owner, false FROM {table} AS held JOIN lease \
-               ON held.lock_key = lease.lock_key AND held.owner = lease.owner \
-             WHERE held.expires_at > clock_timestamp() \
-               AND held.lock_key NOT IN (SELECT lock_key FROM mine)"
+            "UPDATE {table} AS held SET expires_at = GREATEST(held.expires_at, \
+               clock_timestamp() + lease.ttl_us * interval '1 microsecond') \
+             FROM unnest($1::bytea[], $2::text[], $3::bigint[]) AS lease(lock_key, owner, ttl_us) \
+             WHERE held.lock_key = lease.lock_key AND held.owner = lease.owner \
+               AND held.expires_at > clock_timestamp() \
+             RETURNING held.lock_key, held.owner"
         );
         let keep_places = format!(
             "WITH kept AS ( \
