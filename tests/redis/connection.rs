@@ -355,6 +355,108 @@ fn a_copy_of_a_failed_acquisition_that_lands_after_its_undo_grants_nothing() {
     caller.shutdown_background();
 }
 
+/// An acquisition whose first copy is held up in the network while its connection is reported
+/// dropped is sent again on a fresh connection, granted, and becomes a lease; the lease is
+/// released. The first copy, landing after that release, takes no effect: the release of a
+/// lease granted to a call sent more than once leaves the owner's cancel marker, as an undo
+/// does. Without it the copy found the key free and granted it to an owner nobody holds, for a
+/// full ttl.
+#[test]
+fn a_copy_of_a_resent_acquisition_that_lands_after_its_release_grants_nothing() {
+    let server = RedisServer::start();
+    let (proxy, url) = FaultProxy::in_front_of(&server.url());
+    let backend = RedisBackend::builder(&url)
+        .unwrap()
+        .response_timeout(Duration::from_millis(2000))
+        .build()
+        .unwrap();
+    let locker = Locker::with_backend(backend.clone());
+    let key = unique_key("copy-after-release");
+    let lock_key = backend.lock_key(&key);
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // The caller's runtime, whose connection is made last, so that the proxy can single it out.
+    let caller = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut raw = main.block_on(async {
+        redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    });
+    main.block_on(async {
+        // The background connection exists, and the scripts are loaded.
+        drop(locker.lock(&*key, LockOptions::new()).await.unwrap());
+        wait_until_gone(&mut raw, &lock_key).await;
+    });
+    caller.block_on(locker.health()).unwrap();
+    let evalsha_calls = |raw: &mut redis::aio::MultiplexedConnection| {
+        let mut raw = raw.clone();
+        async move {
+            let stats: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            stats
+                .lines()
+                .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |calls| calls.parse::<u64>().unwrap())
+        }
+    };
+
+    // The first copy is held on its way to the server.
+    proxy.stall_newest(Direction::ToServer);
+    let sent_before = proxy.chunks(Direction::ToServer);
+    let lock = caller.spawn({
+        let (locker, key) = (locker.clone(), key.clone());
+        async move {
+            let lease = locker
+                .lock(&*key, LockOptions::new().ttl(Duration::from_secs(30)))
+                .await?;
+            lease.release().await
+        }
+    });
+    main.block_on(async {
+        let started = Instant::now();
+        while proxy.chunks(Direction::ToServer) == sent_before {
+            assert!(started.elapsed() < Duration::from_secs(5), "the first copy was never sent");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The client sees its connection dropped, sends the call again on a fresh one, is
+        // granted the key, and releases the lease.
+        proxy.cut_client_side_of_newest();
+        let result = lock.await.unwrap();
+        assert!(result.is_ok(), "the acquisition or its release failed: {result:?}");
+        assert!(!raw.exists::<_, bool>(&lock_key).await.unwrap());
+        // Then the first copy lands.
+        let before = evalsha_calls(&mut raw).await;
+        proxy.resume(Direction::ToServer);
+        let started = Instant::now();
+        while evalsha_calls(&mut raw).await == before {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "the first copy never reached the server"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let pttl: i64 = raw.pttl(&lock_key).await.unwrap();
+        assert_eq!(
+            pttl, -2,
+            "the key is held by nobody: a copy of the acquisition that landed after its lease's release granted it (PTTL {pttl} ms)"
+        );
+    });
+    caller.shutdown_background();
+}
+
 /// Waits until `lock_key` is gone from the server.
 async fn wait_until_gone(raw: &mut redis::aio::MultiplexedConnection, lock_key: &str) {
     let started = Instant::now();

@@ -248,6 +248,16 @@ impl FaultProxy {
         }
     }
 
+    /// Closes the client's side of the connection opened last, and only that side: the client
+    /// sees its connection dropped, while what the proxy holds of it going to the server (a
+    /// stall) is still delivered once resumed, as a request held up in the network would be.
+    pub fn cut_client_side_of_newest(&self) {
+        let open = self.faults.open.lock().unwrap();
+        let newest = open.last().expect("no connection is open");
+        let _ = newest.client.shutdown(Shutdown::Both);
+        self.faults.cuts.fetch_add(1, Ordering::SeqCst);
+    }
+
     /// Stalls `direction` for `period`, then resumes it (in the background).
     pub fn stall_for(&self, direction: Direction, period: Duration) {
         self.stall(direction);

@@ -1,6 +1,6 @@
 //! The builder of a [`RedisBackend`] and the reading of its URL into what to connect to.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::conn::{Connection, Timeouts};
@@ -287,6 +287,7 @@ impl RedisBuilder {
                 min_replicas,
                 response_timeout: self.response_timeout,
                 cleanups: Arc::default(),
+                resent: Mutex::default(),
             }),
         })
     }

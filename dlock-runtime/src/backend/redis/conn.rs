@@ -127,7 +127,9 @@ impl Connection {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        self.run_resending(what, Resend::AfterTimeout, op).await
+        self.run_resending(what, Resend::AfterTimeout, op)
+            .await
+            .map(|(value, _)| value)
     }
 
     /// [`run`](Self::run) for an acquisition: one that timed out is not sent again. Its first copy
@@ -135,7 +137,11 @@ impl Connection {
     /// then released, would leave that late first copy to grant the key to nobody for a whole
     /// ttl. Failing instead hands the call to the caller's undo, whose cancel marker makes the
     /// late copy take no effect.
-    pub(super) async fn run_acquire<T, F, Fut>(&self, op: F) -> Result<T, LockError>
+    ///
+    /// With the reply, whether it came from a copy sent again after the first connection
+    /// dropped: the first copy may then still be on its way, to land after this acquisition's
+    /// release.
+    pub(super) async fn run_acquire<T, F, Fut>(&self, op: F) -> Result<(T, bool), LockError>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
@@ -149,7 +155,7 @@ impl Connection {
         what: &str,
         resend: Resend,
         op: F,
-    ) -> Result<T, LockError>
+    ) -> Result<(T, bool), LockError>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
@@ -306,15 +312,21 @@ impl Slot {
 
     /// Runs `op` on the current connection; where the connection turns out broken, once more on a
     /// fresh one (every operation of this backend is idempotent for its owner), unless it only
-    /// timed out and `resend` says a late first copy must not meet a second.
-    async fn run<T, F, Fut>(&self, what: &str, resend: Resend, op: F) -> Result<T, LockError>
+    /// timed out and `resend` says a late first copy must not meet a second. With the value,
+    /// whether it was sent twice.
+    async fn run<T, F, Fut>(
+        &self,
+        what: &str,
+        resend: Resend,
+        op: F,
+    ) -> Result<(T, bool), LockError>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         let (generation, conn) = self.get().await?;
         match op(conn).await {
-            Ok(value) => Ok(value),
+            Ok(value) => Ok((value, false)),
             Err(error) if error.is_timeout() && resend == Resend::OnlyIfDropped => {
                 // The connection may be stuck: the next call takes a fresh one.
                 self.discard(generation);
@@ -324,7 +336,7 @@ impl Slot {
                 tracing::debug!(%error, "distributed_lock: redis connection broken; retrying on a fresh one");
                 self.discard(generation);
                 let (generation, conn) = self.get().await?;
-                op(conn).await.map_err(|error| {
+                op(conn).await.map(|value| (value, true)).map_err(|error| {
                     if is_broken(&error) {
                         self.discard(generation);
                     }

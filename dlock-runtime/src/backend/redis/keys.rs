@@ -151,6 +151,11 @@ impl LockKeys {
         call
     }
 
+    /// This owner's acquisition of this lock, among a backend's: its lock key and owner.
+    pub(super) fn acquisition(&self) -> (String, [u8; 32]) {
+        (self.lock.clone(), self.owner)
+    }
+
     pub(super) fn channel(&self) -> String {
         format!("{}{CHANNEL_SUFFIX}", self.lock)
     }

@@ -165,7 +165,10 @@
 //! the undo may reach the server first — and a copy of the call sent again on a fresh
 //! connection after a lost reply may still be on its way. The undo leaves a cancel marker for
 //! that owner, whether or not it found the lock granted to it (releasing it then), and an
-//! acquire call of that owner arriving later finds the marker and takes no effect. Checking for the marker
+//! acquire call of that owner arriving later finds the marker and takes no effect. A lease
+//! granted to a call sent twice (its first connection dropped) is released the same way, as
+//! the first copy may still be on its way; so is an acquisition not granted after such a
+//! resend. Checking for the marker
 //! costs the uncontended acquire one more key in its `EXISTS`, no command and no round trip.
 //!
 //! # Connections
@@ -243,7 +246,8 @@ mod scripts;
 mod subscriber;
 mod waiting;
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
@@ -298,39 +302,24 @@ struct Inner {
     response_timeout: Duration,
     /// Queues left by dropped waiters: `close` waits for them.
     cleanups: Arc<Cleanups>,
+    /// The acquisitions (lock key, owner) an acquire call of which was sent twice, the first
+    /// copy's connection having dropped: that copy may still be on its way, to grant the key
+    /// once it lands. Until such an acquisition is released, its release leaves the cancel
+    /// marker, as an undo does (see `release_or_leave`).
+    resent: Mutex<HashSet<(String, [u8; 32])>>,
 }
 
 impl Backend for RedisBackend {
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
-        check_key(request.key)?;
-        let keys = self.inner.layout.lock_keys(request.key, request.owner);
-        let deadline = Instant::now() + request.wait;
-        if !request.wait.is_zero() && self.inner.subscriber.has_waiters(&keys.channel()) {
-            // Other waiters of this backend wait for the key: it is most likely busy, so queue
-            // up in the first call, which spares a round trip. The channel is subscribed
-            // already, so the hand-off's message cannot come before it.
-            return self.wait_in_queue(&keys, request, deadline).await;
+        let acquired = self.acquire_or_wait(request).await?;
+        if acquired.is_none() && self.was_resent(request.key, request.owner) {
+            // Not granted, but a copy of one of its calls may still be on its way, to grant the
+            // key (or queue this owner) once it lands: undone, that copy takes no effect. An
+            // error hands the undo to the caller's.
+            self.release_or_leave(request.key, request.owner, true)
+                .await?;
         }
-        let sent_at = Instant::now();
-        // First without queueing: an uncontended acquire is one round trip, and `wait = 0`
-        // never leaves anything behind.
-        match self
-            .try_acquire(&keys, request.ttl, Mode::FirstTry, 0)
-            .await?
-        {
-            Attempt::Granted(fence) => Ok(Some(Acquired {
-                fence,
-                valid_from: sent_at,
-            })),
-            Attempt::Busy { .. } if request.wait.is_zero() => Ok(None),
-            Attempt::Busy { .. } => self.wait_in_queue(&keys, request, deadline).await,
-            Attempt::Unreplicated { acknowledged } if request.wait.is_zero() => {
-                Err(self.undo_unreplicated(request, acknowledged).await)
-            }
-            // Asked again while the caller may wait: the first call of the queue finds the lock
-            // this owner's and extends it, which the replicas may acknowledge this time.
-            Attempt::Unreplicated { .. } => self.wait_in_queue(&keys, request, deadline).await,
-        }
+        Ok(acquired)
     }
 
     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
@@ -462,6 +451,50 @@ impl RedisBackend {
             .map(drop)
     }
 
+    /// An acquisition: one try, then waiting in the queue where the caller may wait.
+    async fn acquire_or_wait(
+        &self,
+        request: &AcquireRequest<'_>,
+    ) -> Result<Option<Acquired>, LockError> {
+        check_key(request.key)?;
+        let keys = self.inner.layout.lock_keys(request.key, request.owner);
+        let deadline = Instant::now() + request.wait;
+        if !request.wait.is_zero() && self.inner.subscriber.has_waiters(&keys.channel()) {
+            // Other waiters of this backend wait for the key: it is most likely busy, so queue
+            // up in the first call, which spares a round trip. The channel is subscribed
+            // already, so the hand-off's message cannot come before it.
+            return self.wait_in_queue(&keys, request, deadline).await;
+        }
+        let sent_at = Instant::now();
+        // First without queueing: an uncontended acquire is one round trip, and `wait = 0`
+        // never leaves anything behind.
+        match self
+            .try_acquire(&keys, request.ttl, Mode::FirstTry, 0)
+            .await?
+        {
+            Attempt::Granted(fence) => Ok(Some(Acquired {
+                fence,
+                valid_from: sent_at,
+            })),
+            Attempt::Busy { .. } if request.wait.is_zero() => Ok(None),
+            Attempt::Busy { .. } => self.wait_in_queue(&keys, request, deadline).await,
+            Attempt::Unreplicated { acknowledged } if request.wait.is_zero() => {
+                Err(self.undo_unreplicated(request, acknowledged).await)
+            }
+            // Asked again while the caller may wait: the first call of the queue finds the lock
+            // this owner's and extends it, which the replicas may acknowledge this time.
+            Attempt::Unreplicated { .. } => self.wait_in_queue(&keys, request, deadline).await,
+        }
+    }
+
+    /// Whether an acquire call of `owner`'s acquisition of `key` was sent twice (see
+    /// `Inner::resent`).
+    fn was_resent(&self, key: &str, owner: Owner) -> bool {
+        let resent = self.inner.resent.lock().unwrap();
+        !resent.is_empty()
+            && resent.contains(&self.inner.layout.lock_keys(key, owner).acquisition())
+    }
+
     /// Runs the acquire script once, as `mode` says; a waiter's calls are numbered by `call`.
     async fn try_acquire(
         &self,
@@ -490,24 +523,33 @@ impl RedisBackend {
             }
         }
         if self.inner.min_replicas == 0 {
-            let reply = self
+            let (reply, resent) = self
                 .inner
                 .conn
                 .run_acquire(|conn| invoke(conn, &ACQUIRE, &invocation))
                 .await?;
+            self.note_resent(keys, resent);
             return parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason));
         }
         let replicas = self.replicas_for(ttl);
-        let (reply, acknowledged) = self
+        let ((reply, acknowledged), resent) = self
             .inner
             .conn
             .run_acquire(|conn| invoke_then_wait(conn, &ACQUIRE, &invocation, replicas))
             .await?;
+        self.note_resent(keys, resent);
         match parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason))? {
             Attempt::Granted(_) if acknowledged < replicas.count => {
                 Ok(Attempt::Unreplicated { acknowledged })
             }
             attempt => Ok(attempt),
+        }
+    }
+
+    /// Remembers, where an acquire call was `resent`, that a copy of it may still be on its way.
+    fn note_resent(&self, keys: &LockKeys, resent: bool) {
+        if resent {
+            self.inner.resent.lock().unwrap().insert(keys.acquisition());
         }
     }
 
@@ -528,7 +570,11 @@ impl RedisBackend {
         let mut call = keys.call(&RELEASE);
         call.arg(&self.inner.instance)
             .arg(self.inner.layout.prefix());
-        if undo {
+        // A lease granted to a call sent twice is released as an undo: the other copy of that
+        // call, still on its way, would otherwise find the key free after this release and
+        // grant it to nobody for a full ttl (or queue a waiter nobody is).
+        let resent = self.was_resent(key, owner);
+        if undo || resent {
             call.arg(1);
         }
         let reply = self
@@ -536,6 +582,13 @@ impl RedisBackend {
             .conn
             .run("release", |conn| invoke(conn, &RELEASE, &call))
             .await?;
+        if resent {
+            self.inner
+                .resent
+                .lock()
+                .unwrap()
+                .remove(&keys.acquisition());
+        }
         let released =
             parse_release(reply).map_err(|reason| self.inner.conn.error("release", reason))?;
         if let Some(handed) = &released.handed_to {

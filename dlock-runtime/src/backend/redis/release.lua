@@ -38,7 +38,8 @@ if holder == owner then
     -- its caller gave up, or again after a lost reply, and overtaken by this undo on another
     -- connection) would otherwise find the lock free, or queue, and be granted it, for a full
     -- ttl, with nobody to release it. A lease's release needs no marker: its acquisition was
-    -- answered, so no call of its owner is on its way.
+    -- answered, so no call of its owner is on its way (a lease granted to a call sent twice, the
+    -- other copy perhaps still on its way, is released as an undo).
     cancel()
   end
   -- The first live waiter, if any, gets the lock. (A holder is in no queue: it left it when it
