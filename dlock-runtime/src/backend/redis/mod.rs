@@ -581,7 +581,9 @@ impl RedisBackend {
             .inner
             .conn
             .run("release", |conn| invoke(conn, &RELEASE, &call))
-            .await?;
+            .await;
+        // Forgotten whatever the answer: nothing sends this release again (a failed one is
+        // left to the ttl), and an entry kept would only grow the set.
         if resent {
             self.inner
                 .resent
@@ -589,6 +591,7 @@ impl RedisBackend {
                 .unwrap()
                 .remove(&keys.acquisition());
         }
+        let reply = reply?;
         let released =
             parse_release(reply).map_err(|reason| self.inner.conn.error("release", reason))?;
         if let Some(handed) = &released.handed_to {
