@@ -95,6 +95,20 @@ impl PostgresBackend {
                         () = tokio::time::sleep_until(deadline.into()) => return Ok(None),
                     }
                 }
+                Start::Rest(until) => {
+                    // Became the head as the waiter ahead left holding the key: its lease runs
+                    // until then, unless a release (announced, or handed here) comes first.
+                    let until = until.min(deadline);
+                    tokio::select! {
+                        () = place.woken() => continue,
+                        () = tokio::time::sleep_until(until.into()) => {
+                            if Instant::now() >= deadline {
+                                return Ok(None);
+                            }
+                            continue;
+                        }
+                    }
+                }
                 Start::Handed(handed) => {
                     if handed.caller.claim() {
                         // The release recorded whether this backend keeps its place in line.
