@@ -231,12 +231,14 @@ async fn a_waiter_that_joins_during_a_hand_over_passes_over_a_head_that_never_ta
         .await
         .unwrap();
     // The head: polled until it rests behind the holder, then parked for good.
-    let mut head = Box::pin(deaf.lock(
-        key.clone(),
-        LockOptions::new()
-            .ttl(Duration::from_secs(60))
-            .wait(Duration::from_secs(60)),
-    ));
+    let mut head = Box::pin(
+        deaf.lock(
+            key.clone(),
+            LockOptions::new()
+                .ttl(Duration::from_secs(60))
+                .wait(Duration::from_secs(60)),
+        ),
+    );
     assert!(
         tokio::time::timeout(Duration::from_millis(500), &mut head)
             .await
