@@ -6,6 +6,15 @@
 //! holder still keeps the [`Lease`](super::Lease) or still runs a body under it. A lease
 //! released sooner aborts its timer, so nothing of it stays behind.
 //!
+//! A renewed lease on such a store is released the same way once it is lost for want of a
+//! confirmation (its renewals went unanswered, or were answered too late): a ttl after the
+//! request behind its last confirmation was sent, when a store that keeps any ttl would have
+//! expired it. Its session may well outlive the loss (a stall shorter than the session's
+//! timeout), and its holder keep the `Lease` or run a body on under `on_lost = "continue"`
+//! for long after it: without this, waiters in other processes would wait all that time for a
+//! key held by nobody. Its timer is started by the loss, not at the acquisition, so a lease
+//! that stays held costs no task.
+//!
 //! The release comes at the end of the whole ttl, not of the validity the client reckons (the
 //! ttl less its safety margin): a body under `on_lost = "cancel"` still inside a poll keeps the
 //! margin, as it would where the store expires the key. A body under `"continue"` runs on
@@ -49,6 +58,20 @@ impl Locker {
             }
         });
         state.set_expiry(timer);
+    }
+
+    /// Has `state`, a renewed lease, released as [`expire_at`](Self::expire_at) does once it is
+    /// lost for want of a confirmation, a ttl after its last confirmed request was sent. Holds
+    /// neither the lease nor the locker until then.
+    pub(super) fn expire_when_lost(&self, state: &Arc<LeaseState>) {
+        let inner = Arc::downgrade(&self.inner);
+        let lease = Arc::downgrade(state);
+        state.release_when_lost(Box::new(move |at| {
+            let (Some(inner), Some(state)) = (inner.upgrade(), lease.upgrade()) else {
+                return;
+            };
+            Locker { inner }.expire_at(&state, at);
+        }));
     }
 }
 
