@@ -132,7 +132,8 @@ mod tests {
     }
 
     /// A lease released before its ttl runs out leaves no timer behind: an hour-long ttl taken
-    /// and given back a thousand times a second must not pile up timers for an hour.
+    /// and given back a thousand times a second must not pile up timers for an hour. Nor does a
+    /// renewed lease while it is held.
     #[tokio::test]
     async fn a_released_lease_leaves_no_timer() {
         let locker = Locker::with_backend(Limited(MemoryBackend::new()));
@@ -152,5 +153,24 @@ mod tests {
             0,
             "expiry timers alive after every lease was released"
         );
+
+        // A renewed lease starts its timer only when it is lost for want of a confirmation:
+        // renewed leases held on such a store cost no task each. (In the same test, as the
+        // count of timers is the process's.)
+        let options = LockOptions::new().ttl(Duration::from_secs(1));
+        let mut leases = Vec::new();
+        for i in 0..200 {
+            leases.push(locker.lock(&format!("r{i}"), options).await.unwrap());
+        }
+        assert_eq!(
+            LIVE.load(Ordering::SeqCst),
+            0,
+            "expiry timers started for renewed leases still held"
+        );
+        for lease in leases {
+            assert!(lease.is_held());
+            lease.release().await.unwrap();
+        }
+        assert_eq!(LIVE.load(Ordering::SeqCst), 0);
     }
 }
