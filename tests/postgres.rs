@@ -171,6 +171,42 @@ impl<const PREPARED: bool> Postgres<PREPARED> {
         }
     }
 
+    /// Makes a release statement (a plain release, and the undo of a grant nobody claimed, which
+    /// deletes by its fence) sleep `pause` before it looks for its row (a statement-level trigger
+    /// that recognises it by its text, and takes no row lock); no other statement deletes from
+    /// the lock table alone.
+    async fn hold_up_releases(&self, pause: Duration) {
+        let table = &self.table;
+        for sql in [
+            format!(
+                "CREATE FUNCTION \"{table}_release\"() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN IF current_query() LIKE 'WITH released AS (DELETE%' THEN PERFORM pg_sleep({}); END IF; \
+                 RETURN NULL; END $$",
+                pause.as_secs_f64()
+            ),
+            format!(
+                "CREATE TRIGGER \"{table}_release\" BEFORE DELETE ON \"{table}\" \
+                 FOR EACH STATEMENT EXECUTE FUNCTION \"{table}_release\"()"
+            ),
+        ] {
+            sqlx::query(AssertSqlSafe(sql))
+                .execute(&self.admin)
+                .await
+                .unwrap();
+        }
+    }
+
+    /// The fence of `key`'s row, if there is one.
+    async fn fence(&self, key: &str) -> Option<i64> {
+        let sql = format!("SELECT fence FROM \"{}\" WHERE lock_key = $1", self.table);
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(key.as_bytes())
+            .fetch_optional(&self.admin)
+            .await
+            .unwrap()
+            .map(|row| row.get(0))
+    }
+
     /// Undoes [`slow_down`](Self::slow_down).
     async fn stop_slowing_down(&self) {
         let sql = format!("DROP TRIGGER \"{0}_pause\" ON \"{0}\"", self.table);
