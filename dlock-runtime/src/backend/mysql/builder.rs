@@ -278,16 +278,17 @@ impl MysqlBuilder {
             // after a broken connection while the first was held up on the server) would else
             // cut the lease below what the client counts from. MySQL assigns left to right, so
             // the expiry and the fence are set while `owner` is still the old holder. Such a
-            // copy keeps the row's fence, too: the undo of a grant withdrawn unclaimed deletes
-            // by that fence, and a new one would leave the row held by nobody until its ttl.
-            // Only where an earlier try of the acquisition may have had its grant withdrawn
-            // (the fifth value bound), whose undo may still be on its way, does a re-grant
-            // take a new fence, which that undo then misses.
+            // copy keeps the row's fence, too, where it is greater than every fence of the
+            // acquisition that was withdrawn (the fifth value bound): the undo of a grant
+            // withdrawn unclaimed deletes by that fence, and a new one would leave the row held
+            // by nobody until its ttl. A row of the owner that still carries a withdrawn fence
+            // takes a new one, which that grant's undo, perhaps still on its way, then misses
+            // (see `sql::withdrawn_bound`).
             take_over: Arc::from(format!(
                 "UPDATE {table} SET \
                  expires_at = IF(owner = ?, GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
                                  UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
-                 fence = LAST_INSERT_ID(IF(owner = ? AND NOT ?, fence, GREATEST(fence + 1, {now_us}))), \
+                 fence = LAST_INSERT_ID(IF(owner = ? AND fence > ?, fence, GREATEST(fence + 1, {now_us}))), \
                  owner = ?, \
                  created_at = UTC_TIMESTAMP(6) \
                  WHERE lock_key = ? AND (expires_at <= UTC_TIMESTAMP(6) OR owner = ?)"

@@ -43,11 +43,11 @@ impl PostgresBackend {
             let limits = Limits::new(Some(Instant::now()), request.ttl);
             return Ok(
                 match self
-                    .try_acquire(key, &owner, ttl_us, Line::StayOut, false, false, limits)
+                    .try_acquire(key, &owner, ttl_us, Line::StayOut, false, 0, limits)
                     .await?
                 {
                     Attempt::Granted { fence, sent_at, .. } => granted(fence, sent_at),
-                    Attempt::Busy { .. } | Attempt::Abandoned => None,
+                    Attempt::Busy { .. } | Attempt::Abandoned { .. } => None,
                 },
             );
         }
@@ -60,9 +60,9 @@ impl PostgresBackend {
         // a process alone at a key, whose waiters get it handed over at each release, then
         // writes nothing to the waiters table.
         let mut waited_before = false;
-        // Whether a grant of this acquisition was withdrawn (or a try's answer came too late):
-        // its undo may still be on its way, and the next grant must not share its fence.
-        let mut abandoned_before = false;
+        // Each grant of this acquisition that is withdrawn has its fence recorded in the place
+        // (`Place::withdrawn`), which every try sends: its undo may still be on its way, and the
+        // next grant must not keep its fence.
         loop {
             if place.hand_over_lost() {
                 return Err(LockError::backend(
@@ -115,8 +115,9 @@ impl PostgresBackend {
                         place.holds_until(handed.valid_from + request.ttl);
                         return Ok(granted(handed.fence, handed.valid_from));
                     }
-                    // Withdrawn: the clean-up gives the key back, by the grant's fence.
-                    abandoned_before = true;
+                    // Withdrawn: the clean-up gives the key back, by the grant's fence, which
+                    // dropping the grant here records (see `Handed`) before the next try.
+                    drop(handed);
                     continue;
                 }
             }
@@ -132,7 +133,7 @@ impl PostgresBackend {
                         Line::JoinIfQueued
                     },
                     place.others_behind(),
-                    abandoned_before,
+                    place.withdrawn(),
                     Limits::new(Some(deadline), request.ttl),
                 )
                 .await?
@@ -153,8 +154,8 @@ impl PostgresBackend {
                     waited_before = true;
                     remaining
                 }
-                Attempt::Abandoned => {
-                    abandoned_before = true;
+                Attempt::Abandoned { withdrawn } => {
+                    place.withdrew(withdrawn);
                     waited_before = true;
                     None
                 }
