@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::mysql::MySqlPool;
 
-use super::sql::{ttl_micros, Backoff, Limits, TTL_LIMIT};
+use super::sql::{ttl_micros, Backoff, Limits, TTL_LIMIT, UNKNOWN_FENCE};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
 use crate::{LockError, Owner};
@@ -301,7 +301,7 @@ impl Backend for MysqlBackend {
         check_key(request.key)?;
         let owner = request.owner.to_string();
         let ttl_us = ttl_micros("MySQL", request.ttl)?;
-        let deadline = Instant::now() + request.wait;
+        let deadline = crate::backend::wait_deadline(request.wait);
         let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF, request.owner);
         // The greatest fence of this acquisition's grants that were withdrawn (a try's answer
         // came too late, or was not claimed in time): their undos may still be on their way,
@@ -322,6 +322,11 @@ impl Backend for MysqlBackend {
                     return Ok(Some(Acquired { fence, valid_from }))
                 }
                 Attempt::Busy => {}
+                // A try whose answer did not come may still be on its way, and would keep the
+                // fence of a grant claimed after it: its undo (by owner) is safe only once the
+                // acquisition has ended (in real time its bound ends past the deadline anyway;
+                // under a paused tokio clock it can end at once).
+                Attempt::Abandoned(UNKNOWN_FENCE) => return Ok(None),
                 Attempt::Abandoned(fence) => withdrawn = withdrawn.max(fence),
             }
             let now = Instant::now();
