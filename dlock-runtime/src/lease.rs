@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use crate::clock;
+use crate::metrics;
 use crate::notified;
 use crate::reentry::Turns;
 use crate::Owner;
@@ -52,6 +53,8 @@ pub(crate) struct LeaseState {
     /// it then (`locker::expiry`): aborted when the lease is released sooner, so that a lease
     /// leaves nothing behind once released, however long its ttl.
     expiry: Mutex<Option<AbortHandle>>,
+    /// Its labels and grant time, for the metrics; set by the acquisition that granted it.
+    pub(crate) held: metrics::Held,
 }
 
 /// Why a lease stopped being held, for the log.
@@ -113,6 +116,7 @@ impl LeaseState {
             stopping: AtomicBool::new(false),
             turns: Turns::new(),
             expiry: Mutex::new(None),
+            held: metrics::Held::uncounted(),
         }
     }
 
@@ -212,8 +216,10 @@ impl LeaseState {
             }
             _ => {
                 tracing::warn!(key = %self.key, fence = self.fence, ?cause, "distributed_lock: lease lost");
+                self.held.lost();
             }
         }
+        self.held.end();
         self.lost_wake.notify_waiters();
     }
 
@@ -222,6 +228,7 @@ impl LeaseState {
         if self.released.swap(true, Ordering::AcqRel) {
             return false;
         }
+        self.held.end();
         if let Some(timer) = self.expiry().take() {
             timer.abort();
         }

@@ -44,6 +44,7 @@ mod key;
 mod lease;
 mod locked;
 mod locker;
+mod metrics;
 mod notified;
 mod options;
 mod owner;
