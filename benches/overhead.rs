@@ -110,8 +110,10 @@ async fn run(flavour: &str) {
     for _ in 0..7 {
         best_annotated = best_annotated.min(ns_per(time_annotated(&locker, calls).await, calls));
         best_manual = best_manual.min(ns_per(time_manual(&locker, calls).await, calls));
-        best_recorded =
-            best_recorded.min(ns_per(time_recorded(&locker, calls, &recorder).await, calls));
+        best_recorded = best_recorded.min(ns_per(
+            time_recorded(&locker, calls, &recorder).await,
+            calls,
+        ));
     }
     // The recorder did record: one wait and one hold per call.
     let text = recorder.handle().render();

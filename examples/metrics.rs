@@ -58,7 +58,10 @@ async fn main() -> Result<(), LockError> {
     }
     // Maintenance holds acct-7: two payouts are turned away.
     let maintenance = locker
-        .lock("payout:acct-7", LockOptions::new().label("ops::maintenance"))
+        .lock(
+            "payout:acct-7",
+            LockOptions::new().label("ops::maintenance"),
+        )
         .await?;
     for _ in 0..2 {
         let turned_away = pay_out("acct-7").await;

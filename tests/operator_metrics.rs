@@ -27,19 +27,26 @@ fn snapshotter() -> &'static Snapshotter {
     SNAPSHOTTER.get_or_init(|| {
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
-        recorder.install().expect("the only recorder of this binary");
+        recorder
+            .install()
+            .expect("the only recorder of this binary");
         snapshotter
     })
 }
 
-/// What one label's series recorded so far.
+/// A series' labels, as (name, value) pairs.
+type Labels = Vec<(String, String)>;
+
+/// What one label's series recorded so far: name, labels, value.
 #[derive(Debug, Default)]
-struct Readings(Vec<(String, Vec<(String, String)>, DebugValue)>);
+struct Readings(Vec<(String, Labels, DebugValue)>);
+
+/// A series: its name and labels.
+type Series = (String, Labels);
 
 /// Every series recorded so far. A snapshot of the `DebuggingRecorder` hands out what was
 /// recorded since the one before (counters and gauges as changes, which is all dlock makes of a
 /// gauge), so readings are added up here.
-type Series = (String, Vec<(String, String)>);
 static TOTALS: std::sync::Mutex<Vec<(Series, DebugValue)>> = std::sync::Mutex::new(Vec::new());
 
 /// `DebugValue` is not `Clone`.
@@ -158,8 +165,16 @@ async fn a_grant_and_release_record_one_wait_and_one_hold_under_the_functions_pa
     assert_eq!(waits.len(), 1, "{readings:?}");
     let holds = readings.observations("dlock_hold_seconds", &[]);
     assert_eq!(holds.len(), 1, "{readings:?}");
-    assert!(holds[0] >= 0.020, "held for {}s, the body slept 20 ms", holds[0]);
-    assert_eq!(readings.gauge("dlock_leases_held"), Some(0.0), "{readings:?}");
+    assert!(
+        holds[0] >= 0.020,
+        "held for {}s, the body slept 20 ms",
+        holds[0]
+    );
+    assert_eq!(
+        readings.gauge("dlock_leases_held"),
+        Some(0.0),
+        "{readings:?}"
+    );
     assert_eq!(readings.counter("dlock_busy_total"), 0);
     locker.shutdown().await.unwrap();
 }
@@ -248,12 +263,20 @@ async fn a_lost_lease_counts_lost_and_leaves_the_held_gauge() {
 
     let readings = Readings::of(label);
     assert_eq!(readings.counter("dlock_lost_total"), 1, "{readings:?}");
-    assert_eq!(readings.gauge("dlock_leases_held"), Some(0.0), "{readings:?}");
+    assert_eq!(
+        readings.gauge("dlock_leases_held"),
+        Some(0.0),
+        "{readings:?}"
+    );
     assert_eq!(readings.observations("dlock_hold_seconds", &[]).len(), 1);
     // Releasing the lost lease ends nothing twice.
     lease.release().await.unwrap();
     let readings = Readings::of(label);
-    assert_eq!(readings.gauge("dlock_leases_held"), Some(0.0), "{readings:?}");
+    assert_eq!(
+        readings.gauge("dlock_leases_held"),
+        Some(0.0),
+        "{readings:?}"
+    );
     assert_eq!(readings.observations("dlock_hold_seconds", &[]).len(), 1);
     locker.shutdown().await.unwrap();
 }
@@ -295,7 +318,11 @@ async fn renewals_the_store_does_not_answer_count_as_failures_then_a_loss() {
         "{readings:?}"
     );
     assert_eq!(readings.counter("dlock_lost_total"), 1, "{readings:?}");
-    assert_eq!(readings.gauge("dlock_leases_held"), Some(0.0), "{readings:?}");
+    assert_eq!(
+        readings.gauge("dlock_leases_held"),
+        Some(0.0),
+        "{readings:?}"
+    );
     drop(lease);
     locker.shutdown().await.unwrap();
 }

@@ -402,7 +402,10 @@ mod tests {
             crate = "::other::dlock"
         ))
         .unwrap();
-        assert_eq!(args.label.map(|l| l.value()).as_deref(), Some("billing::submit"));
+        assert_eq!(
+            args.label.map(|l| l.value()).as_deref(),
+            Some("billing::submit")
+        );
         assert_eq!(
             (
                 millis(&args.ttl),

@@ -397,7 +397,9 @@ mod tests {
             "{out}"
         );
         assert!(
-            out.contains(". label (:: core :: concat ! (:: core :: module_path ! () , \"::\" , \"submit\"))"),
+            out.contains(
+                ". label (:: core :: concat ! (:: core :: module_path ! () , \"::\" , \"submit\"))"
+            ),
             "{out}"
         );
         assert!(out.contains("push_literal (\"acct:\")"), "{out}");

@@ -46,7 +46,8 @@ const RENEWAL_FAILURES: &str = "dlock_renewal_failures_total";
 const REENTRIES: &str = "dlock_reentries_total";
 const LEASES_HELD: &str = "dlock_leases_held";
 
-static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
 /// Runs `record` with the installed recorder, if there is one. The facade hands out its no-op
 /// recorder when none is installed, and that one is a zero-sized type: checking the size spares
@@ -74,7 +75,9 @@ static LABELS: LazyLock<Mutex<HashMap<(&'static str, &'static str), &'static Lab
     LazyLock::new(Mutex::default);
 
 fn labels(label: &'static str, store: &'static str) -> &'static Labels {
-    let mut all = LABELS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut all = LABELS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     all.entry((label, store)).or_insert_with(|| {
         let pair = [
             Label::from_static_parts("label", label),
@@ -101,17 +104,32 @@ fn describe(recorder: &dyn Recorder) {
     static DESCRIBED: Once = Once::new();
     DESCRIBED.call_once(|| {
         let histograms = [
-            (ACQUIRE_WAIT, "Time from an acquisition's call to the store's answer, granted or busy."),
+            (
+                ACQUIRE_WAIT,
+                "Time from an acquisition's call to the store's answer, granted or busy.",
+            ),
             (HOLD, "Time from a lease's grant to its release or loss."),
         ];
         for (name, help) in histograms {
             recorder.describe_histogram(name.into(), Some(Unit::Seconds), help.into());
         }
         let counters = [
-            (BUSY, "Acquisitions that found the key busy for their whole wait."),
-            (LOST, "Leases lost while held: a renewal refused or not confirmed in time."),
-            (RENEWAL_FAILURES, "Renewals of a lease the store did not answer (retried)."),
-            (REENTRIES, "Calls that re-entered a lease their task already held."),
+            (
+                BUSY,
+                "Acquisitions that found the key busy for their whole wait.",
+            ),
+            (
+                LOST,
+                "Leases lost while held: a renewal refused or not confirmed in time.",
+            ),
+            (
+                RENEWAL_FAILURES,
+                "Renewals of a lease the store did not answer (retried).",
+            ),
+            (
+                REENTRIES,
+                "Calls that re-entered a lease their task already held.",
+            ),
         ];
         for (name, help) in counters {
             recorder.describe_counter(name.into(), Some(Unit::Count), help.into());
