@@ -5,6 +5,9 @@
 //! Each test reads its own labels' series only; they take turns (`SERIAL`) all the same, so that
 //! a reading never comes between another test's grant and release.
 
+#[cfg(feature = "redis")]
+mod support;
+
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -327,13 +330,15 @@ async fn renewals_the_store_does_not_answer_count_as_failures_then_a_loss() {
     locker.shutdown().await.unwrap();
 }
 
-/// The same story on Redis (127.0.0.1:6379): the store label says so.
+/// The same story on a real Redis server (a private one, as the other Redis tests start: a
+/// fresh machine runs none on 6379): the store label says so.
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn on_redis_a_grant_a_busy_try_and_a_release_are_recorded() {
     let _turn = turn().await;
     let label = "redis::settle";
-    let locker = Locker::connect("redis://127.0.0.1:6379").await.unwrap();
+    let server = support::redis_server::RedisServer::start();
+    let locker = Locker::connect(&server.url()).await.unwrap();
     let key = format!("dlock-test:metrics:{}", std::process::id());
     let options = LockOptions::new().label(label);
     let lease = locker.lock(key.as_str(), options).await.unwrap();
