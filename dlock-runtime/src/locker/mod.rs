@@ -340,13 +340,17 @@ impl Locker {
         // than its holder was told: it is confirmed at the shorter ttl's pace instead, up to its
         // own ttl and no further, which is what that holder counts on. Such a store does not
         // expire a key at its ttl either: every lease without renewal on it, shortened or not,
-        // is released when its ttl runs out, which is what the next holder counts on.
+        // is released when its ttl runs out, which is what the next holder counts on; and every
+        // renewed lease on it is released a ttl after its last confirmed renewal once it is lost
+        // for want of one, as a store that expires keys would let it go.
         let mut full_ttl = None;
         let mut expires_after = None;
+        let mut expires_when_lost = false;
         if let Some(limit) = self.inner.backend.ttl_limit() {
             if !options.renew {
                 expires_after = Some(options.ttl);
             }
+            expires_when_lost = options.renew;
             if options.ttl > limit {
                 tracing::debug!(%key, asked = ?options.ttl, kept = ?limit, "distributed_lock: ttl shortened to the store's limit");
                 if !options.renew {
@@ -411,6 +415,10 @@ impl Locker {
             // Shut down while the acquisition was in flight: give the key back at once.
             self.release_in_background(&state);
             return Err(LockError::ShutDown);
+        }
+        if expires_when_lost {
+            // Before the watchdog can find it lost.
+            self.expire_when_lost(&state);
         }
         if watched {
             self.inner.watchdog.watch(&state, acquired.valid_from);

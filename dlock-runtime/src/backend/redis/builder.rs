@@ -1,10 +1,11 @@
 //! The builder of a [`RedisBackend`] and the reading of its URL into what to connect to.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::conn::{Connection, Timeouts};
 use super::keys::KeyLayout;
+use super::resent::Resent;
 use super::subscriber::{self, Subscriber};
 use super::{Inner, RedisBackend};
 use crate::url::{bool_param, duration_param, mask_password, number_param, query_param, Scheme};
@@ -287,7 +288,7 @@ impl RedisBuilder {
                 min_replicas,
                 response_timeout: self.response_timeout,
                 cleanups: Arc::default(),
-                resent: Mutex::default(),
+                resent: Resent::default(),
             }),
         })
     }

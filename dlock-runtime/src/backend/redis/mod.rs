@@ -71,7 +71,8 @@
 //!   of an unmarked lock looks at the queue.
 //!
 //!   An uncontended acquire and release so cost the server eight commands, as `INFO
-//!   commandstats` counts them (each script's `EVALSHA` and the commands it runs). Two of them
+//!   commandstats` counts them (each script's `EVALSHA` and the commands it runs; nine on a
+//!   cluster, see *Redis Cluster*). Two of them
 //!   buy what a plain `SET NX` does not: the `TIME` and the counter's `SET … GET` give each grant
 //!   a fence above every earlier one, even from a counter that was lost or went back to an older
 //!   value (only the clock can tell); the `EXISTS` covers the queue (waiters are served in
@@ -168,7 +169,7 @@
 //! acquire call of that owner arriving later finds the marker and takes no effect. A lease
 //! granted to a call sent twice (its first connection dropped) is released the same way, as
 //! the first copy may still be on its way; so is an acquisition not granted after such a
-//! resend. Checking for the marker
+//! resend, and, on a cluster, every lease (see *Redis Cluster*). Checking for the marker
 //! costs the uncontended acquire one more key in its `EXISTS`, no command and no round trip.
 //!
 //! # Connections
@@ -210,6 +211,14 @@
 //! the next when it drops. (Sharded pub/sub would spare the other nodes that broadcast, at the
 //! cost of one subscriber connection per node; it is not used.)
 //!
+//! The cluster client sends a command again by itself after its connection to a node dropped
+//! (or after a redirection), and does not say so: any acquire call may have gone out twice, the
+//! first copy perhaps still on its way when the lease is released. So on a cluster every release
+//! is sent as an undo (see *Cancellation*), and leaves the owner's cancel marker, which turns
+//! such a late copy away rather than let it grant the key to nobody for a full ttl. That costs
+//! each release one more write, a `SET` of the marker (expiring after a minute): an uncontended
+//! acquire and release run nine commands on a cluster, eight on a single node.
+//!
 //! # Fail-over
 //!
 //! Redis replicates asynchronously: a lock granted by a primary that fails before replicating it
@@ -237,29 +246,28 @@
 //! with too few replicas in touch, but judges by their last acknowledgement, up to
 //! `min-replicas-max-lag` (10 s) old: it narrows the window without closing it.
 
+mod acquire;
 mod builder;
+mod checks;
 mod conn;
 mod keys;
+mod release;
 mod renew;
 mod replicas;
+mod resent;
 mod scripts;
 mod subscriber;
 mod waiting;
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-use redis::aio::ConnectionLike;
-use redis::Value;
+use std::sync::Arc;
+use std::time::Duration;
 
 pub use self::builder::RedisBuilder;
 pub use self::keys::MAX_KEY_BYTES;
 
 use self::conn::Connection;
-use self::keys::{check_key, KeyLayout, LockKeys};
-use self::replicas::invoke_then_wait;
-use self::scripts::{invoke, parse_attempt, parse_release, Attempt, Mode, ACQUIRE, RELEASE};
+use self::keys::KeyLayout;
+use self::resent::Resent;
 use self::subscriber::Subscriber;
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
@@ -302,11 +310,8 @@ struct Inner {
     response_timeout: Duration,
     /// Queues left by dropped waiters: `close` waits for them.
     cleanups: Arc<Cleanups>,
-    /// The acquisitions (lock key, owner) an acquire call of which was sent twice, the first
-    /// copy's connection having dropped: that copy may still be on its way, to grant the key
-    /// once it lands. Until such an acquisition is released, its release leaves the cancel
-    /// marker, as an undo does (see `release_or_leave`).
-    resent: Mutex<HashSet<(String, [u8; 32])>>,
+    /// The acquisitions an acquire call of which was sent twice.
+    resent: Resent,
 }
 
 impl Backend for RedisBackend {
@@ -366,243 +371,6 @@ impl Backend for RedisBackend {
             }
             None => Ok(held),
         }
-    }
-}
-
-impl RedisBackend {
-    /// Refuses a server that may evict keys when its memory runs short (a `maxmemory` set, and
-    /// a `maxmemory-policy` other than `noeviction`, as managed Redis services set by default):
-    /// every key dlock writes has an expiry, so a `volatile-*` policy may drop a held lock, and
-    /// the next caller gets the key while its holder is still at work. A server that does not
-    /// let the client read `INFO` passes.
-    async fn refuse_eviction(&self) -> Result<(), LockError> {
-        let info = self
-            .inner
-            .conn
-            .run("INFO memory", |mut conn| async move {
-                conn.req_packed_command(redis::cmd("INFO").arg("memory"))
-                    .await
-                    .and_then(Value::extract_error)
-            })
-            .await;
-        let Ok(info) = info else { return Ok(()) };
-        let mut texts = Vec::new();
-        conn::collect_text(&info, &mut texts);
-        match texts.iter().find_map(|text| conn::evicting_policy(text)) {
-            None => Ok(()),
-            Some(policy) => Err(LockError::InvalidOptions {
-                reason: format!(
-                    "the Redis server may evict keys when its memory is full (maxmemory-policy {policy}), and an evicted lock lets a second holder in: \
-                     set `maxmemory-policy noeviction` (a Redis of its own for dlock, say), or accept the risk with `allow_eviction=true` in the URL \
-                     or `RedisBuilder::allow_eviction(true)`"
-                ),
-            }),
-        }
-    }
-
-    /// Refuses a user who may not `PUBLISH` on the lock channels, as Redis 7 makes a new ACL
-    /// user (`acl-pubsub-default resetchannels`): the release script would hand a lock to a
-    /// waiter of another process, then fail on its `PUBLISH` (a script's writes stay), so the
-    /// release errs though it handed the lock on; and waiters could not subscribe. Probed with a
-    /// `PUBLISH` to this backend's own channel, the one its waiters subscribe to and releases
-    /// publish on, with an empty message (which names no waiter, so wakes nobody even where one
-    /// listens); a failure other than `NOPERM` (a proxy without pub/sub, say) passes, as with
-    /// the eviction check.
-    async fn refuse_unpublishable(&self) -> Result<(), LockError> {
-        let channel = self.inner.subscriber.channel();
-        let probed = self
-            .inner
-            .conn
-            .run("PUBLISH", move |mut conn| async move {
-                let published = conn
-                    .req_packed_command(redis::cmd("PUBLISH").arg(channel).arg(""))
-                    .await
-                    .and_then(Value::extract_error);
-                match published {
-                    Ok(_) => Ok(None),
-                    Err(error) if error.code() == Some("NOPERM") => Ok(Some(error.to_string())),
-                    Err(error) => Err(error),
-                }
-            })
-            .await;
-        let Ok(Some(refusal)) = probed else {
-            return Ok(());
-        };
-        let prefix = self.inner.layout.prefix();
-        Err(LockError::InvalidOptions {
-            reason: format!(
-                "the Redis user may not publish on dlock's lock channels ({refusal}): a release that hands a lock to a waiter \
-                 of another process would fail after the hand-off, and waiters could not be woken. Grant the user the channels \
-                 of the key prefix (`ACL SETUSER <user> &{prefix}*`) or every channel (`allchannels`)"
-            ),
-        })
-    }
-
-    /// Checks that the server answers (and accepted the credentials).
-    async fn ping(&self) -> Result<(), LockError> {
-        self.inner
-            .conn
-            .run("PING", |mut conn| async move {
-                conn.req_packed_command(&redis::cmd("PING"))
-                    .await
-                    .and_then(Value::extract_error)
-            })
-            .await
-            .map(drop)
-    }
-
-    /// An acquisition: one try, then waiting in the queue where the caller may wait.
-    async fn acquire_or_wait(
-        &self,
-        request: &AcquireRequest<'_>,
-    ) -> Result<Option<Acquired>, LockError> {
-        check_key(request.key)?;
-        let keys = self.inner.layout.lock_keys(request.key, request.owner);
-        let deadline = Instant::now() + request.wait;
-        if !request.wait.is_zero() && self.inner.subscriber.has_waiters(&keys.channel()) {
-            // Other waiters of this backend wait for the key: it is most likely busy, so queue
-            // up in the first call, which spares a round trip. The channel is subscribed
-            // already, so the hand-off's message cannot come before it.
-            return self.wait_in_queue(&keys, request, deadline).await;
-        }
-        let sent_at = Instant::now();
-        // First without queueing: an uncontended acquire is one round trip, and `wait = 0`
-        // never leaves anything behind.
-        match self
-            .try_acquire(&keys, request.ttl, Mode::FirstTry, 0)
-            .await?
-        {
-            Attempt::Granted(fence) => Ok(Some(Acquired {
-                fence,
-                valid_from: sent_at,
-            })),
-            Attempt::Busy { .. } if request.wait.is_zero() => Ok(None),
-            Attempt::Busy { .. } => self.wait_in_queue(&keys, request, deadline).await,
-            Attempt::Unreplicated { acknowledged } if request.wait.is_zero() => {
-                Err(self.undo_unreplicated(request, acknowledged).await)
-            }
-            // Asked again while the caller may wait: the first call of the queue finds the lock
-            // this owner's and extends it, which the replicas may acknowledge this time.
-            Attempt::Unreplicated { .. } => self.wait_in_queue(&keys, request, deadline).await,
-        }
-    }
-
-    /// Whether an acquire call of `owner`'s acquisition of `key` was sent twice (see
-    /// `Inner::resent`).
-    fn was_resent(&self, key: &str, owner: Owner) -> bool {
-        let resent = self.inner.resent.lock().unwrap();
-        !resent.is_empty()
-            && resent.contains(&self.inner.layout.lock_keys(key, owner).acquisition())
-    }
-
-    /// Runs the acquire script once, as `mode` says; a waiter's calls are numbered by `call`.
-    async fn try_acquire(
-        &self,
-        keys: &LockKeys,
-        ttl: Duration,
-        mode: Mode,
-        call: u64,
-    ) -> Result<Attempt, LockError> {
-        let mut invocation = keys.call(&ACQUIRE);
-        invocation
-            .arg(lease_millis(ttl))
-            .arg(self.inner.layout.prefix());
-        // A first try passes no more than the ttl and the prefix (for a hand-off's message, where
-        // it finds the lock lapsed with waiters queued): the uncontended path reads the ttl only.
-        match mode {
-            Mode::FirstTry => {}
-            Mode::Queue => {
-                invocation
-                    .arg(millis(self.inner.liveness))
-                    .arg(&self.inner.instance)
-                    .arg(call);
-            }
-            // A liveness window of 0 says to leave the queue.
-            Mode::Leave => {
-                invocation.arg(0).arg(&self.inner.instance).arg(call);
-            }
-        }
-        if self.inner.min_replicas == 0 {
-            let (reply, resent) = self
-                .inner
-                .conn
-                .run_acquire(|conn| invoke(conn, &ACQUIRE, &invocation))
-                .await?;
-            self.note_resent(keys, resent);
-            return parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason));
-        }
-        let replicas = self.replicas_for(ttl);
-        let ((reply, acknowledged), resent) = self
-            .inner
-            .conn
-            .run_acquire(|conn| invoke_then_wait(conn, &ACQUIRE, &invocation, replicas))
-            .await?;
-        self.note_resent(keys, resent);
-        match parse_attempt(reply).map_err(|reason| self.inner.conn.error("acquire", reason))? {
-            Attempt::Granted(_) if acknowledged < replicas.count => {
-                Ok(Attempt::Unreplicated { acknowledged })
-            }
-            attempt => Ok(attempt),
-        }
-    }
-
-    /// Remembers, where an acquire call was `resent`, that a copy of it may still be on its way.
-    fn note_resent(&self, keys: &LockKeys, resent: bool) {
-        if resent {
-            self.inner.resent.lock().unwrap().insert(keys.acquisition());
-        }
-    }
-
-    /// Runs the release script: releases with hand-off where `owner` holds `key`, else leaves its
-    /// queue. `undo` where this undoes an acquisition its caller gave up: the owner's cancel
-    /// marker is then left even where the lock was handed to it (see release.lua).
-    async fn release_or_leave(
-        &self,
-        key: &str,
-        owner: Owner,
-        undo: bool,
-    ) -> Result<bool, LockError> {
-        if check_key(key).is_err() {
-            // Never acquired: an acquire refuses such a key before sending anything.
-            return Ok(false);
-        }
-        let keys = self.inner.layout.lock_keys(key, owner);
-        let mut call = keys.call(&RELEASE);
-        call.arg(&self.inner.instance)
-            .arg(self.inner.layout.prefix());
-        // A lease granted to a call sent twice is released as an undo: the other copy of that
-        // call, still on its way, would otherwise find the key free after this release and
-        // grant it to nobody for a full ttl (or queue a waiter nobody is).
-        let resent = self.was_resent(key, owner);
-        if undo || resent {
-            call.arg(1);
-        }
-        let reply = self
-            .inner
-            .conn
-            .run("release", |conn| invoke(conn, &RELEASE, &call))
-            .await;
-        // Forgotten whatever the answer: nothing sends this release again (a failed one is
-        // left to the ttl), and an entry kept would only grow the set.
-        if resent {
-            self.inner
-                .resent
-                .lock()
-                .unwrap()
-                .remove(&keys.acquisition());
-        }
-        let reply = reply?;
-        let released =
-            parse_release(reply).map_err(|reason| self.inner.conn.error("release", reason))?;
-        if let Some(handed) = &released.handed_to {
-            // A waiter of this process need not wait for the published message: it is woken
-            // with the grant. Let it run before this caller goes on (to queue for the key again,
-            // say), so that it starts (or sends its claim) ahead of the caller's request.
-            if self.inner.subscriber.wake_local(handed) {
-                tokio::task::yield_now().await;
-            }
-        }
-        Ok(released.held)
     }
 }
 
