@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use crate::clock;
+use crate::metrics;
 use crate::notified;
 use crate::reentry::Turns;
 use crate::Owner;
@@ -60,6 +61,8 @@ pub(crate) struct LeaseState {
     /// it, at the instant given, once it is lost for want of a confirmation. Taken by the loss,
     /// or dropped by the release.
     release_at_loss: Mutex<Option<ReleaseAt>>,
+    /// Its labels and grant time, for the metrics; set by the acquisition that granted it.
+    pub(crate) held: metrics::Held,
 }
 
 /// Releases a lease on the store at the instant given, unless it was released before.
@@ -127,6 +130,7 @@ impl LeaseState {
             turns: Turns::new(),
             expiry: Mutex::new(None),
             release_at_loss: Mutex::new(None),
+            held: metrics::Held::uncounted(),
         }
     }
 
@@ -244,8 +248,10 @@ impl LeaseState {
             }
             _ => {
                 tracing::warn!(key = %self.key, fence = self.fence, ?cause, "distributed_lock: lease lost");
+                self.held.lost();
             }
         }
+        self.held.end();
         self.lost_wake.notify_waiters();
     }
 
@@ -254,6 +260,7 @@ impl LeaseState {
         if self.released.swap(true, Ordering::AcqRel) {
             return false;
         }
+        self.held.end();
         if let Some(timer) = self.expiry().take() {
             timer.abort();
         }

@@ -13,6 +13,8 @@
 //! - [`backend`] — the small trait a store implements, and the stores: memory, Redis (and Redis
 //!   Cluster, TLS), MySQL / MariaDB, PostgreSQL and ZooKeeper, each behind its cargo feature.
 //! - [`LockError`] and [`FromLockError`] — failures, and how a locked function returns them.
+//! - Metrics through the `metrics` crate's facade (`dlock_acquire_wait_seconds`,
+//!   `dlock_hold_seconds`, `dlock_busy_total`, …): the table is in the `dlock` crate's docs.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
@@ -44,6 +46,7 @@ mod key;
 mod lease;
 mod locked;
 mod locker;
+mod metrics;
 mod notified;
 mod options;
 mod owner;

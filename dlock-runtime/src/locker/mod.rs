@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use crate::backend::{AcquireRequest, Backend, DynBackend};
 use crate::lease::LeaseState;
+use crate::metrics;
 use crate::url::{self, Scheme};
 use crate::watchdog::Watchdog;
 use crate::{LockError, LockOptions, Owner};
@@ -51,6 +52,8 @@ struct Inner {
     watchdog: Watchdog,
     holdings: Arc<Holdings>,
     description: String,
+    /// The `store` label of its metrics.
+    store: &'static str,
 }
 
 impl Locker {
@@ -112,20 +115,24 @@ impl Locker {
     /// # Ok::<(), dlock::LockError>(())
     /// ```
     pub fn with_backend<B: Backend>(backend: B) -> Locker {
-        let name = std::any::type_name::<B>()
-            .rsplit("::")
-            .next()
-            .unwrap_or("backend");
-        Self::from_parts(Arc::new(backend), name.to_owned())
+        let type_name = std::any::type_name::<B>();
+        let name = type_name.rsplit("::").next().unwrap_or("backend");
+        let store = metrics::store_of(type_name);
+        Self::from_parts(Arc::new(backend), name.to_owned(), store)
     }
 
-    fn from_parts(backend: Arc<dyn DynBackend>, description: String) -> Locker {
+    fn from_parts(
+        backend: Arc<dyn DynBackend>,
+        description: String,
+        store: &'static str,
+    ) -> Locker {
         Locker {
             inner: Arc::new(Inner {
                 watchdog: Watchdog::new(backend.clone()),
                 holdings: Arc::default(),
                 backend,
                 description,
+                store,
             }),
         }
     }
@@ -239,6 +246,11 @@ impl Locker {
 
     pub(crate) fn id(&self) -> usize {
         Arc::as_ptr(&self.inner) as usize
+    }
+
+    /// The `store` label of this locker's metrics: `memory`, `redis`, … or `custom`.
+    pub(crate) fn store_kind(&self) -> &'static str {
+        self.inner.store
     }
 
     /// Acquires `key`, waiting up to `options.wait` for it, and keeps the lease renewed while it
@@ -381,6 +393,7 @@ impl Locker {
             Some(acquired) => acquired,
             None => {
                 tracing::debug!(%key, waited = ?started.elapsed(), "distributed_lock: busy");
+                metrics::busy(options.label, self.inner.store, started);
                 return Err(LockError::Busy { key });
             }
         };
@@ -396,6 +409,7 @@ impl Locker {
         if let Some(full_ttl) = full_ttl {
             state = state.ending_after(acquired.valid_from, full_ttl);
         }
+        state.held = metrics::Held::granted(options.label, self.inner.store, started);
         let state = Arc::new(state);
         if self.inner.holdings.register(&state).is_err() {
             // Shut down while the acquisition was in flight: give the key back at once.
