@@ -52,6 +52,14 @@ mod sql_scenarios {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_copy_of_an_acquire_does_not_keep_an_unclaimed_grant_from_its_undo() {
+        scenario::a_late_copy_of_an_acquire_does_not_keep_an_unclaimed_grant_from_its_undo::<
+            Postgres,
+        >()
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_acquisition_abandoned_while_its_insert_waits_leaves_no_row() {
         scenario::an_acquisition_abandoned_while_its_insert_waits_leaves_no_row::<Postgres>().await;
     }
@@ -204,15 +212,14 @@ impl<const PREPARED: bool> support::sql_store::SqlStore for Postgres<PREPARED> {
         postgres_url()
     }
 
-    async fn locker_at(&self, url: &str) -> Locker {
-        let backend = PostgresBackend::builder(url)
+    async fn backend_at(&self, url: &str) -> PostgresBackend {
+        PostgresBackend::builder(url)
             .unwrap()
             .table(&self.table)
             .prepared_statements(PREPARED)
             .connect()
             .await
-            .unwrap();
-        Locker::with_backend(backend)
+            .unwrap()
     }
 
     async fn rows(&self, key: &str) -> i64 {
@@ -331,6 +338,14 @@ mod simple_queries {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_grant_its_caller_never_came_back_for_is_undone_after_the_claim_window() {
         scenario::a_grant_its_caller_never_came_back_for_is_undone_after_the_claim_window::<
+            Simple,
+        >()
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_copy_of_an_acquire_does_not_keep_an_unclaimed_grant_from_its_undo() {
+        scenario::a_late_copy_of_an_acquire_does_not_keep_an_unclaimed_grant_from_its_undo::<
             Simple,
         >()
         .await;

@@ -232,3 +232,74 @@ async fn min_replicas_counts_the_replica_of_the_primary_that_granted() {
         .to_string();
     assert!(error.contains("1 of the 2"), "{error}");
 }
+
+/// The acquire script as the backend sends it: acquire.lua with grant.lua and common.lua spliced
+/// in where it says so (as scripts.rs does).
+fn acquire_script() -> String {
+    include_str!("../dlock-runtime/src/backend/redis/acquire.lua")
+        .replacen(
+            "--!grant\n",
+            include_str!("../dlock-runtime/src/backend/redis/grant.lua"),
+            1,
+        )
+        .replacen(
+            "--!common\n",
+            include_str!("../dlock-runtime/src/backend/redis/common.lua"),
+            1,
+        )
+}
+
+/// On a cluster, redis-rs sends a command again by itself after its connection dropped (or after
+/// a redirection), and does not say so: any acquire call may have a first copy still on its way
+/// when the lease is released. That copy, landing after the release, takes no effect — it would
+/// otherwise find the key free and grant it to nobody for a full ttl. Replayed here by hand: the
+/// acquisition's first try, with the keys and arguments the backend sent, after the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_an_acquire_call_after_the_release_takes_no_effect() {
+    let cluster = Cluster::start();
+    let locker = Locker::connect(&cluster.cluster.url()).await.unwrap();
+    let mut raw = cluster.raw().await;
+    let key = unique_key("late-copy");
+    let ttl = Duration::from_secs(30);
+    let lease = locker
+        .lock(&*key, LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    let lock_key = cluster.names.lock_key(&key);
+    let prefix = lock_key
+        .strip_suffix(&format!("{{{key}}}"))
+        .expect("the lock key is the prefix and the hash-tagged key");
+    // Granted while nobody waited: the owner's token, marked `-`.
+    let stored: String = redis::cmd("GET")
+        .arg(&lock_key)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let owner = stored.trim_end_matches('-').to_owned();
+    assert_eq!(owner.len(), 32, "{stored}");
+    lease.release().await.unwrap();
+
+    // The late first copy: KEYS the lock, its fence counter, its queue; ARGV the owner, the ttl
+    // in ms and the prefix, as a first try sends them.
+    let _: redis::Value = redis::cmd("EVAL")
+        .arg(acquire_script())
+        .arg(3)
+        .arg(&lock_key)
+        .arg(cluster.names.fence_key(&key))
+        .arg(cluster.names.queue_key(&key))
+        .arg(&owner)
+        .arg(ttl.as_millis() as u64)
+        .arg(prefix)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&lock_key)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(
+        pttl, -2,
+        "a late copy of the acquire call granted the released key to nobody, for {pttl} ms"
+    );
+}

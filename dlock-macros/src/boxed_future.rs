@@ -3,9 +3,17 @@
 //! attribute locks that boxed future, so it works on trait methods called through `dyn Trait`.
 //!
 //! Two shapes are recognised (`#[tracing::instrument]` recognises the same):
-//! - `Box::pin(async move { … })`, written by async-trait 0.1.44 and later;
-//! - `async fn __name(…) { … } Box::pin(__name(…))`, an inner `async fn` called at once,
-//!   written by earlier versions.
+//! - `Box::pin(async move { … })`, written by async-trait 0.1.43 and later;
+//! - `async fn __name(…) { … } Box::pin(__name(…))`, an inner `async fn` called at once with
+//!   the method's parameters, written by earlier versions.
+//!
+//! Only the boxed future is locked: whatever runs before it is created runs when the method is
+//! called, without the lock. async-trait writes nothing there that runs (nothing at all since
+//! 0.1.43, the inner `async fn` item before), so a statement there was written by hand, and is
+//! an error ([`runs_before_the_lock`]) rather than silently unlocked. It is not moved into the
+//! lock instead: such a statement usually prepares what the future captures (an `Arc` cloned so
+//! that the future is `'static`), and moved into the `async` block it would run later, at the
+//! first poll, and often no longer compile.
 
 use proc_macro2::TokenStream;
 use quote::{quote, ToTokens};
@@ -18,7 +26,7 @@ pub(crate) struct BoxedFuture<'a> {
     /// `R` of `dyn Future<Output = R>`: what the method's callers get.
     pub output: &'a Type,
     /// The statements before the last one, kept as they are (the inner `async fn` of the older
-    /// shape is one of them).
+    /// shape is one of them). [`runs_before_the_lock`] says whether one of them runs.
     pub before: &'a [Stmt],
     /// The `Box::pin` call's path, as written.
     pub box_pin: &'a Expr,
@@ -57,6 +65,41 @@ pub(crate) fn recognise<'a>(output: &'a ReturnType, stmts: &'a [Stmt]) -> Option
         box_pin: &call.func,
         future,
     })
+}
+
+/// The error for code of a recognised boxed-future method that would run when the method is
+/// called, before the lock is taken, on the first such part: a statement before `Box::pin`
+/// (an item runs nothing and is accepted), or, in the older shape, an argument of the inner
+/// `async fn`'s call that is not a plain name (async-trait passes the parameters).
+pub(crate) fn runs_before_the_lock(boxed: &BoxedFuture<'_>) -> Option<syn::Error> {
+    let statement = boxed.before.iter().find(|stmt| match stmt {
+        // `macro_rules!` defines; any other macro may expand to code that runs.
+        Stmt::Item(Item::Macro(item)) => item.ident.is_none(),
+        Stmt::Item(_) => false,
+        Stmt::Local(_) | Stmt::Expr(..) | Stmt::Macro(_) => true,
+    });
+    if let Some(statement) = statement {
+        return Some(syn::Error::new_spanned(
+            statement,
+            "this statement would run without the lock: `#[distributed_lock]` locks only the \
+             future this function boxes, and what comes before `Box::pin` runs as soon as the \
+             function is called; move it into the `async move` block, or make the function an \
+             `async fn`",
+        ));
+    }
+    let Expr::Call(call) = boxed.future else {
+        return None;
+    };
+    let argument = call
+        .args
+        .iter()
+        .find(|arg| !matches!(arg, Expr::Path(path) if path.qself.is_none() && path.path.get_ident().is_some()))?;
+    Some(syn::Error::new_spanned(
+        argument,
+        "this argument would be evaluated without the lock: `#[distributed_lock]` locks only \
+         the future this call returns, and its arguments are evaluated before it; pass the \
+         function's parameters only, or make the function an `async fn`",
+    ))
 }
 
 /// Whether `func` names an `async fn` declared among `stmts`.
@@ -219,6 +262,68 @@ mod tests {
         );
         assert!(
             out.contains("LockSpec :: skips , __submit :: < Self > (self , open_id)) . await })"),
+            "{out}"
+        );
+    }
+
+    /// What runs before the boxed future is created runs unlocked: an error on it, not a
+    /// function that silently does part of its work outside the lock.
+    #[test]
+    fn code_that_would_run_before_the_lock_is_an_error() {
+        let statement = "this statement would run without the lock";
+        for (stmt, expected) in [
+            (quote!(let calls = self.count();), statement),
+            (quote!(self.count();), statement),
+            (quote!(println!("called");), statement),
+            (quote!(thread_local! { static N: u8 = 0; }), statement),
+        ] {
+            let out = expand(
+                quote!(key = "k"),
+                quote! {
+                    fn f(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+                        #stmt
+                        Box::pin(async move { self.work().await })
+                    }
+                },
+            );
+            assert!(out.contains(expected), "{stmt}: {out}");
+            // Written back as it was, so that its callers keep compiling.
+            assert!(out.contains(&format!("{stmt} Box :: pin")), "{stmt}: {out}");
+        }
+        // The older shape's call, with an argument computed at call time.
+        let out = expand(
+            quote!(key = "k"),
+            quote! {
+                fn f(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+                    async fn __f(n: u32) {}
+                    Box::pin(__f(self.count()))
+                }
+            },
+        );
+        assert!(
+            out.contains("this argument would be evaluated without the lock"),
+            "{out}"
+        );
+    }
+
+    /// Items run nothing: a helper declared before the `Box::pin` is accepted, and the
+    /// future locked.
+    #[test]
+    fn items_before_the_boxed_future_are_accepted() {
+        let out = expand(
+            quote!(key = "k"),
+            quote! {
+                fn f(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+                    fn helper() {}
+                    const LIMIT: u32 = 3;
+                    macro_rules! twice { ($e:expr) => { $e; $e } }
+                    Box::pin(async move { twice!(helper()) })
+                }
+            },
+        );
+        assert!(!out.contains("compile_error"), "{out}");
+        assert!(
+            out.contains("Box :: pin (async move { let __dlock_key"),
             "{out}"
         );
     }

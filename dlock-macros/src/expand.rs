@@ -139,7 +139,13 @@ fn expand(args: TokenStream, function: &LockedFn) -> syn::Result<TokenStream> {
     let shape = if function.sig.asyncness.is_some() {
         Some(Shape::Async)
     } else if let Some(boxed) = boxed_future::recognise(&function.sig.output, &function.stmts) {
-        Some(Shape::Boxed(boxed))
+        match boxed_future::runs_before_the_lock(&boxed) {
+            Some(error) => {
+                errors.push(error);
+                None
+            }
+            None => Some(Shape::Boxed(boxed)),
+        }
     } else {
         errors.push(syn::Error::new(
             function.sig.fn_token.span(),

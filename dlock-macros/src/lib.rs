@@ -116,6 +116,16 @@ use proc_macro::TokenStream;
 /// # }
 /// ```
 ///
+/// A function written by hand in the shape `#[async_trait]` gives its methods, one that
+/// returns `Pin<Box<dyn Future<Output = R> + …>>` and ends in `Box::pin(async move { … })`, is
+/// locked the same way. Only the boxed future is locked: a statement before `Box::pin` would
+/// run when the function is called, without the lock, so it is a compile error on that
+/// statement. Move it into the `async move` block, or make the function an `async fn`. The
+/// attribute does not move it for you: such a statement usually prepares what the future
+/// captures (an `Arc` cloned so that the future is `'static`), and moved into the block it would
+/// run only at the first poll, and often no longer compile. Items there (a helper `fn`, a
+/// `const`) run nothing and are accepted.
+///
 /// # With `#[tracing::instrument]`
 ///
 /// Write `#[distributed_lock]` above `#[tracing::instrument]`: the attribute above expands first
@@ -152,7 +162,8 @@ use proc_macro::TokenStream;
 /// the key), a value that is not `Display`, a non-literal or empty key, a malformed, zero or
 /// overflowing duration literal, a ttl literal longer than `i64::MAX` ms, a duration path that
 /// is no `Duration` constant, a ttl constant out of the bounds (above), an unknown or repeated
-/// argument, a function that is not `async`, a return type that cannot carry a lock failure
+/// argument, a function that is not `async`, a statement before the `Box::pin` of a function
+/// that returns a boxed future (above), a return type that cannot carry a lock failure
 /// (the message says which can, and how to make this one), a `locker` expression that is no
 /// `&Locker`, and one that builds a new `Locker` at every call (`&Locker::memory()`: no two
 /// calls would exclude each other). The function is still written back under an error, so that

@@ -41,7 +41,10 @@ pub(super) async fn on_background<T: Send + 'static>(
 /// that grant only: a caller that finds its grant withdrawn tries again as the same owner, and
 /// may be granted the key anew before a slow undo (waiting for a connection, or sent again after
 /// a broken one) reaches the database, whose `DELETE` by owner alone would then take the new
-/// lease from under its holder. After an error the caller is gone (nobody took the answer), so
+/// lease from under its holder. (So the acquisition's next try takes a new fence for the owner's
+/// row, which that undo misses; a try of an acquisition none of whose grants was withdrawn keeps
+/// the row's fence, so that a late copy of its own statement does not make its undo miss.)
+/// After an error the caller is gone (nobody took the answer), so
 /// the owner tries no more. The task is one
 /// of `cleanups`, which the store's `close` waits for: the undo must reach the store before the
 /// process ends.

@@ -28,7 +28,7 @@ use builder::quote_table;
 pub use builder::MysqlBuilder;
 use renew::renew_chunk;
 use retry::on_background;
-use rows::delete_row;
+use rows::{delete_row, Attempt};
 
 /// The widest key the `lock_key` column holds. Longer keys are rejected, never truncated:
 /// truncation could merge two keys into one lock.
@@ -102,7 +102,9 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// - **Acquire**: `INSERT`. On a duplicate key (error 1062) the row is either held or expired:
 ///   one `UPDATE … WHERE lock_key = ? AND (expires_at <= UTC_TIMESTAMP(6) OR owner = ?)` takes it
 ///   over only if it expired by the database's clock (or is already ours, which makes a retried
-///   acquire idempotent). No `INSERT IGNORE`, which would hide real errors.
+///   acquire idempotent: it keeps the row's fence, unless an earlier try of the same acquisition
+///   had its grant withdrawn, whose fence-checked undo must then miss the new grant). No
+///   `INSERT IGNORE`, which would hide real errors.
 ///   An acquisition whose caller stops waiting deletes its row itself, after the statement that
 ///   wrote it, never before (a statement can wait on another transaction's row lock for long);
 ///   so does a grant its caller does not claim within the *claim window* (3 s, or the ttl where
@@ -301,17 +303,25 @@ impl Backend for MysqlBackend {
         let ttl_us = ttl_micros("MySQL", request.ttl)?;
         let deadline = Instant::now() + request.wait;
         let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF, request.owner);
+        // Whether a try's grant was withdrawn (or its answer came too late): its undo may still
+        // be on its way, and the next grant must not share its fence.
+        let mut abandoned_before = false;
         loop {
-            if let Some((fence, valid_from)) = self
+            match self
                 .try_acquire(
                     request.key,
                     &owner,
                     ttl_us,
+                    abandoned_before,
                     Limits::new(Some(deadline), request.ttl),
                 )
                 .await?
             {
-                return Ok(Some(Acquired { fence, valid_from }));
+                Attempt::Granted(fence, valid_from) => {
+                    return Ok(Some(Acquired { fence, valid_from }))
+                }
+                Attempt::Busy => {}
+                Attempt::Abandoned => abandoned_before = true,
             }
             let now = Instant::now();
             if now >= deadline {

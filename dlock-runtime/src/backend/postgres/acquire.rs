@@ -43,11 +43,11 @@ impl PostgresBackend {
             let limits = Limits::new(Some(Instant::now()), request.ttl);
             return Ok(
                 match self
-                    .try_acquire(key, &owner, ttl_us, Line::StayOut, false, limits)
+                    .try_acquire(key, &owner, ttl_us, Line::StayOut, false, false, limits)
                     .await?
                 {
                     Attempt::Granted { fence, sent_at, .. } => granted(fence, sent_at),
-                    Attempt::Busy { .. } => None,
+                    Attempt::Busy { .. } | Attempt::Abandoned => None,
                 },
             );
         }
@@ -60,6 +60,9 @@ impl PostgresBackend {
         // a process alone at a key, whose waiters get it handed over at each release, then
         // writes nothing to the waiters table.
         let mut waited_before = false;
+        // Whether a grant of this acquisition was withdrawn (or a try's answer came too late):
+        // its undo may still be on its way, and the next grant must not share its fence.
+        let mut abandoned_before = false;
         loop {
             if place.hand_over_lost() {
                 return Err(LockError::backend(
@@ -92,13 +95,29 @@ impl PostgresBackend {
                         () = tokio::time::sleep_until(deadline.into()) => return Ok(None),
                     }
                 }
+                Start::Rest(until) => {
+                    // Became the head as the waiter ahead left holding the key: its lease runs
+                    // until then, unless a release (announced, or handed here) comes first.
+                    let until = until.min(deadline);
+                    tokio::select! {
+                        () = place.woken() => continue,
+                        () = tokio::time::sleep_until(until.into()) => {
+                            if Instant::now() >= deadline {
+                                return Ok(None);
+                            }
+                            continue;
+                        }
+                    }
+                }
                 Start::Handed(handed) => {
                     if handed.caller.claim() {
                         // The release recorded whether this backend keeps its place in line.
                         place.holds_until(handed.valid_from + request.ttl);
                         return Ok(granted(handed.fence, handed.valid_from));
                     }
-                    continue; // Withdrawn: the clean-up gives the key back.
+                    // Withdrawn: the clean-up gives the key back, by the grant's fence.
+                    abandoned_before = true;
+                    continue;
                 }
             }
             let listening = self.shared.waiting.listening();
@@ -113,6 +132,7 @@ impl PostgresBackend {
                         Line::JoinIfQueued
                     },
                     place.others_behind(),
+                    abandoned_before,
                     Limits::new(Some(deadline), request.ttl),
                 )
                 .await?
@@ -132,6 +152,11 @@ impl PostgresBackend {
                     }
                     waited_before = true;
                     remaining
+                }
+                Attempt::Abandoned => {
+                    abandoned_before = true;
+                    waited_before = true;
+                    None
                 }
             };
             let now = Instant::now();

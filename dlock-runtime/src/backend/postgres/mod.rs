@@ -105,8 +105,9 @@ pub const MAX_KEY_BYTES: usize = 2048;
 /// transaction — and all time is the database's (`clock_timestamp()`), never the client's.
 ///
 /// - **Acquire**: one `INSERT … ON CONFLICT (lock_key) DO UPDATE … WHERE` the row expired by the
-///   database's clock (or is already this owner's, which makes a retried acquire idempotent)
-///   `RETURNING fence`; no row back means busy. The same statement checks the line across
+///   database's clock (or is already this owner's, which makes a retried acquire idempotent: it
+///   keeps the row's fence, unless an earlier try of the same acquisition had its grant
+///   withdrawn, whose fence-checked undo must then miss the new grant) `RETURNING fence`; no row back means busy. The same statement checks the line across
 ///   processes (no other process's place earlier than this one's), takes or keeps this
 ///   process's place when busy and gives it up when granted, and reads the holder's time left,
 ///   which a waiter sleeps for at most. A lease's validity is counted on the client from when

@@ -42,6 +42,10 @@ pub(super) enum Attempt {
         /// statement did not say (it timed out, or its answer came too late).
         in_line: Option<bool>,
     },
+    /// Not granted to the caller: the statement's answer did not come in time, or its grant was
+    /// withdrawn before the caller came back for it. What it wrote is undone by its fence, and
+    /// the acquisition's next grant must take a new one, or that undo would take it.
+    Abandoned,
 }
 
 impl PostgresBackend {
@@ -49,7 +53,10 @@ impl PostgresBackend {
     /// its grant within the claim window, leaves no row behind (see [`sql::claimed`]); such a
     /// grant is busy, its holder's expiry unknown. `line`: whether a busy try may take (or keep)
     /// this backend's place in the line across processes; `others_behind`: whether other
-    /// waiters of this backend wait behind this one (granted, its place is then kept).
+    /// waiters of this backend wait behind this one (granted, its place is then kept);
+    /// `abandoned_before`: whether an earlier try of this acquisition was [`Attempt::Abandoned`]
+    /// (or a grant handed to it withdrawn), whose undo may still be on its way.
+    #[allow(clippy::too_many_arguments)] // One try's every input, each a plain value.
     pub(super) async fn try_acquire(
         &self,
         key: &[u8],
@@ -57,6 +64,7 @@ impl PostgresBackend {
         ttl_us: i64,
         line: Line,
         others_behind: bool,
+        abandoned_before: bool,
         limits: Limits,
     ) -> Result<Attempt, LockError> {
         let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
@@ -67,10 +75,21 @@ impl PostgresBackend {
             &self.shared.cleanups,
             &self.shared.tries,
             limits,
-            async move { acquire_row(&shared, &key, &owner, ttl_us, line, others_behind).await },
+            async move {
+                acquire_row(
+                    &shared,
+                    &key,
+                    &owner,
+                    ttl_us,
+                    line,
+                    others_behind,
+                    abandoned_before,
+                )
+                .await
+            },
             |attempt| match attempt {
                 Attempt::Granted { fence, .. } => Some(*fence),
-                Attempt::Busy { .. } => None,
+                Attempt::Busy { .. } | Attempt::Abandoned => None,
             },
             move |fence| async move {
                 if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner, fence).await {
@@ -79,10 +98,7 @@ impl PostgresBackend {
             },
         )
         .await?;
-        Ok(attempt.unwrap_or(Attempt::Busy {
-            remaining: None,
-            in_line: None,
-        }))
+        Ok(attempt.unwrap_or(Attempt::Abandoned))
     }
 }
 
@@ -95,6 +111,7 @@ async fn acquire_row(
     ttl_us: i64,
     line: Line,
     others_behind: bool,
+    abandoned_before: bool,
 ) -> Result<Attempt, LockError> {
     let answer = sql::retry_transient(is_conflict, || async {
         shared.statements.fetch_add(1, Ordering::Relaxed);
@@ -115,6 +132,7 @@ async fn acquire_row(
             .bind(micros_i64(PLACE_LIFETIME))
             .bind(line == Line::Join)
             .bind(others_behind)
+            .bind(abandoned_before)
             .fetch_one(&mut *connection)
             .await?;
         Ok((row, sent_at))

@@ -20,7 +20,9 @@ pub(super) struct Statements {
     /// caller waits (it may then take a place in line when busy), `$6` how long that place
     /// lasts in µs, `$7` whether to take a place whatever (the caller lost a race before),
     /// `$8` whether other waiters of this backend wait behind the caller (granted, a place of
-    /// this backend's is then kept, its ticket taken anew, rather than given up) → (fence if
+    /// this backend's is then kept, its ticket taken anew, rather than given up), `$9` whether
+    /// an earlier try of this acquisition may have a grant on its way to being undone (a re-grant
+    /// to the same owner then takes a new fence) → (fence if
     /// granted; if busy: the holder's µs left, the µs until the first waiter ahead lets its
     /// place lapse; whether this backend holds a place now).
     pub(super) acquire: Statement,
@@ -75,6 +77,14 @@ impl Statements {
         // too could deadlock with another refused try, each deleting the other's old place
         // before re-taking its own.
         //
+        // A re-grant to the owner that holds the row keeps the row's fence: it is a copy of the
+        // same acquisition's statement that arrives late (re-sent after a broken connection
+        // while the first copy was held up on the server), and the undo of a grant withdrawn
+        // unclaimed deletes by that fence, so a new one would leave the row held by nobody until
+        // its ttl. Only where an earlier try of the acquisition may have had its grant withdrawn
+        // (`$9`), whose undo may still be on its way, does a re-grant take a new fence: that
+        // undo must miss the grant the caller, back again, claims now.
+        //
         // A backend granted the key while more of its waiters wait for it keeps its place, with
         // a new ticket: it is back at the end of the line, and its next waiter need not lose a
         // race again to be in it. So processes with waiters take turns at a key.
@@ -88,7 +98,8 @@ impl Statements {
                WHERE (SELECT lapses FROM ahead) IS NULL \
                   OR EXISTS (SELECT 1 FROM {table} WHERE lock_key = $1 AND owner = $2) \
                ON CONFLICT (lock_key) DO UPDATE SET owner = excluded.owner, \
-                 fence = GREATEST(held.fence + 1, excluded.fence), \
+                 fence = CASE WHEN held.owner = excluded.owner AND NOT $9 THEN held.fence \
+                   ELSE GREATEST(held.fence + 1, excluded.fence) END, \
                  expires_at = CASE WHEN held.owner = excluded.owner \
                    THEN GREATEST(held.expires_at, excluded.expires_at) \
                    ELSE excluded.expires_at END, \

@@ -71,7 +71,8 @@
 //!   of an unmarked lock looks at the queue.
 //!
 //!   An uncontended acquire and release so cost the server eight commands, as `INFO
-//!   commandstats` counts them (each script's `EVALSHA` and the commands it runs). Two of them
+//!   commandstats` counts them (each script's `EVALSHA` and the commands it runs; nine on a
+//!   cluster, see *Redis Cluster*). Two of them
 //!   buy what a plain `SET NX` does not: the `TIME` and the counter's `SET … GET` give each grant
 //!   a fence above every earlier one, even from a counter that was lost or went back to an older
 //!   value (only the clock can tell); the `EXISTS` covers the queue (waiters are served in
@@ -168,7 +169,7 @@
 //! acquire call of that owner arriving later finds the marker and takes no effect. A lease
 //! granted to a call sent twice (its first connection dropped) is released the same way, as
 //! the first copy may still be on its way; so is an acquisition not granted after such a
-//! resend. Checking for the marker
+//! resend, and, on a cluster, every lease (see *Redis Cluster*). Checking for the marker
 //! costs the uncontended acquire one more key in its `EXISTS`, no command and no round trip.
 //!
 //! # Connections
@@ -209,6 +210,14 @@
 //! of the named nodes at a time (a classic `PUBLISH` reaches every node of a cluster), moving to
 //! the next when it drops. (Sharded pub/sub would spare the other nodes that broadcast, at the
 //! cost of one subscriber connection per node; it is not used.)
+//!
+//! The cluster client sends a command again by itself after its connection to a node dropped
+//! (or after a redirection), and does not say so: any acquire call may have gone out twice, the
+//! first copy perhaps still on its way when the lease is released. So on a cluster every release
+//! is sent as an undo (see *Cancellation*), and leaves the owner's cancel marker, which turns
+//! such a late copy away rather than let it grant the key to nobody for a full ttl. That costs
+//! each release one more write, a `SET` of the marker (expiring after a minute): an uncontended
+//! acquire and release run nine commands on a cluster, eight on a single node.
 //!
 //! # Fail-over
 //!

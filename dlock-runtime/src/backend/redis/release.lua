@@ -42,7 +42,8 @@ if who == owner then
     -- connection) would otherwise find the lock free, or queue, and be granted it, for a full
     -- ttl, with nobody to release it. A lease's release needs no marker: its acquisition was
     -- answered, so no call of its owner is on its way (a lease granted to a call sent twice, the
-    -- other copy perhaps still on its way, is released as an undo).
+    -- other copy perhaps still on its way, is released as an undo; so is every lease on a
+    -- cluster, whose client sends calls again without saying so).
     cancel()
   end
   -- The first live waiter, if any, gets the lock. (A holder is in no queue: it left it when it

@@ -26,9 +26,13 @@ impl RedisBackend {
             .arg(self.inner.layout.prefix());
         // A lease granted to a call sent twice is released as an undo: the other copy of that
         // call, still on its way, would otherwise find the key free after this release and
-        // grant it to nobody for a full ttl (or queue a waiter nobody is).
+        // grant it to nobody for a full ttl (or queue a waiter nobody is). On a cluster, every
+        // lease is: redis-rs's cluster client sends a command again by itself (after a dropped
+        // connection, a redirection) without saying so, so dlock cannot tell which calls went
+        // out twice. The marker is one more write per release; the lease is released (and
+        // handed on) all the same.
         let resent = self.was_resent(key, owner);
-        if undo || resent {
+        if undo || resent || self.inner.cluster {
             call.arg(1);
         }
         let reply = self

@@ -320,4 +320,29 @@ mod tests {
         drop(third);
         assert!(!waiting.has_waiters(b"k"));
     }
+
+    #[tokio::test]
+    async fn the_next_head_rests_until_the_lease_of_the_waiter_that_left_holding_the_key() {
+        use std::time::{Duration, Instant};
+
+        use super::Start;
+
+        let waiting = Waiting::new("w".to_owned());
+        let first = waiting.join(b"k", "1", 1);
+        let second = waiting.join(b"k", "2", 1);
+        assert!(matches!(first.start_try(), Start::Try));
+        let expires = Instant::now() + Duration::from_secs(60);
+        first.holds_until(expires);
+        // Told at once, not when the time it read as a waiter behind comes.
+        tokio::time::timeout(Duration::from_secs(1), second.woken())
+            .await
+            .expect("the new head was not woken");
+        assert!(is_head(&second));
+        assert!(matches!(second.start_try(), Start::Rest(at) if at == expires));
+        // Resting, not lapsed: a caller that does not wait still finds it in line.
+        assert!(waiting.has_waiters(b"k"));
+        // A release announced makes it due now.
+        waiting.wake(b"k");
+        assert!(matches!(second.start_try(), Start::Try));
+    }
 }

@@ -46,6 +46,8 @@ pub(in crate::backend::postgres) enum Start {
     Try,
     /// Wait: a release is handing the key to this waiter.
     Wait,
+    /// Rest until then, when it is due to try (or sooner, woken).
+    Rest(Instant),
     /// Claim the key a release handed over.
     Handed(Handed),
 }
@@ -113,13 +115,18 @@ impl Waiting {
     ) -> Result<(), Option<Handed>> {
         let now = Instant::now();
         let mut state = self.shared.state();
-        let Some(waiter) = state
-            .queues
-            .get_mut(key)
-            .and_then(|queue| queue.iter_mut().find(|waiter| waiter.is(&offered.wake)))
-        else {
+        let Some(queue) = state.queues.get_mut(key) else {
             return Err(handed);
         };
+        let Some(at) = queue.iter().position(|waiter| waiter.is(&offered.wake)) else {
+            return Err(handed);
+        };
+        // The waiter behind it, told while the hand-over was on its way that the head's turn
+        // does not lapse, looks again: it lapses now from the time set below.
+        if let Some(behind) = queue.get(at + 1) {
+            behind.wake.notify_one();
+        }
+        let waiter = &mut queue[at];
         if !matches!(waiter.offer, Offer::InFlight) {
             // Passed over while the release was on its way, and queued again since: a new
             // entry, which no release offered the key to.

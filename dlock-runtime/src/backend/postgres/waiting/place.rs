@@ -79,8 +79,10 @@ impl Place {
     }
 
     /// What this head is to do: claim a key a release handed it, wait while a release is
-    /// handing it over, or else try (and its try starts now).
+    /// handing it over, rest until it is due (it became the head as the waiter ahead of it left
+    /// holding the key, whose lease runs until then), or else try (and its try starts now).
     pub(in crate::backend::postgres) fn start_try(&self) -> Start {
+        let now = Instant::now();
         let mut start = Start::Try;
         self.change(
             |waiter| match std::mem::replace(&mut waiter.offer, Offer::None) {
@@ -89,10 +91,15 @@ impl Place {
                     waiter.offer = Offer::InFlight;
                     start = Start::Wait;
                 }
-                Offer::None => {
-                    waiter.due = None;
-                    waiter.trying_since = Some(Instant::now());
-                }
+                Offer::None => match waiter.due {
+                    // Every wake-up that is to make it try sets its due to then (a release
+                    // announced, or its own pause run out): anything else finds it resting.
+                    Some(due) if due > now => start = Start::Rest(due),
+                    _ => {
+                        waiter.due = None;
+                        waiter.trying_since = Some(now);
+                    }
+                },
             },
         );
         start
@@ -147,7 +154,9 @@ impl Place {
     /// Leaves the queue holding the key, its lease running out at `expires`: the next waiter
     /// rests until then rather than try now, which would only find the key busy (and, mid-try
     /// as the holder releases, miss the key the release would have handed it). A release
-    /// announced, or handed to it, wakes it sooner.
+    /// announced, or handed to it, wakes it sooner; at `expires` it tries, and a lease renewed
+    /// meanwhile has it rest again until its new expiry (so it keeps its turn while it waits
+    /// behind a lease renewed past its first ttl).
     pub(in crate::backend::postgres) fn holds_until(self, expires: Instant) {
         self.leave(Some(expires));
     }
@@ -172,7 +181,10 @@ impl Place {
             match (next_due, queue.front_mut()) {
                 (Some(due), Some(next)) => {
                     next.due = Some(due);
-                    // The waiter behind it looks again when its turn lapses.
+                    // The next head, resting as a waiter behind until a time it read before,
+                    // rests until `due` now, and tries then; the waiter behind it looks again
+                    // when the new head's turn lapses.
+                    next.wake.notify_one();
                     if let Some(behind) = queue.get(1) {
                         behind.wake.notify_one();
                     }
