@@ -18,6 +18,7 @@ pub(super) fn enqueue(state: &mut State, place: &Place) {
         lost: place.lost.clone(),
         owner: place.owner.clone(),
         ttl_us: place.ttl_us,
+        label: place.label.clone(),
         offer: Offer::None,
         due,
         trying_since: None,
@@ -32,6 +33,7 @@ pub(in crate::backend::postgres) struct Place {
     pub(super) lost: Arc<AtomicBool>,
     pub(super) owner: Arc<str>,
     pub(super) ttl_us: i64,
+    pub(super) label: Arc<str>,
 }
 
 impl Place {
