@@ -454,7 +454,11 @@ pub async fn inspect_describes_the_holder_and_counts_its_waiters<S: SqlStore>() 
     let (owner, ttl) = (Owner::random(), Duration::from_secs(30));
     let request = AcquireRequest::new(&key, owner, ttl, Duration::ZERO).label("nightly-report");
     let asked_at = SystemTime::now();
-    let acquired = backend.acquire(&request).await.unwrap().expect("the key was free");
+    let acquired = backend
+        .acquire(&request)
+        .await
+        .unwrap()
+        .expect("the key was free");
     let waiter = tokio::spawn({
         let (locker, key) = (locker.clone(), key.clone());
         async move {
@@ -491,7 +495,10 @@ pub async fn inspect_describes_the_holder_and_counts_its_waiters<S: SqlStore>() 
     let [holder] = state.holders() else {
         panic!("one holder expected: {state:?}")
     };
-    assert_eq!((holder.owner(), holder.fence()), (lease.owner(), lease.fence()));
+    assert_eq!(
+        (holder.owner(), holder.fence()),
+        (lease.owner(), lease.fence())
+    );
     assert_eq!(holder.label(), "", "the waiter asked under no label");
     lease.release().await.unwrap();
     assert!(!locker.inspect(&key).await.unwrap().is_held());
@@ -512,13 +519,20 @@ pub async fn list_names_the_held_keys_under_a_prefix_literally<S: SqlStore>() {
     leases.pop().unwrap().release().await.unwrap();
     db.insert_expired_row(&key(":expired")).await;
 
-    assert_eq!(locker.list(&key(":")).await.unwrap(), [key(":a"), key(":b")]);
+    assert_eq!(
+        locker.list(&key(":")).await.unwrap(),
+        [key(":a"), key(":b")]
+    );
     assert_eq!(locker.list(&key("%")).await.unwrap(), [key("%x")]);
     assert_eq!(locker.list(&key("_")).await.unwrap(), [key("_y")]);
     assert!(locker.list(&key(":c")).await.unwrap().is_empty());
     let mut all = vec![key("%x"), key("-other"), key(":a"), key(":b"), key("_y")];
     all.sort();
-    assert_eq!(locker.list("").await.unwrap(), all, "the table holds the test's keys only");
+    assert_eq!(
+        locker.list("").await.unwrap(),
+        all,
+        "the table holds the test's keys only"
+    );
     drop(leases);
 }
 
@@ -540,13 +554,20 @@ pub async fn a_table_of_an_earlier_version_is_upgraded_and_keeps_working<S: SqlS
         panic!("one holder expected: {state:?}")
     };
     assert_eq!(holder.owner(), stranger);
-    assert_eq!((holder.label(), holder.host(), holder.pid()), ("", None, None));
-    assert_eq!(locker.list("").await.unwrap(), [old.clone()]);
+    assert_eq!(
+        (holder.label(), holder.host(), holder.pid()),
+        ("", None, None)
+    );
+    assert_eq!(locker.list("").await.unwrap(), std::slice::from_ref(&old));
 
     let owner = Owner::random();
     let request =
         AcquireRequest::new(&new, owner, Duration::from_secs(30), Duration::ZERO).label("upgraded");
-    second.acquire(&request).await.unwrap().expect("the key was free");
+    second
+        .acquire(&request)
+        .await
+        .unwrap()
+        .expect("the key was free");
     let state = locker.inspect(&new).await.unwrap();
     assert_eq!(state.holders()[0].label(), "upgraded");
     assert_eq!(state.holders()[0].pid(), Some(std::process::id()));
@@ -555,5 +576,8 @@ pub async fn a_table_of_an_earlier_version_is_upgraded_and_keeps_working<S: SqlS
     let expired = unique_key("expired-old-row");
     db.insert_expired_row(&expired).await;
     let lease = locker.lock(&*expired, LockOptions::new()).await.unwrap();
-    assert_eq!(locker.inspect(&expired).await.unwrap().holders()[0].owner(), lease.owner());
+    assert_eq!(
+        locker.inspect(&expired).await.unwrap().holders()[0].owner(),
+        lease.owner()
+    );
 }

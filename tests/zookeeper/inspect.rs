@@ -85,7 +85,10 @@ async fn a_lock_node_of_an_earlier_version_is_described_by_its_owner() {
     let parent = format!("{ROOT}/{key}");
     let plain = zk_server::plain_client(&zk.url).await;
     plain
-        .mkdir(&parent, &CreateMode::Persistent.with_acls(Acls::anyone_all()))
+        .mkdir(
+            &parent,
+            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+        )
         .await
         .unwrap();
     let owner = Owner::random();
@@ -106,7 +109,10 @@ async fn a_lock_node_of_an_earlier_version_is_described_by_its_owner() {
     };
     assert_eq!(holder.owner(), owner);
     assert_eq!(holder.fence(), stat.czxid as u64);
-    assert_eq!((holder.label(), holder.host(), holder.pid()), ("", None, None));
+    assert_eq!(
+        (holder.label(), holder.host(), holder.pid()),
+        ("", None, None)
+    );
 }
 
 /// `list` names exactly the keys under a prefix that have a lock node: not a released one, not

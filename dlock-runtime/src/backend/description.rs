@@ -61,8 +61,7 @@ impl Described {
         let mut holder = Holder::new(owner, self.fence, UNIX_EPOCH + since_epoch)
             .with_label(self.label.unwrap_or_default());
         if let Some(left) = self.left_us {
-            holder =
-                holder.with_time_left(Duration::from_micros(u64::try_from(left).unwrap_or(0)));
+            holder = holder.with_time_left(Duration::from_micros(u64::try_from(left).unwrap_or(0)));
         }
         if let Some(host) = self.host.filter(|host| !host.is_empty()) {
             holder = holder.with_host(host);

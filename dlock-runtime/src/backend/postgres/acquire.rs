@@ -45,7 +45,16 @@ impl PostgresBackend {
             let limits = Limits::new(Some(Instant::now()), request.ttl);
             return Ok(
                 match self
-                    .try_acquire(key, &owner, label, ttl_us, Line::StayOut, false, false, limits)
+                    .try_acquire(
+                        key,
+                        &owner,
+                        label,
+                        ttl_us,
+                        Line::StayOut,
+                        false,
+                        false,
+                        limits,
+                    )
                     .await?
                 {
                     Attempt::Granted { fence, sent_at, .. } => granted(fence, sent_at),

@@ -82,7 +82,13 @@ impl Statements {
                 "held.label, held.host, held.pid",
             )
         } else {
-            ("", String::new(), "", String::new(), "NULL::bytea, NULL::bytea, NULL::bigint")
+            (
+                "",
+                String::new(),
+                "",
+                String::new(),
+                "NULL::bytea, NULL::bytea, NULL::bigint",
+            )
         };
         // Every part of a statement reads the tables as they were before it: `holder` is the
         // row of the holder when the key was busy. (Data-modifying parts of a statement are

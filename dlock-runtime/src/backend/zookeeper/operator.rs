@@ -67,7 +67,8 @@ impl ZookeeperBackend {
         } else {
             first.name.split('-').next().unwrap_or_default().to_owned()
         };
-        let created = UNIX_EPOCH + Duration::from_millis(u64::try_from(first.stat.ctime).unwrap_or(0));
+        let created =
+            UNIX_EPOCH + Duration::from_millis(u64::try_from(first.stat.ctime).unwrap_or(0));
         let holder = Described {
             owner,
             fence: u64::try_from(first.stat.czxid).unwrap_or(0),

@@ -167,7 +167,11 @@ mod tests {
     #[test]
     fn a_parent_name_reads_back_as_its_key() {
         for key in ["acct:a%3Ab", "a/b", ".", "..", "a.b", "é\u{1}x", "%"] {
-            assert_eq!(key_of(&node_name(key).unwrap()).as_deref(), Some(key), "{key}");
+            assert_eq!(
+                key_of(&node_name(key).unwrap()).as_deref(),
+                Some(key),
+                "{key}"
+            );
         }
         // Names no key gives: a stray `%`, an escape of what needs none, `.`.
         for name in ["a%", "a%2", "%61", ".", "a%zz"] {
