@@ -81,6 +81,11 @@ mod sql_scenarios {
     async fn a_table_of_an_earlier_version_is_upgraded_and_keeps_working() {
         scenario::a_table_of_an_earlier_version_is_upgraded_and_keeps_working::<Mysql>().await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_table_of_an_earlier_version_left_as_it_is_keeps_working() {
+        scenario::a_table_of_an_earlier_version_left_as_it_is_keeps_working::<Mysql>().await;
+    }
 }
 
 /// A lock table of this test's own; dropped with it.
@@ -179,6 +184,16 @@ impl support::sql_store::SqlStore for Mysql {
             .execute(&self.admin)
             .await
             .unwrap();
+    }
+
+    async fn backend_leaving_the_table(&self) -> MysqlBackend {
+        MysqlBackend::builder(&mysql_url())
+            .unwrap()
+            .table(&self.table)
+            .create_table(false)
+            .connect()
+            .await
+            .unwrap()
     }
 
     async fn hold_up_inserts_of(&self, key: &str) -> support::sql_store::RowLock {

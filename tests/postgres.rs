@@ -93,6 +93,11 @@ mod sql_scenarios {
     async fn a_table_of_an_earlier_version_is_upgraded_and_keeps_working() {
         scenario::a_table_of_an_earlier_version_is_upgraded_and_keeps_working::<Postgres>().await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_table_of_an_earlier_version_left_as_it_is_keeps_working() {
+        scenario::a_table_of_an_earlier_version_left_as_it_is_keeps_working::<Postgres>().await;
+    }
 }
 
 /// A lock table of this test's own; dropped with it. Its backends send prepared statements,
@@ -279,6 +284,17 @@ impl<const PREPARED: bool> support::sql_store::SqlStore for Postgres<PREPARED> {
             .unwrap();
     }
 
+    async fn backend_leaving_the_table(&self) -> PostgresBackend {
+        PostgresBackend::builder(&postgres_url())
+            .unwrap()
+            .table(&self.table)
+            .prepared_statements(PREPARED)
+            .create_table(false)
+            .connect()
+            .await
+            .unwrap()
+    }
+
     async fn hold_up_inserts_of(&self, key: &str) -> support::sql_store::RowLock {
         // An uncommitted insert of the key: a second insert of it waits for that transaction.
         let mut transaction = self.admin.begin().await.unwrap();
@@ -423,6 +439,11 @@ mod simple_queries {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_table_of_an_earlier_version_is_upgraded_and_keeps_working() {
         scenario::a_table_of_an_earlier_version_is_upgraded_and_keeps_working::<Simple>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_table_of_an_earlier_version_left_as_it_is_keeps_working() {
+        scenario::a_table_of_an_earlier_version_left_as_it_is_keeps_working::<Simple>().await;
     }
 }
 

@@ -47,6 +47,8 @@ pub trait SqlStore: Store + Sized {
     fn create_old_table(&self) -> impl Future<Output = ()> + Send;
     /// Writes a live row of `key` for `owner` as an earlier version did (its columns only).
     fn insert_old_row(&self, key: &str, owner: &str) -> impl Future<Output = ()> + Send;
+    /// A backend on this table that may not create or alter it (`create_table(false)`).
+    fn backend_leaving_the_table(&self) -> impl Future<Output = Self::Backend> + Send;
 
     /// A locker on this table through `url`, with a pool of its own.
     fn locker_at(&self, url: &str) -> impl Future<Output = Locker> + Send {
@@ -580,4 +582,30 @@ pub async fn a_table_of_an_earlier_version_is_upgraded_and_keeps_working<S: SqlS
         locker.inspect(&expired).await.unwrap().holders()[0].owner(),
         lease.owner()
     );
+}
+
+/// A table of an earlier version that a backend may not alter (`create_table(false)`: a DBA
+/// owns the schema) keeps working as it is: leases are granted and released, and described
+/// without label, host or process.
+pub async fn a_table_of_an_earlier_version_left_as_it_is_keeps_working<S: SqlStore>() {
+    let db = S::fresh().await;
+    db.create_old_table().await;
+    let locker = Locker::with_backend(db.backend_leaving_the_table().await);
+    let key = unique_key("left-as-it-is");
+    let lease = locker.lock(&*key, LockOptions::new()).await.unwrap();
+    let state = locker.inspect(&key).await.unwrap();
+    let [holder] = state.holders() else {
+        panic!("one holder expected: {state:?}")
+    };
+    assert_eq!(
+        (holder.owner(), holder.fence()),
+        (lease.owner(), lease.fence())
+    );
+    assert_eq!(
+        (holder.label(), holder.host(), holder.pid()),
+        ("", None, None)
+    );
+    assert_eq!(locker.list("").await.unwrap(), std::slice::from_ref(&key));
+    lease.release().await.unwrap();
+    assert!(!locker.inspect(&key).await.unwrap().is_held());
 }
