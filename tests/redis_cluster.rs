@@ -303,3 +303,35 @@ async fn a_late_copy_of_an_acquire_call_after_the_release_takes_no_effect() {
         "a late copy of the acquire call granted the released key to nobody, for {pttl} ms"
     );
 }
+
+/// On a cluster `inspect` reads a lock on the node that owns it, wherever its slot is, while
+/// `list`, which would need a walk of every primary, says it cannot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_reads_each_node_and_list_says_it_cannot() {
+    let cluster = Cluster::start();
+    let locker = Locker::connect(&cluster.cluster.url()).await.unwrap();
+    let keys: Vec<String> = (0..6)
+        .map(|i| unique_key(&format!("inspect-{i}")))
+        .collect();
+    let mut leases = Vec::new();
+    for key in &keys {
+        leases.push(locker.lock(key.as_str(), LockOptions::new()).await.unwrap());
+    }
+    for (key, lease) in keys.iter().zip(&leases) {
+        let state = locker.inspect(key).await.unwrap();
+        let [holder] = state.holders() else {
+            panic!("not one holder: {state:?}");
+        };
+        assert_eq!(holder.owner(), lease.owner());
+        assert_eq!(holder.fence(), lease.fence());
+        assert_eq!(holder.pid(), Some(std::process::id()));
+    }
+    let listed = locker.list("").await.unwrap_err();
+    assert!(
+        matches!(listed, dlock::LockError::Unsupported { .. }),
+        "{listed}"
+    );
+    for lease in leases {
+        lease.release().await.unwrap();
+    }
+}

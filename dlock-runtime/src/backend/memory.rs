@@ -369,12 +369,12 @@ impl Backend for MemoryBackend {
                     state.queue.pop_front();
                     guard.done = true;
                     return Ok(Some(shared.grant(
-                    state,
-                    request.owner,
-                    request.label,
-                    request.ttl,
-                    now,
-                )));
+                        state,
+                        request.owner,
+                        request.label,
+                        request.ttl,
+                        now,
+                    )));
                 }
                 if !is_head && state.is_free(now) {
                     // To the head, for a claim window: if it is polled it claims the key, and if
