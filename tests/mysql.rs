@@ -78,6 +78,11 @@ mod sql_scenarios {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn list_reads_every_page() {
+        scenario::list_reads_every_page::<Mysql>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_table_of_an_earlier_version_is_upgraded_and_keeps_working() {
         scenario::a_table_of_an_earlier_version_is_upgraded_and_keeps_working::<Mysql>().await;
     }
@@ -184,6 +189,24 @@ impl support::sql_store::SqlStore for Mysql {
             .execute(&self.admin)
             .await
             .unwrap();
+    }
+
+    async fn insert_live_rows(&self, keys: &[String]) {
+        let rows: Vec<String> = keys
+            .iter()
+            .map(|key| {
+                let hex: String = key.bytes().map(|b| format!("{b:02X}")).collect();
+                format!(
+                    "(X'{hex}', 'stranger', 1, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, UTC_TIMESTAMP(6))"
+                )
+            })
+            .collect();
+        self.execute(format!(
+            "INSERT INTO `{}` (lock_key, owner, fence, expires_at, created_at) VALUES {}",
+            self.table,
+            rows.join(", ")
+        ))
+        .await;
     }
 
     async fn backend_leaving_the_table(&self) -> MysqlBackend {

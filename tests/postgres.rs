@@ -90,6 +90,11 @@ mod sql_scenarios {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn list_reads_every_page() {
+        scenario::list_reads_every_page::<Postgres>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_table_of_an_earlier_version_is_upgraded_and_keeps_working() {
         scenario::a_table_of_an_earlier_version_is_upgraded_and_keeps_working::<Postgres>().await;
     }
@@ -284,6 +289,27 @@ impl<const PREPARED: bool> support::sql_store::SqlStore for Postgres<PREPARED> {
             .unwrap();
     }
 
+    async fn insert_live_rows(&self, keys: &[String]) {
+        let rows: Vec<String> = keys
+            .iter()
+            .map(|key| {
+                let hex: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+                format!(
+                    "(decode('{hex}', 'hex'), 'stranger', 1, clock_timestamp() + interval '1 hour', clock_timestamp())"
+                )
+            })
+            .collect();
+        let sql = format!(
+            "INSERT INTO \"{}\" (lock_key, owner, fence, expires_at, created_at) VALUES {}",
+            self.table,
+            rows.join(", ")
+        );
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&self.admin)
+            .await
+            .unwrap();
+    }
+
     async fn backend_leaving_the_table(&self) -> PostgresBackend {
         PostgresBackend::builder(&postgres_url())
             .unwrap()
@@ -434,6 +460,11 @@ mod simple_queries {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn list_names_the_held_keys_under_a_prefix_literally() {
         scenario::list_names_the_held_keys_under_a_prefix_literally::<Simple>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn list_reads_every_page() {
+        scenario::list_reads_every_page::<Simple>().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -47,6 +47,8 @@ pub trait SqlStore: Store + Sized {
     fn create_old_table(&self) -> impl Future<Output = ()> + Send;
     /// Writes a live row of `key` for `owner` as an earlier version did (its columns only).
     fn insert_old_row(&self, key: &str, owner: &str) -> impl Future<Output = ()> + Send;
+    /// Writes a live row, held by a stranger for an hour, for each of `keys`, in one statement.
+    fn insert_live_rows(&self, keys: &[String]) -> impl Future<Output = ()> + Send;
     /// A backend on this table that may not create or alter it (`create_table(false)`).
     fn backend_leaving_the_table(&self) -> impl Future<Output = Self::Backend> + Send;
 
@@ -608,4 +610,20 @@ pub async fn a_table_of_an_earlier_version_left_as_it_is_keeps_working<S: SqlSto
     assert_eq!(locker.list("").await.unwrap(), std::slice::from_ref(&key));
     lease.release().await.unwrap();
     assert!(!locker.inspect(&key).await.unwrap().is_held());
+}
+
+/// `list` reads the table a page at a time and goes on past a full page: more held keys than a
+/// page holds are all listed, each once, and the keys just past the prefix's range are not.
+pub async fn list_reads_every_page<S: SqlStore>() {
+    let db = S::fresh().await;
+    let locker = db.locker().await;
+    let base = unique_key("paged");
+    let keys: Vec<String> = (0..2_345).map(|i| format!("{base}:{i:05}")).collect();
+    // Around the range: the prefix's successor (`;` follows `:`), and a key just before it.
+    let outside = vec![format!("{base};"), format!("{base}9")];
+    db.insert_live_rows(&keys).await;
+    db.insert_live_rows(&outside).await;
+    let listed = locker.list(&format!("{base}:")).await.unwrap();
+    assert_eq!(listed.len(), keys.len());
+    assert_eq!(listed, keys);
 }
