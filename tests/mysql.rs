@@ -88,6 +88,12 @@ mod sql_scenarios {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_upgrade_that_cannot_lock_the_table_gives_up_and_leaves_it_working() {
+        scenario::an_upgrade_that_cannot_lock_the_table_gives_up_and_leaves_it_working::<Mysql>()
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_table_of_an_earlier_version_left_as_it_is_keeps_working() {
         scenario::a_table_of_an_earlier_version_left_as_it_is_keeps_working::<Mysql>().await;
     }

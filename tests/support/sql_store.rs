@@ -627,3 +627,50 @@ pub async fn list_reads_every_page<S: SqlStore>() {
     assert_eq!(listed.len(), keys.len());
     assert_eq!(listed, keys);
 }
+
+/// An upgrade that cannot have the table to itself (a transaction of another client's reads
+/// it) gives up soon rather than hold every statement on the table behind it: the backend
+/// connects and works, its holders described without label, host or process; once the table is
+/// free, the next backend to connect upgrades it.
+pub async fn an_upgrade_that_cannot_lock_the_table_gives_up_and_leaves_it_working<S: SqlStore>() {
+    let db = S::fresh().await;
+    db.create_old_table().await;
+    let (old, key, later) = (unique_key("old"), unique_key("during"), unique_key("after"));
+    db.insert_old_row(&old, &Owner::random().to_string()).await;
+    let reader = db.lock_row(&old).await;
+
+    let backend = tokio::time::timeout(Duration::from_secs(30), db.backend())
+        .await
+        .expect("the upgrade waited for the reader's transaction");
+    let locker = Locker::with_backend(backend);
+    let lease = locker.lock(&*key, LockOptions::new()).await.unwrap();
+    let state = locker.inspect(&key).await.unwrap();
+    assert_eq!(state.holders()[0].owner(), lease.owner());
+    assert_eq!(
+        state.holders()[0].pid(),
+        None,
+        "described without the columns"
+    );
+    lease.release().await.unwrap();
+
+    drop(reader);
+    let upgraded = db.backend().await;
+    let request = AcquireRequest::new(
+        &later,
+        Owner::random(),
+        Duration::from_secs(30),
+        Duration::ZERO,
+    )
+    .label("after the upgrade");
+    upgraded
+        .acquire(&request)
+        .await
+        .unwrap()
+        .expect("the key was free");
+    let state = Locker::with_backend(upgraded)
+        .inspect(&later)
+        .await
+        .unwrap();
+    assert_eq!(state.holders()[0].label(), "after the upgrade");
+    assert_eq!(state.holders()[0].pid(), Some(std::process::id()));
+}

@@ -390,8 +390,13 @@ pub(super) const HOLDER_COLUMNS: [(&str, &str); 3] = [
 /// added on its own, nullable (rows of earlier versions, and of earlier versions still running
 /// beside this one, leave it `NULL`: instant on MySQL 8 and MariaDB 10.3); one another process
 /// added meanwhile is refused as a duplicate (1060), which is what was asked. (MySQL 8 has no
-/// `ADD COLUMN IF NOT EXISTS`, which MariaDB has.) A table without them that may not be altered
-/// keeps working as before, and its holders are described without label, host or process.
+/// `ADD COLUMN IF NOT EXISTS`, which MariaDB has.) The `ALTER`s wait at most
+/// [`ROW_LOCK_PATIENCE_S`] for the table's metadata lock (`lock_wait_timeout`, a year by
+/// default), on a connection of their own that is closed after them, so the setting never
+/// reaches the pool (a service's, perhaps). A table without the columns that may not be altered
+/// (`create` is off, the user lacks the privilege, the table stayed locked) keeps working as
+/// before, its holders described without label, host or process, and the next connect tries
+/// again.
 async fn describe_holders(pool: &MySqlPool, name: &str, create: bool) -> Result<bool, LockError> {
     let (database, table) = match name.split_once('.') {
         Some((database, table)) => (Some(database), table),
@@ -421,18 +426,41 @@ async fn describe_holders(pool: &MySqlPool, name: &str, create: bool) -> Result<
         return Ok(false);
     }
     let quoted = quote_table(name)?;
+    let mut connection = pool.acquire().await.map_err(backend_error)?.detach();
+    let mut altered = connection
+        .execute(AssertSqlSafe(format!(
+            "SET SESSION lock_wait_timeout = {ROW_LOCK_PATIENCE_S}"
+        )))
+        .await
+        .map(drop);
     for (column, definition) in missing {
+        if altered.is_err() {
+            break;
+        }
         let alter = format!("ALTER TABLE {quoted} ADD COLUMN `{column}` {definition}");
-        match sqlx::query(AssertSqlSafe(alter)).execute(pool).await {
-            Ok(_) => {}
+        altered = match connection.execute(AssertSqlSafe(alter)).await {
             Err(sqlx::Error::Database(db))
                 if db
                     .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                    .is_some_and(|e| e.number() == 1060) => {}
-            Err(error) => return Err(backend_error(error)),
+                    .is_some_and(|e| e.number() == 1060) =>
+            {
+                Ok(())
+            }
+            other => other.map(drop),
+        };
+    }
+    let _ = sqlx::Connection::close(connection).await;
+    match altered {
+        Ok(()) => Ok(true),
+        Err(error) => {
+            tracing::warn!(
+                table = name,
+                %error,
+                "distributed_lock: cannot add the label, host and pid columns to the MySQL lock table (see MysqlBackend::ddl): holders are described without them"
+            );
+            Ok(false)
         }
     }
-    Ok(true)
 }
 
 /// This host's name as a literal of the statements, cut as a label is; `NULL` where it is

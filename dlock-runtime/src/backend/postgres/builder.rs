@@ -409,8 +409,11 @@ pub(super) const HOLDER_COLUMNS: [(&str, &str); 3] =
 /// behind it. The columns are nullable, with no default (rows of earlier versions, and of
 /// earlier versions still running beside this one, leave them `NULL`), which PostgreSQL adds
 /// without rewriting the table; `IF NOT EXISTS`, so that processes upgrading the table at once
-/// all succeed. A table without them that may not be altered keeps working as before, and its
-/// holders are described without label, host or process.
+/// all succeed. It waits at most [`ROW_LOCK_PATIENCE_S`] for that lock (`SET LOCAL
+/// lock_timeout`, in the same transaction: nothing stays on the connection). A table without
+/// them that may not be altered (`create` is off, the role does not own it, it stayed locked)
+/// keeps working as before, its holders described without label, host or process, and the next
+/// connect tries again.
 async fn describe_holders(
     pool: &PgPool,
     table: &str,
@@ -446,12 +449,22 @@ async fn describe_holders(
         .iter()
         .map(|(name, kind)| format!("ADD COLUMN IF NOT EXISTS {name} {kind}"))
         .collect();
-    let alter = format!("ALTER TABLE {table} {}", columns.join(", "));
-    Query::once(alter, protocol)
-        .execute(pool)
-        .await
-        .map_err(backend_error)?;
-    Ok(true)
+    // One simple query of two statements: one transaction, which `SET LOCAL` lasts for.
+    let alter = format!(
+        "SET LOCAL lock_timeout = '{ROW_LOCK_PATIENCE_S}s'; ALTER TABLE {table} {}",
+        columns.join(", ")
+    );
+    match sqlx::raw_sql(AssertSqlSafe(alter)).execute(pool).await {
+        Ok(_) => Ok(true),
+        Err(error) => {
+            tracing::warn!(
+                table,
+                %error,
+                "distributed_lock: cannot add the label, host and pid columns to the PostgreSQL lock table (see PostgresBackend::ddl): holders are described without them"
+            );
+            Ok(false)
+        }
+    }
 }
 
 /// What the waiters table's name adds to the lock table's.
