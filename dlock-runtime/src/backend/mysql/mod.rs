@@ -92,9 +92,10 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// `label`, `host` and `pid` describe the holder to operators ([`Locker::inspect`](crate::Locker::inspect)),
 /// written by the statement that grants the key (a label longer than 255 bytes is kept cut to
 /// 255, at a character boundary). A table created by an earlier version has none of them:
-/// `connect` adds them (one `ALTER TABLE … ADD COLUMN` each, nullable, only where missing),
-/// unless told not to create the table ([`create_table(false)`](MysqlBuilder::create_table));
-/// such a table keeps working, its holders described without them. Rows written by an earlier
+/// `connect` adds them (one `ALTER TABLE … ADD COLUMN` each, nullable, only where missing,
+/// waiting at most 2 s for the table), unless told not to create the table
+/// ([`create_table(false)`](MysqlBuilder::create_table)); a table it does not or cannot alter
+/// (no privilege, the table kept locked) keeps working, its holders described without them. Rows written by an earlier
 /// version leave them `NULL`, and one such version's take-over of a row keeps the previous
 /// holder's: while versions are mixed, a holder may be shown with another's label.
 ///

@@ -103,9 +103,10 @@ pub const MAX_KEY_BYTES: usize = 2048;
 /// waiter's); `BYTEA` for the key's reason, read them with `convert_from` too. A label longer
 /// than 255 bytes is kept cut to 255, at a character boundary. A table created by an earlier
 /// version has none of them: `connect` adds them (`ALTER TABLE … ADD COLUMN IF NOT EXISTS`,
-/// nullable, only where one is missing), unless told not to create the tables
-/// ([`create_table(false)`](PostgresBuilder::create_table)); such a table keeps working, its
-/// holders described without them. Rows written by an earlier version leave them `NULL`, and
+/// nullable, only where one is missing, waiting at most 2 s for the table), unless told not to
+/// create the tables ([`create_table(false)`](PostgresBuilder::create_table)); a table it does
+/// not or cannot alter (not its owner, the table kept locked) keeps working, its holders
+/// described without them. Rows written by an earlier version leave them `NULL`, and
 /// one such version's take-over of a row keeps the previous holder's: while versions are
 /// mixed, a holder may be shown with another's label.
 ///
