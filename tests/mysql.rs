@@ -66,6 +66,37 @@ mod sql_scenarios {
     async fn a_late_renewal_never_shortens_its_lease() {
         scenario::a_late_renewal_never_shortens_its_lease::<Mysql>().await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn inspect_describes_the_holder_and_counts_its_waiters() {
+        scenario::inspect_describes_the_holder_and_counts_its_waiters::<Mysql>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn list_names_the_held_keys_under_a_prefix_literally() {
+        scenario::list_names_the_held_keys_under_a_prefix_literally::<Mysql>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn list_reads_every_page() {
+        scenario::list_reads_every_page::<Mysql>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_table_of_an_earlier_version_is_upgraded_and_keeps_working() {
+        scenario::a_table_of_an_earlier_version_is_upgraded_and_keeps_working::<Mysql>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_upgrade_that_cannot_lock_the_table_gives_up_and_leaves_it_working() {
+        scenario::an_upgrade_that_cannot_lock_the_table_gives_up_and_leaves_it_working::<Mysql>()
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_table_of_an_earlier_version_left_as_it_is_keeps_working() {
+        scenario::a_table_of_an_earlier_version_left_as_it_is_keeps_working::<Mysql>().await;
+    }
 }
 
 /// A lock table of this test's own; dropped with it.
@@ -126,7 +157,7 @@ impl support::sql_store::SqlStore for Mysql {
 
     async fn insert_expired_row(&self, key: &str) {
         let sql = format!(
-            "INSERT INTO `{}` VALUES (?, 'stranger', 1, UTC_TIMESTAMP(6) - INTERVAL 1 SECOND, \
+            "INSERT INTO `{}` (lock_key, owner, fence, expires_at, created_at) VALUES (?, 'stranger', 1, UTC_TIMESTAMP(6) - INTERVAL 1 SECOND, \
              UTC_TIMESTAMP(6))",
             self.table
         );
@@ -135,6 +166,63 @@ impl support::sql_store::SqlStore for Mysql {
             .execute(&self.admin)
             .await
             .unwrap();
+    }
+
+    async fn create_old_table(&self) {
+        // The table as dlock 0.x created it, before holders were described.
+        self.execute(format!(
+            "CREATE TABLE `{}` (\
+               `lock_key`   VARBINARY(255) NOT NULL, \
+               `owner`      CHAR(32) CHARACTER SET ascii NOT NULL, \
+               `fence`      BIGINT UNSIGNED NOT NULL, \
+               `expires_at` DATETIME(6) NOT NULL, \
+               `created_at` DATETIME(6) NOT NULL, \
+               PRIMARY KEY (`lock_key`)) ENGINE=InnoDB",
+            self.table
+        ))
+        .await;
+    }
+
+    async fn insert_old_row(&self, key: &str, owner: &str) {
+        let sql = format!(
+            "INSERT INTO `{}` (lock_key, owner, fence, expires_at, created_at) \
+             VALUES (?, ?, 1, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, UTC_TIMESTAMP(6))",
+            self.table
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(key.as_bytes())
+            .bind(owner)
+            .execute(&self.admin)
+            .await
+            .unwrap();
+    }
+
+    async fn insert_live_rows(&self, keys: &[String]) {
+        let rows: Vec<String> = keys
+            .iter()
+            .map(|key| {
+                let hex: String = key.bytes().map(|b| format!("{b:02X}")).collect();
+                format!(
+                    "(X'{hex}', 'stranger', 1, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, UTC_TIMESTAMP(6))"
+                )
+            })
+            .collect();
+        self.execute(format!(
+            "INSERT INTO `{}` (lock_key, owner, fence, expires_at, created_at) VALUES {}",
+            self.table,
+            rows.join(", ")
+        ))
+        .await;
+    }
+
+    async fn backend_leaving_the_table(&self) -> MysqlBackend {
+        MysqlBackend::builder(&mysql_url())
+            .unwrap()
+            .table(&self.table)
+            .create_table(false)
+            .connect()
+            .await
+            .unwrap()
     }
 
     async fn hold_up_inserts_of(&self, key: &str) -> support::sql_store::RowLock {

@@ -78,6 +78,38 @@ mod sql_scenarios {
     async fn a_late_renewal_never_shortens_its_lease() {
         scenario::a_late_renewal_never_shortens_its_lease::<Postgres>().await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn inspect_describes_the_holder_and_counts_its_waiters() {
+        scenario::inspect_describes_the_holder_and_counts_its_waiters::<Postgres>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn list_names_the_held_keys_under_a_prefix_literally() {
+        scenario::list_names_the_held_keys_under_a_prefix_literally::<Postgres>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn list_reads_every_page() {
+        scenario::list_reads_every_page::<Postgres>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_table_of_an_earlier_version_is_upgraded_and_keeps_working() {
+        scenario::a_table_of_an_earlier_version_is_upgraded_and_keeps_working::<Postgres>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_upgrade_that_cannot_lock_the_table_gives_up_and_leaves_it_working() {
+        scenario::an_upgrade_that_cannot_lock_the_table_gives_up_and_leaves_it_working::<Postgres>(
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_table_of_an_earlier_version_left_as_it_is_keeps_working() {
+        scenario::a_table_of_an_earlier_version_left_as_it_is_keeps_working::<Postgres>().await;
+    }
 }
 
 /// A lock table of this test's own; dropped with it. Its backends send prepared statements,
@@ -134,7 +166,7 @@ impl<const PREPARED: bool> Postgres<PREPARED> {
     /// release it (so no release is announced).
     async fn insert_row_of_a_dead_holder(&self, key: &str, left: Duration) {
         let sql = format!(
-            "INSERT INTO \"{}\" VALUES ($1, 'dead', 1, clock_timestamp() + interval '{} milliseconds', \
+            "INSERT INTO \"{}\" (lock_key, owner, fence, expires_at, created_at) VALUES ($1, 'dead', 1, clock_timestamp() + interval '{} milliseconds', \
              clock_timestamp())",
             self.table,
             left.as_millis()
@@ -264,18 +296,79 @@ impl<const PREPARED: bool> support::sql_store::SqlStore for Postgres<PREPARED> {
 
     async fn insert_expired_row(&self, key: &str) {
         let sql = format!(
-            "INSERT INTO \"{}\" VALUES ($1, 'stranger', 1, clock_timestamp() - interval '1 second', \
+            "INSERT INTO \"{}\" (lock_key, owner, fence, expires_at, created_at) VALUES ($1, 'stranger', 1, clock_timestamp() - interval '1 second', \
              clock_timestamp())",
             self.table
         );
         self.execute_on(sql, key).await;
     }
 
+    async fn create_old_table(&self) {
+        // The tables as dlock 0.x created them, before holders were described.
+        let sql = format!(
+            "CREATE TABLE \"{0}\" (lock_key BYTEA NOT NULL PRIMARY KEY, owner TEXT NOT NULL, \
+               fence BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, created_at TIMESTAMPTZ NOT NULL); \
+             CREATE TABLE \"{0}_waiters\" (lock_key BYTEA NOT NULL, waiter TEXT NOT NULL, \
+               ticket BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (lock_key, waiter))",
+            self.table
+        );
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&self.admin)
+            .await
+            .unwrap();
+    }
+
+    async fn insert_old_row(&self, key: &str, owner: &str) {
+        let sql = format!(
+            "INSERT INTO \"{}\" (lock_key, owner, fence, expires_at, created_at) \
+             VALUES ($1, $2, 1, clock_timestamp() + interval '1 hour', clock_timestamp())",
+            self.table
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(key.as_bytes())
+            .bind(owner)
+            .execute(&self.admin)
+            .await
+            .unwrap();
+    }
+
+    async fn insert_live_rows(&self, keys: &[String]) {
+        let rows: Vec<String> = keys
+            .iter()
+            .map(|key| {
+                let hex: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+                format!(
+                    "(decode('{hex}', 'hex'), 'stranger', 1, clock_timestamp() + interval '1 hour', clock_timestamp())"
+                )
+            })
+            .collect();
+        let sql = format!(
+            "INSERT INTO \"{}\" (lock_key, owner, fence, expires_at, created_at) VALUES {}",
+            self.table,
+            rows.join(", ")
+        );
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&self.admin)
+            .await
+            .unwrap();
+    }
+
+    async fn backend_leaving_the_table(&self) -> PostgresBackend {
+        PostgresBackend::builder(&postgres_url())
+            .unwrap()
+            .table(&self.table)
+            .prepared_statements(PREPARED)
+            .create_table(false)
+            .connect()
+            .await
+            .unwrap()
+    }
+
     async fn hold_up_inserts_of(&self, key: &str) -> support::sql_store::RowLock {
         // An uncommitted insert of the key: a second insert of it waits for that transaction.
         let mut transaction = self.admin.begin().await.unwrap();
         let sql = format!(
-            "INSERT INTO \"{}\" VALUES ($1, 'blocker', 1, clock_timestamp() - interval '1 second', \
+            "INSERT INTO \"{}\" (lock_key, owner, fence, expires_at, created_at) VALUES ($1, 'blocker', 1, clock_timestamp() - interval '1 second', \
              clock_timestamp())",
             self.table
         );
@@ -400,6 +493,37 @@ mod simple_queries {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_late_renewal_never_shortens_its_lease() {
         scenario::a_late_renewal_never_shortens_its_lease::<Simple>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn inspect_describes_the_holder_and_counts_its_waiters() {
+        scenario::inspect_describes_the_holder_and_counts_its_waiters::<Simple>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn list_names_the_held_keys_under_a_prefix_literally() {
+        scenario::list_names_the_held_keys_under_a_prefix_literally::<Simple>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn list_reads_every_page() {
+        scenario::list_reads_every_page::<Simple>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_table_of_an_earlier_version_is_upgraded_and_keeps_working() {
+        scenario::a_table_of_an_earlier_version_is_upgraded_and_keeps_working::<Simple>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_upgrade_that_cannot_lock_the_table_gives_up_and_leaves_it_working() {
+        scenario::an_upgrade_that_cannot_lock_the_table_gives_up_and_leaves_it_working::<Simple>()
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_table_of_an_earlier_version_left_as_it_is_keeps_working() {
+        scenario::a_table_of_an_earlier_version_left_as_it_is_keeps_working::<Simple>().await;
     }
 }
 

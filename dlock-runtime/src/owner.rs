@@ -79,7 +79,12 @@ impl Owner {
     }
 
     /// The token whose number is `n`, as a store read it back.
-    #[cfg(feature = "redis")]
+    #[cfg(any(
+        feature = "redis",
+        feature = "mysql",
+        feature = "postgres",
+        feature = "zookeeper"
+    ))]
     pub(crate) fn from_u128(n: u128) -> Owner {
         Owner(n)
     }

@@ -38,6 +38,8 @@ use crate::{KeyState, LockError, Owner};
 
 #[cfg(any(feature = "zookeeper", feature = "mysql", feature = "postgres"))]
 mod claim;
+#[cfg(any(feature = "zookeeper", feature = "mysql", feature = "postgres"))]
+mod description;
 #[cfg(feature = "memory")]
 mod memory;
 #[cfg(feature = "memory")]

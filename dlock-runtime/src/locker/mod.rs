@@ -331,7 +331,7 @@ impl Locker {
     ///
     /// [`LockError::Unsupported`] for a store that cannot tell its holders (a
     /// [`Backend`] of your own that does not implement
-    /// [`inspect`](crate::backend::Backend::inspect); of dlock's, memory and Redis can);
+    /// [`inspect`](crate::backend::Backend::inspect); every store of dlock's can);
     /// [`LockError::Backend`] where the store failed; [`LockError::ShutDown`] after
     /// [`shutdown`](Self::shutdown).
     ///
@@ -359,8 +359,8 @@ impl Locker {
     /// The keys held now that start with `prefix` (`""` for all), sorted, each once: names
     /// only, since a state read for each could be stale before it is printed — call
     /// [`inspect`](Self::inspect) for the keys of interest. Never blocks the store: Redis is
-    /// walked with `SCAN`, a batch at a time, so a key taken or released during the walk may or
-    /// may not be listed.
+    /// walked with `SCAN`, a batch at a time, and the SQL stores read their table 1,000 keys
+    /// to a statement, so a key taken or released during the walk may or may not be listed.
     ///
     /// # Errors
     ///

@@ -8,6 +8,7 @@ use sqlx::{AssertSqlSafe, Executor};
 
 use super::retry::{backend_error, on_background};
 use super::{MysqlBackend, Shared, Statements};
+use crate::backend::description::{cut_label, LIST_PAGE};
 use crate::backend::sql::ROW_LOCK_PATIENCE_S;
 use crate::url::{duration_param, number_param, query_param};
 use crate::LockError;
@@ -267,11 +268,28 @@ impl MysqlBuilder {
             })
             .await?;
         }
+        let described = {
+            let (pool, name, create) = (pool.clone(), self.table.clone(), self.create_table);
+            on_background(async move { describe_holders(&pool, &name, create).await }).await?
+        };
         let now_us = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))";
+        // The holder's description, written by the statement that grants the key: this
+        // process's host and id written in (the same for every statement), the label bound.
+        let (meta_columns, meta_values, meta_set, meta_read) = if described {
+            let (host, pid) = (host_literal(), std::process::id());
+            (
+                ", label, host, pid",
+                format!(", ?, {host}, {pid}"),
+                format!(", label = ?, host = {host}, pid = {pid}"),
+                "label, host, pid",
+            )
+        } else {
+            ("", String::new(), String::new(), "NULL, NULL, NULL")
+        };
         let sql = Statements {
             insert: Arc::from(format!(
-                "INSERT INTO {table} (lock_key, owner, fence, expires_at, created_at) \
-                 VALUES (?, ?, LAST_INSERT_ID({now_us}), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6))"
+                "INSERT INTO {table} (lock_key, owner, fence, expires_at, created_at{meta_columns}) \
+                 VALUES (?, ?, LAST_INSERT_ID({now_us}), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6){meta_values})"
             )),
             // A take-over by the owner that holds the row already (a retried acquire, its first
             // answer lost) never moves its expiry back: a late copy of the statement (re-sent
@@ -290,9 +308,24 @@ impl MysqlBuilder {
                                  UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
                  fence = LAST_INSERT_ID(IF(owner = ? AND fence > ?, fence, GREATEST(fence + 1, {now_us}))), \
                  owner = ?, \
-                 created_at = UTC_TIMESTAMP(6) \
+                 created_at = UTC_TIMESTAMP(6){meta_set} \
                  WHERE lock_key = ? AND (expires_at <= UTC_TIMESTAMP(6) OR owner = ?)"
             )),
+            inspect: Arc::from(format!(
+                "SELECT owner, fence, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at), \
+                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), {meta_read} \
+                 FROM {table} WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)"
+            )),
+            // A range of the primary key, a page at a time (see `description::prefix_end`).
+            list: Arc::from(format!(
+                "SELECT lock_key FROM {table} WHERE lock_key >= ? \
+                 AND expires_at > UTC_TIMESTAMP(6) ORDER BY lock_key LIMIT {LIST_PAGE}"
+            )),
+            list_to: Arc::from(format!(
+                "SELECT lock_key FROM {table} WHERE lock_key >= ? AND lock_key < ? \
+                 AND expires_at > UTC_TIMESTAMP(6) ORDER BY lock_key LIMIT {LIST_PAGE}"
+            )),
+            described,
             release: Arc::from(format!(
                 "DELETE FROM {table} WHERE lock_key = ? AND owner = ? AND (? IS NULL OR fence = ?)"
             )),
@@ -306,6 +339,7 @@ impl MysqlBuilder {
                 sql,
                 cleanups: Arc::default(),
                 tries,
+                waiting: Default::default(),
             }),
         })
     }
@@ -332,6 +366,113 @@ async fn check_autocommit(pool: &MySqlPool) -> Result<(), LockError> {
                  (`MysqlBackend::builder(url)`)"
             .into(),
     })
+}
+
+/// The columns that describe a lease's holder, with their types: added to a table of an
+/// earlier version where missing (see [`describe_holders`]).
+pub(super) const HOLDER_COLUMNS: [(&str, &str); 3] = [
+    (
+        "label",
+        "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL",
+    ),
+    (
+        "host",
+        "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL",
+    ),
+    ("pid", "INT UNSIGNED NULL"),
+];
+
+/// Whether the lock table `name` has the columns that describe a lease's holder, adding those
+/// it lacks where `create` allows (a table created by an earlier version of dlock).
+///
+/// The columns are looked up first, and the table altered only where one is missing: an
+/// `ALTER TABLE`, even one that changes nothing, waits for every transaction that read the
+/// table to end, and every statement on the table waits behind it meanwhile. Each column is
+/// added on its own, nullable (rows of earlier versions, and of earlier versions still running
+/// beside this one, leave it `NULL`: instant on MySQL 8 and MariaDB 10.3); one another process
+/// added meanwhile is refused as a duplicate (1060), which is what was asked. (MySQL 8 has no
+/// `ADD COLUMN IF NOT EXISTS`, which MariaDB has.) The `ALTER`s wait at most
+/// [`ROW_LOCK_PATIENCE_S`] for the table's metadata lock (`lock_wait_timeout`, a year by
+/// default), on a connection of their own that is closed after them, so the setting never
+/// reaches the pool (a service's, perhaps). A table without the columns that may not be altered
+/// (`create` is off, the user lacks the privilege, the table stayed locked) keeps working as
+/// before, its holders described without label, host or process, and the next connect tries
+/// again.
+async fn describe_holders(pool: &MySqlPool, name: &str, create: bool) -> Result<bool, LockError> {
+    let (database, table) = match name.split_once('.') {
+        Some((database, table)) => (Some(database), table),
+        None => (None, name),
+    };
+    let present: Vec<String> = sqlx::query_scalar(
+        "SELECT CAST(COLUMN_NAME AS CHAR) FROM information_schema.COLUMNS \
+         WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?",
+    )
+    .bind(database)
+    .bind(table)
+    .fetch_all(pool)
+    .await
+    .map_err(backend_error)?;
+    let missing: Vec<&(&str, &str)> = HOLDER_COLUMNS
+        .iter()
+        .filter(|(column, _)| !present.iter().any(|p| p.eq_ignore_ascii_case(column)))
+        .collect();
+    if missing.is_empty() {
+        return Ok(true);
+    }
+    if !create {
+        tracing::warn!(
+            table = name,
+            "distributed_lock: the MySQL lock table has no label, host and pid columns (created by an earlier version; see MysqlBackend::ddl): holders are described without them"
+        );
+        return Ok(false);
+    }
+    let quoted = quote_table(name)?;
+    let mut connection = pool.acquire().await.map_err(backend_error)?.detach();
+    let mut altered = connection
+        .execute(AssertSqlSafe(format!(
+            "SET SESSION lock_wait_timeout = {ROW_LOCK_PATIENCE_S}"
+        )))
+        .await
+        .map(drop);
+    for (column, definition) in missing {
+        if altered.is_err() {
+            break;
+        }
+        let alter = format!("ALTER TABLE {quoted} ADD COLUMN `{column}` {definition}");
+        altered = match connection.execute(AssertSqlSafe(alter)).await {
+            Err(sqlx::Error::Database(db))
+                if db
+                    .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                    .is_some_and(|e| e.number() == 1060) =>
+            {
+                Ok(())
+            }
+            other => other.map(drop),
+        };
+    }
+    let _ = sqlx::Connection::close(connection).await;
+    match altered {
+        Ok(()) => Ok(true),
+        Err(error) => {
+            tracing::warn!(
+                table = name,
+                %error,
+                "distributed_lock: cannot add the label, host and pid columns to the MySQL lock table (see MysqlBackend::ddl): holders are described without them"
+            );
+            Ok(false)
+        }
+    }
+}
+
+/// This host's name as a literal of the statements, cut as a label is; `NULL` where it is
+/// unknown. Hex, so that nothing in it is read as SQL.
+fn host_literal() -> String {
+    let host = cut_label(crate::inspect::this_host());
+    if host.is_empty() {
+        return "NULL".into();
+    }
+    let hex: String = host.bytes().map(|b| format!("{b:02X}")).collect();
+    format!("CONVERT(X'{hex}' USING utf8mb4)")
 }
 
 /// Accepts `name` or `database.name` made of letters, digits and `_`, and quotes it.

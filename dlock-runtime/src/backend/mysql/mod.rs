@@ -17,12 +17,14 @@ use sqlx::mysql::MySqlPool;
 use super::sql::{ttl_micros, Backoff, Limits, TTL_LIMIT, UNKNOWN_FENCE};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
-use crate::{LockError, Owner};
+use crate::{KeyState, LockError, Owner};
 
 mod builder;
+mod inspect;
 mod renew;
 mod retry;
 mod rows;
+mod waiters;
 
 use builder::quote_table;
 pub use builder::MysqlBuilder;
@@ -80,9 +82,22 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 ///   `fence`      BIGINT UNSIGNED NOT NULL,  -- fencing token of the current acquisition
 ///   `expires_at` DATETIME(6)     NOT NULL,  -- lease expiry, UTC, by the database's clock
 ///   `created_at` DATETIME(6)     NOT NULL,  -- when the current holder acquired, UTC
+///   `label`      VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, -- its label
+///   `host`       VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, -- its host
+///   `pid`        INT UNSIGNED NULL,         -- its process id on that host
 ///   PRIMARY KEY (`lock_key`)
 /// ) ENGINE=InnoDB
 /// ```
+///
+/// `label`, `host` and `pid` describe the holder to operators ([`Locker::inspect`](crate::Locker::inspect)),
+/// written by the statement that grants the key (a label longer than 255 bytes is kept cut to
+/// 255, at a character boundary). A table created by an earlier version has none of them:
+/// `connect` adds them (one `ALTER TABLE … ADD COLUMN` each, nullable, only where missing,
+/// waiting at most 2 s for the table), unless told not to create the table
+/// ([`create_table(false)`](MysqlBuilder::create_table)); a table it does not or cannot alter
+/// (no privilege, the table kept locked) keeps working, its holders described without them. Rows written by an earlier
+/// version leave them `NULL`, and one such version's take-over of a row keeps the previous
+/// holder's: while versions are mixed, a holder may be shown with another's label.
 ///
 /// `VARBINARY` because a case-insensitive collation would make `Acct:1` and `acct:1` one lock;
 /// `DATETIME(6)` written with `UTC_TIMESTAMP(6)` so neither the session time zone nor 2038 matter.
@@ -132,6 +147,19 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// - **Waiting**: MySQL cannot say when a row goes, so a waiter polls with jittered exponential
 ///   back-off, 5 ms doubling to 250 ms, within `wait`; between tries it holds no connection.
 ///
+/// # Inspecting
+///
+/// - [`Locker::inspect`](crate::Locker::inspect) reads the key's row, if it has not expired by
+///   the database's clock: its owner, fence, label, host and process id, `created_at` as the
+///   time it was acquired and `expires_at` less the database's now as its time left. MySQL
+///   keeps no queue, so the waiters counted are those of the backend asked (acquisitions that
+///   found the key busy and wait for it): waiters in other processes are not seen.
+/// - [`Locker::list`](crate::Locker::list) reads the keys of the rows that have not expired, as
+///   a range of the primary key (`lock_key >= prefix AND lock_key < ` the prefix's successor: the
+///   keys are bytes, and no byte of the prefix is a pattern, so `%`, `_` and `\` match only
+///   themselves), 1,000 keys to a statement, each page from where the last ended, until the
+///   range is read: no statement runs long, and every held key is listed.
+///
 /// # Fences
 ///
 /// A fence is `GREATEST(previous fence + 1, database microseconds since the epoch)`, through
@@ -163,6 +191,8 @@ struct Shared {
     /// Permits for the acquisitions' statements, one fewer than the pool's connections (see
     /// [`claimed`](crate::backend::sql::claimed)).
     tries: Arc<tokio::sync::Semaphore>,
+    /// How many acquisitions of this backend wait for each key (see [`waiters::Waiting`]).
+    waiting: waiters::Waiting,
 }
 
 /// The statements, with the table name filled in once. The table name is checked by
@@ -172,6 +202,14 @@ struct Statements {
     insert: Arc<str>,
     take_over: Arc<str>,
     release: Arc<str>,
+    /// A key's live row, for `inspect`.
+    inspect: Arc<str>,
+    /// A page of the live keys from a start (`list`), and up to an end (`list_to`).
+    list: Arc<str>,
+    list_to: Arc<str>,
+    /// Whether the table has the columns that describe a holder (label, host, pid), which the
+    /// statements then write and read.
+    described: bool,
 }
 
 impl MysqlBackend {
@@ -265,6 +303,7 @@ impl MysqlBackend {
     /// ```
     pub fn ddl(table: &str) -> Result<String, LockError> {
         let table = quote_table(table)?;
+        let [(_, label), (_, host), (_, pid)] = builder::HOLDER_COLUMNS;
         Ok(format!(
             "CREATE TABLE IF NOT EXISTS {table} (\n\
              \x20 `lock_key`   VARBINARY({MAX_KEY_BYTES}) NOT NULL,\n\
@@ -272,6 +311,9 @@ impl MysqlBackend {
              \x20 `fence`      BIGINT UNSIGNED NOT NULL,\n\
              \x20 `expires_at` DATETIME(6) NOT NULL,\n\
              \x20 `created_at` DATETIME(6) NOT NULL,\n\
+             \x20 `label`      {label},\n\
+             \x20 `host`       {host},\n\
+             \x20 `pid`        {pid},\n\
              \x20 PRIMARY KEY (`lock_key`)\n\
              ) ENGINE=InnoDB"
         ))
@@ -307,11 +349,15 @@ impl Backend for MysqlBackend {
         // came too late, or was not claimed in time): their undos may still be on their way,
         // and the next grant must not keep such a fence.
         let mut withdrawn = 0;
+        // Counted among the key's waiters from its first busy try to its end.
+        let mut waiting = None;
+        let label = super::description::cut_label(request.label);
         loop {
             match self
                 .try_acquire(
                     request.key,
                     &owner,
+                    label,
                     ttl_us,
                     withdrawn,
                     Limits::new(Some(deadline), request.ttl),
@@ -333,6 +379,7 @@ impl Backend for MysqlBackend {
             if now >= deadline {
                 return Ok(None);
             }
+            waiting.get_or_insert_with(|| self.shared.waiting.wait_for(request.key));
             tokio::time::sleep(backoff.next_pause().min(deadline - now)).await;
         }
     }
@@ -356,6 +403,17 @@ impl Backend for MysqlBackend {
             Ok(())
         })
         .await;
+    }
+
+    /// The key's live row, and this backend's waiters for it (see "Inspecting" above).
+    async fn inspect(&self, key: &str) -> Result<KeyState, LockError> {
+        self.inspect_key(key).await
+    }
+
+    /// The live rows' keys, a range of the primary key read a page at a time (see "Inspecting"
+    /// above).
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, LockError> {
+        self.list_keys(prefix).await
     }
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {

@@ -33,19 +33,20 @@ impl MysqlBackend {
         &self,
         key: &str,
         owner: &str,
+        label: &str,
         ttl_us: i64,
         withdrawn: u64,
         limits: Limits,
     ) -> Result<Attempt, LockError> {
         let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
-        let (key, owner) = (key.as_bytes().to_vec(), owner.to_owned());
+        let (key, owner, label) = (key.as_bytes().to_vec(), owner.to_owned(), label.to_owned());
         let (undo_key, undo_owner) = (key.clone(), owner.clone());
         let attempt = sql::claimed(
             "MySQL",
             &self.shared.cleanups,
             &self.shared.tries,
             limits,
-            async move { acquire_row(&shared, &key, &owner, ttl_us, withdrawn).await },
+            async move { acquire_row(&shared, &key, &owner, &label, ttl_us, withdrawn).await },
             |attempt| attempt.map(|(fence, _)| fence),
             move |fence| async move {
                 if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner, fence).await {
@@ -67,21 +68,22 @@ impl MysqlBackend {
 /// `Some((fence, sent_at))` when the key is ours, `sent_at` being when the statement that made
 /// it ours left on a connection of its own: the row's ttl starts no earlier. Measured after the
 /// wait for a pooled connection, which on a busy pool would otherwise eat into the lease.
+/// `label` is written with the row where the table has the column.
 async fn acquire_row(
     shared: &Shared,
     key: &[u8],
     owner: &str,
+    label: &str,
     ttl_us: i64,
     withdrawn: u64,
 ) -> Result<Option<(u64, Instant)>, LockError> {
+    let described = shared.sql.described;
     let insert = retry_transient(|| {
-        execute_timed(
-            shared,
-            sqlx::query(AssertSqlSafe(shared.sql.insert.clone()))
-                .bind(key)
-                .bind(owner)
-                .bind(ttl_us),
-        )
+        let query = sqlx::query(AssertSqlSafe(shared.sql.insert.clone()))
+            .bind(key)
+            .bind(owner)
+            .bind(ttl_us);
+        execute_timed(shared, if described { query.bind(label) } else { query })
     })
     .await;
     match insert {
@@ -93,18 +95,15 @@ async fn acquire_row(
     }
     // Held or expired? Take the row over only if it expired by the database's clock.
     let take_over = retry_transient(|| {
-        execute_timed(
-            shared,
-            sqlx::query(AssertSqlSafe(shared.sql.take_over.clone()))
-                .bind(owner)
-                .bind(ttl_us)
-                .bind(ttl_us)
-                .bind(owner)
-                .bind(sql::withdrawn_bound(withdrawn))
-                .bind(owner)
-                .bind(key)
-                .bind(owner),
-        )
+        let query = sqlx::query(AssertSqlSafe(shared.sql.take_over.clone()))
+            .bind(owner)
+            .bind(ttl_us)
+            .bind(ttl_us)
+            .bind(owner)
+            .bind(sql::withdrawn_bound(withdrawn))
+            .bind(owner);
+        let query = if described { query.bind(label) } else { query };
+        execute_timed(shared, query.bind(key).bind(owner))
     })
     .await;
     let (take_over, sent_at) = match take_over {

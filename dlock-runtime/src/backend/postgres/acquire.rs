@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use super::rows::{Attempt, Line};
 use super::waiting::{Start, Turn};
 use super::{check_key, PostgresBackend};
+use crate::backend::description::cut_label;
 use crate::backend::sql::{ttl_micros, Backoff, Limits, UNKNOWN_FENCE};
 use crate::backend::{AcquireRequest, Acquired};
 use crate::LockError;
@@ -28,6 +29,7 @@ impl PostgresBackend {
         check_key(request.key)?;
         let key = request.key.as_bytes();
         let owner = request.owner.to_string();
+        let label = cut_label(request.label);
         let ttl_us = ttl_micros("PostgreSQL", request.ttl)?;
         let granted = |fence, sent_at| {
             Some(Acquired {
@@ -43,7 +45,7 @@ impl PostgresBackend {
             let limits = Limits::new(Some(Instant::now()), request.ttl);
             return Ok(
                 match self
-                    .try_acquire(key, &owner, ttl_us, Line::StayOut, false, 0, limits)
+                    .try_acquire(key, &owner, label, ttl_us, Line::StayOut, false, 0, limits)
                     .await?
                 {
                     Attempt::Granted { fence, sent_at, .. } => granted(fence, sent_at),
@@ -52,7 +54,7 @@ impl PostgresBackend {
             );
         }
         let deadline = crate::backend::wait_deadline(request.wait);
-        let place = self.shared.waiting.join(key, &owner, ttl_us);
+        let place = self.shared.waiting.join(key, &owner, ttl_us, label);
         let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF, request.owner);
         // Waited before (found the key busy, or waited behind another waiter of this backend
         // while the key went round): a waiter refused now lost a race for the key, and takes its
@@ -126,6 +128,7 @@ impl PostgresBackend {
                 .try_acquire(
                     key,
                     &owner,
+                    label,
                     ttl_us,
                     if waited_before {
                         Line::Join

@@ -337,6 +337,11 @@ impl PostgresBuilder {
             let pool = pool.clone();
             on_background(async move { create_table(&pool, ddl, protocol).await }).await?;
         }
+        let described = {
+            let (pool, table, create) = (pool.clone(), table.clone(), self.create_table);
+            on_background(async move { describe_holders(&pool, &table, create, protocol).await })
+                .await?
+        };
         let listen = match self.listen {
             Some(options) => *options,
             None => (*pool.connect_options()).clone(),
@@ -362,7 +367,7 @@ impl PostgresBuilder {
         let shared = Arc::new(Shared {
             pool,
             owns_pool,
-            sql: Statements::new(table, &waiters, &channel, protocol),
+            sql: Statements::new(table, &waiters, &channel, protocol, described),
             waiting,
             waiter,
             statements: Default::default(),
@@ -387,6 +392,79 @@ async fn create_table(pool: &PgPool, ddl: String, protocol: Protocol) -> Result<
         }
     }
     Ok(())
+}
+
+/// The columns that describe a lease's holder, with their types: added to a table of an
+/// earlier version where missing (see [`describe_holders`]). `BYTEA`, as the key: no database
+/// encoding can refuse a label or a host name.
+pub(super) const HOLDER_COLUMNS: [(&str, &str); 3] =
+    [("label", "BYTEA"), ("host", "BYTEA"), ("pid", "BIGINT")];
+
+/// Whether the lock table `table` (quoted) has the columns that describe a lease's holder,
+/// adding those it lacks where `create` allows (a table created by an earlier version of dlock).
+///
+/// The columns are looked up first, and the table altered only where one is missing: an
+/// `ALTER TABLE`, even one that changes nothing, takes the table's strongest lock, waiting for
+/// every transaction that read the table to end while every statement on the table waits
+/// behind it. The columns are nullable, with no default (rows of earlier versions, and of
+/// earlier versions still running beside this one, leave them `NULL`), which PostgreSQL adds
+/// without rewriting the table; `IF NOT EXISTS`, so that processes upgrading the table at once
+/// all succeed. It waits at most [`ROW_LOCK_PATIENCE_S`] for that lock (`SET LOCAL
+/// lock_timeout`, in the same transaction: nothing stays on the connection). A table without
+/// them that may not be altered (`create` is off, the role does not own it, it stayed locked)
+/// keeps working as before, its holders described without label, host or process, and the next
+/// connect tries again.
+async fn describe_holders(
+    pool: &PgPool,
+    table: &str,
+    create: bool,
+    protocol: Protocol,
+) -> Result<bool, LockError> {
+    let names: Vec<String> = HOLDER_COLUMNS
+        .iter()
+        .map(|(name, _)| (*name).to_owned())
+        .collect();
+    let present: i64 = Query::once(
+        "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass($1) \
+         AND attname = ANY($2::text[]) AND NOT attisdropped",
+        protocol,
+    )
+    .bind(table)
+    .bind(names.as_slice())
+    .fetch_one(pool)
+    .await
+    .and_then(|row| sqlx::Row::try_get(&row, 0))
+    .map_err(backend_error)?;
+    if present == HOLDER_COLUMNS.len() as i64 {
+        return Ok(true);
+    }
+    if !create {
+        tracing::warn!(
+            table,
+            "distributed_lock: the PostgreSQL lock table has no label, host and pid columns (created by an earlier version; see PostgresBackend::ddl): holders are described without them"
+        );
+        return Ok(false);
+    }
+    let columns: Vec<String> = HOLDER_COLUMNS
+        .iter()
+        .map(|(name, kind)| format!("ADD COLUMN IF NOT EXISTS {name} {kind}"))
+        .collect();
+    // One simple query of two statements: one transaction, which `SET LOCAL` lasts for.
+    let alter = format!(
+        "SET LOCAL lock_timeout = '{ROW_LOCK_PATIENCE_S}s'; ALTER TABLE {table} {}",
+        columns.join(", ")
+    );
+    match sqlx::raw_sql(AssertSqlSafe(alter)).execute(pool).await {
+        Ok(_) => Ok(true),
+        Err(error) => {
+            tracing::warn!(
+                table,
+                %error,
+                "distributed_lock: cannot add the label, host and pid columns to the PostgreSQL lock table (see PostgresBackend::ddl): holders are described without them"
+            );
+            Ok(false)
+        }
+    }
 }
 
 /// What the waiters table's name adds to the lock table's.

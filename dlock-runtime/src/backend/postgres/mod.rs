@@ -18,10 +18,11 @@ use sqlx::postgres::PgPool;
 use super::sql::{self, micros, ttl_micros, TTL_LIMIT};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
-use crate::{LockError, Owner};
+use crate::{KeyState, LockError, Owner};
 
 mod acquire;
 mod builder;
+mod inspect;
 mod line;
 mod query;
 mod renew;
@@ -80,7 +81,10 @@ pub const MAX_KEY_BYTES: usize = 2048;
 ///   owner      TEXT        NOT NULL,             -- the holder's owner token
 ///   fence      BIGINT      NOT NULL,             -- fencing token of the current acquisition
 ///   expires_at TIMESTAMPTZ NOT NULL,             -- lease expiry, by the database's clock
-///   created_at TIMESTAMPTZ NOT NULL              -- when the current holder acquired
+///   created_at TIMESTAMPTZ NOT NULL,             -- when the current holder acquired
+///   label      BYTEA,                            -- the label it acquired under
+///   host       BYTEA,                            -- the host it runs on
+///   pid        BIGINT                            -- its process id on that host
 /// );
 /// CREATE TABLE IF NOT EXISTS "dlock_locks_waiters" (
 ///   lock_key   BYTEA       NOT NULL,             -- the key waited for
@@ -93,6 +97,18 @@ pub const MAX_KEY_BYTES: usize = 2048;
 ///
 /// `BYTEA` because a key is bytes: no collation can make two keys one lock, and no database
 /// encoding can refuse one. Read them in `psql` with `convert_from(lock_key, 'UTF8')`.
+///
+/// `label`, `host` and `pid` describe the holder to operators ([`Locker::inspect`](crate::Locker::inspect)),
+/// written by the statement that grants the key (a release's hand-over to a waiter writes the
+/// waiter's); `BYTEA` for the key's reason, read them with `convert_from` too. A label longer
+/// than 255 bytes is kept cut to 255, at a character boundary. A table created by an earlier
+/// version has none of them: `connect` adds them (`ALTER TABLE … ADD COLUMN IF NOT EXISTS`,
+/// nullable, only where one is missing, waiting at most 2 s for the table), unless told not to
+/// create the tables ([`create_table(false)`](PostgresBuilder::create_table)); a table it does
+/// not or cannot alter (not its owner, the table kept locked) keeps working, its holders
+/// described without them. Rows written by an earlier version leave them `NULL`, and
+/// one such version's take-over of a row keeps the previous holder's: while versions are
+/// mixed, a holder may be shown with another's label.
 ///
 /// A lease lasts at most a century, as on MySQL: PostgreSQL refuses an interval past 2⁶³ µs and
 /// a timestamp past the year 294276. A longer ttl is refused with [`LockError::InvalidOptions`],
@@ -198,6 +214,22 @@ pub const MAX_KEY_BYTES: usize = 2048;
 /// hold the others up: a head that has not started its try within 1 s of being woken (or of its
 /// own pause running out) is passed over by the waiter behind it, and is not counted by a
 /// caller that does not wait; polled again, it queues again at the back.
+///
+/// # Inspecting
+///
+/// - [`Locker::inspect`](crate::Locker::inspect) reads, in one statement, the key's row if it
+///   has not expired by the database's clock (its owner, fence, label, host and process id,
+///   `created_at` as the time it was acquired, `expires_at` less the database's now as its time
+///   left) and the live places of other processes in the waiters table. The waiters counted
+///   are this backend's own waiters for the key, every one, and one for each other process
+///   with a live place: a process stands in line with one place however many of its waiters
+///   wait, and takes it only once it lost a race for the key or found others in line, so
+///   waiters elsewhere are a lower bound.
+/// - [`Locker::list`](crate::Locker::list) reads the keys of the rows that have not expired, as
+///   a range of the primary key (`lock_key >= prefix AND lock_key < ` the prefix's successor:
+///   the keys are bytes, and no byte of the prefix is a pattern, so `%`, `_` and `\` match only
+///   themselves), 1,000 keys to a statement, each page from where the last ended, until the
+///   range is read: no statement runs long, and every held key is listed.
 ///
 /// # PgBouncer
 ///
@@ -364,7 +396,10 @@ impl PostgresBackend {
              \x20 owner      TEXT        NOT NULL,\n\
              \x20 fence      BIGINT      NOT NULL,\n\
              \x20 expires_at TIMESTAMPTZ NOT NULL,\n\
-             \x20 created_at TIMESTAMPTZ NOT NULL\n\
+             \x20 created_at TIMESTAMPTZ NOT NULL,\n\
+             \x20 label      BYTEA,\n\
+             \x20 host       BYTEA,\n\
+             \x20 pid        BIGINT\n\
              );\n\
              CREATE TABLE IF NOT EXISTS {waiters} (\n\
              \x20 lock_key   BYTEA       NOT NULL,\n\
@@ -410,6 +445,17 @@ impl PostgresBackend {
 impl Backend for PostgresBackend {
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
         self.acquire_key(request).await
+    }
+
+    /// The key's live row, and its waiters (see "Inspecting" above).
+    async fn inspect(&self, key: &str) -> Result<KeyState, LockError> {
+        self.inspect_key(key).await
+    }
+
+    /// The live rows' keys, a range of the primary key read a page at a time (see "Inspecting"
+    /// above).
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, LockError> {
+        self.list_keys(prefix).await
     }
 
     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {

@@ -56,12 +56,14 @@ impl PostgresBackend {
     /// this backend's place in the line across processes; `others_behind`: whether other
     /// waiters of this backend wait behind this one (granted, its place is then kept);
     /// `withdrawn`: the greatest fence of this acquisition's grants that were withdrawn (0 where
-    /// none was), whose undo may still be on its way (see [`sql::withdrawn_bound`]).
+    /// none was), whose undo may still be on its way (see [`sql::withdrawn_bound`]); `label` is
+    /// written with a granted row, where the table has the column.
     #[allow(clippy::too_many_arguments)] // One try's every input, each a plain value.
     pub(super) async fn try_acquire(
         &self,
         key: &[u8],
         owner: &str,
+        label: &str,
         ttl_us: i64,
         line: Line,
         others_behind: bool,
@@ -69,7 +71,7 @@ impl PostgresBackend {
         limits: Limits,
     ) -> Result<Attempt, LockError> {
         let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
-        let (key, owner) = (key.to_vec(), owner.to_owned());
+        let (key, owner, label) = (key.to_vec(), owner.to_owned(), label.to_owned());
         let (undo_key, undo_owner) = (key.clone(), owner.clone());
         let attempt = sql::claimed(
             "PostgreSQL",
@@ -81,6 +83,7 @@ impl PostgresBackend {
                     &shared,
                     &key,
                     &owner,
+                    &label,
                     ttl_us,
                     line,
                     others_behind,
@@ -111,10 +114,12 @@ impl PostgresBackend {
 
 /// Sends the acquire statement on a connection of its own from the pool; `sent_at` is measured
 /// after the wait for the connection, which on a busy pool would otherwise eat into the lease.
+#[allow(clippy::too_many_arguments)] // One try's every input, each a plain value.
 async fn acquire_row(
     shared: &Shared,
     key: &[u8],
     owner: &str,
+    label: &str,
     ttl_us: i64,
     line: Line,
     others_behind: bool,
@@ -127,7 +132,7 @@ async fn acquire_row(
         // with it on each move: most of the CPU an uncontended lock spent on the client.
         let mut connection = Box::pin(shared.pool.acquire()).await?;
         let sent_at = Instant::now();
-        let row = shared
+        let query = shared
             .sql
             .acquire
             .query()
@@ -139,9 +144,13 @@ async fn acquire_row(
             .bind(micros_i64(PLACE_LIFETIME))
             .bind(line == Line::Join)
             .bind(others_behind)
-            .bind(sql::withdrawn_bound(withdrawn))
-            .fetch_one(&mut *connection)
-            .await?;
+            .bind(sql::withdrawn_bound(withdrawn));
+        let query = if shared.sql.described {
+            query.bind(label.as_bytes())
+        } else {
+            query
+        };
+        let row = query.fetch_one(&mut *connection).await?;
         Ok((row, sent_at))
     })
     .await;
@@ -245,7 +254,7 @@ pub(super) async fn release_row(
         let sent_at = Instant::now();
         sending.store(true, Ordering::SeqCst);
         let again = sent_blind.load(Ordering::SeqCst);
-        let sent = shared
+        let query = shared
             .sql
             .hand_over
             .query()
@@ -256,9 +265,13 @@ pub(super) async fn release_row(
             .bind(shared.waiter.as_str())
             .bind(offered.others_behind)
             .bind(micros_i64(PLACE_LIFETIME))
-            .bind(again)
-            .fetch_one(&mut *connection)
-            .await;
+            .bind(again);
+        let query = if shared.sql.described {
+            query.bind(offered.label.as_bytes())
+        } else {
+            query
+        };
+        let sent = query.fetch_one(&mut *connection).await;
         if let Err(sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed) = &sent
         {
             sent_blind.store(true, Ordering::SeqCst);

@@ -4,6 +4,7 @@ use sqlx::postgres::PgPool;
 use sqlx::Row;
 
 use super::query::{Protocol, Query, Statement};
+use crate::backend::description::{cut_label, LIST_PAGE};
 use crate::LockError;
 
 /// The database's clock in microseconds since the epoch: the floor of a fresh row's fence.
@@ -22,7 +23,8 @@ pub(super) struct Statements {
     /// `$8` whether other waiters of this backend wait behind the caller (granted, a place of
     /// this backend's is then kept, its ticket taken anew, rather than given up), `$9` the
     /// greatest fence of this acquisition's grants that were withdrawn, 0 where none was (a
-    /// re-grant to the same owner keeps the row's fence only where it is greater) → (fence if
+    /// re-grant to the same owner keeps the row's fence only where it is greater), `$10` the
+    /// label (where `described`) → (fence if
     /// granted; if busy: the holder's µs left, the µs until the first waiter ahead lets its
     /// place lapse; whether this backend holds a place now).
     pub(super) acquire: Statement,
@@ -33,8 +35,8 @@ pub(super) struct Statements {
     /// `$1` key, `$2` owner, `$3` the owner to hand the key to (a waiter of this backend),
     /// `$4` its ttl in µs, `$5` this backend's waiter name, `$6` whether other waiters of this
     /// backend wait behind that one, `$7` how long a place lasts in µs, `$8` whether an earlier
-    /// send of this hand-over went astray (it then takes over a row of the waiter's owner too)
-    /// → (the new fence where it handed the key over; whether it released it instead, another
+    /// send of this hand-over went astray (it then takes over a row of the waiter's owner too),
+    /// `$9` the waiter's label (where `described`) → (the new fence where it handed the key over; whether it released it instead, another
     /// process's waiter being ahead in line; whether this backend holds a place now).
     pub(super) hand_over: Statement,
     /// `$1` keys, `$2` owners, `$3` ttls in µs → the (key, owner) pairs renewed.
@@ -46,6 +48,17 @@ pub(super) struct Statements {
     /// `$1` key, `$2` waiter name: gives up this backend's place in line, announcing it as a
     /// release is (the waiters behind may take the key now).
     pub(super) leave: Statement,
+    /// `$1` key, `$2` this backend's waiter name → one row: the number of other backends' live
+    /// places in line for the key, and the key's live row if any (owner, fence, µs since the
+    /// epoch it was acquired at, µs left, label, host, pid).
+    pub(super) inspect: Statement,
+    /// `$1` the first key → up to [`LIST_PAGE`] keys of live rows from it, in order.
+    pub(super) list: Statement,
+    /// `$1` the first key, `$2` the end of the range (not included) → as `list`.
+    pub(super) list_to: Statement,
+    /// Whether the table has the columns that describe a holder (label, host, pid), which the
+    /// statements then write (the acquire's `$10` and the hand-over's `$9`, the label) and read.
+    pub(super) described: bool,
 }
 
 impl Statements {
@@ -56,7 +69,28 @@ impl Statements {
         waiters: &str,
         channel: &str,
         protocol: Protocol,
+        described: bool,
     ) -> Statements {
+        // The holder's description, written by the statement that grants the key: this
+        // process's host and id written in (the same for every statement), the label bound.
+        let (host, pid) = (host_literal(), std::process::id());
+        let (acquire_columns, acquire_values, acquire_set, hand_over_set, read) = if described {
+            (
+                ", label, host, pid",
+                format!(", $10::bytea, {host}, {pid}"),
+                ", label = excluded.label, host = excluded.host, pid = excluded.pid",
+                format!(", label = $9::bytea, host = {host}, pid = {pid}"),
+                "held.label, held.host, held.pid",
+            )
+        } else {
+            (
+                "",
+                String::new(),
+                "",
+                String::new(),
+                "NULL::bytea, NULL::bytea, NULL::bigint",
+            )
+        };
         // Every part of a statement reads the tables as they were before it: `holder` is the
         // row of the holder when the key was busy. (Data-modifying parts of a statement are
         // invisible to its other parts.)
@@ -96,8 +130,8 @@ impl Statements {
         let acquire = format!(
             "WITH {line_at_acquire}, \
              attempt AS ( \
-               INSERT INTO {table} AS held (lock_key, owner, fence, expires_at, created_at) \
-               SELECT $1, $2, {NOW_US}, clock_timestamp() + $3 * interval '1 microsecond', clock_timestamp() \
+               INSERT INTO {table} AS held (lock_key, owner, fence, expires_at, created_at{acquire_columns}) \
+               SELECT $1, $2, {NOW_US}, clock_timestamp() + $3 * interval '1 microsecond', clock_timestamp(){acquire_values} \
                WHERE (SELECT lapses FROM ahead) IS NULL \
                   OR EXISTS (SELECT 1 FROM {table} WHERE lock_key = $1 AND owner = $2) \
                ON CONFLICT (lock_key) DO UPDATE SET owner = excluded.owner, \
@@ -106,7 +140,7 @@ impl Statements {
                  expires_at = CASE WHEN held.owner = excluded.owner \
                    THEN GREATEST(held.expires_at, excluded.expires_at) \
                    ELSE excluded.expires_at END, \
-                 created_at = excluded.created_at \
+                 created_at = excluded.created_at{acquire_set} \
                WHERE held.expires_at <= clock_timestamp() OR held.owner = excluded.owner \
                RETURNING fence), \
              {place_at_acquire}, \
@@ -163,7 +197,7 @@ impl Statements {
                UPDATE {table} AS held SET owner = $3, fence = GREATEST(held.fence + 1, {NOW_US}), \
                  expires_at = GREATEST(CASE WHEN held.owner = $3 THEN held.expires_at END, \
                    clock_timestamp() + $4 * interval '1 microsecond'), \
-                 created_at = clock_timestamp() \
+                 created_at = clock_timestamp(){hand_over_set} \
                WHERE held.lock_key = $1 \
                  AND ((held.owner = $2 AND (SELECT lapses FROM ahead) IS NULL) \
                       OR ($8 AND held.owner = $3)) \
@@ -203,7 +237,31 @@ impl Statements {
             "WITH gone AS (DELETE FROM {waiters} WHERE lock_key = $1 AND waiter = $2 RETURNING lock_key) \
              SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM gone"
         );
+        // Other backends' live places: each is a process with one waiter or more (this
+        // backend's own are counted from its queue, which knows them all).
+        let inspect = format!(
+            "SELECT (SELECT count(*) FROM {waiters} \
+               WHERE lock_key = $1 AND waiter <> $2 AND expires_at > clock_timestamp()), \
+             held.owner, held.fence, \
+             (extract(epoch FROM held.created_at) * 1000000)::bigint, \
+             (extract(epoch FROM held.expires_at - clock_timestamp()) * 1000000)::bigint, {read} \
+             FROM (SELECT 1) AS one LEFT JOIN {table} AS held \
+               ON held.lock_key = $1 AND held.expires_at > clock_timestamp()"
+        );
+        // A range of the primary key, a page at a time (see `description::prefix_end`).
+        let list = format!(
+            "SELECT lock_key FROM {table} WHERE lock_key >= $1 \
+               AND expires_at > clock_timestamp() ORDER BY lock_key LIMIT {LIST_PAGE}"
+        );
+        let list_to = format!(
+            "SELECT lock_key FROM {table} WHERE lock_key >= $1 AND lock_key < $2 \
+               AND expires_at > clock_timestamp() ORDER BY lock_key LIMIT {LIST_PAGE}"
+        );
         Statements {
+            inspect: Statement::new(inspect, protocol),
+            list: Statement::new(list, protocol),
+            list_to: Statement::new(list_to, protocol),
+            described,
             acquire: Statement::new(acquire, protocol),
             release: Statement::new(release, protocol),
             hand_over: Statement::new(hand_over, protocol),
@@ -215,6 +273,18 @@ impl Statements {
             channel: channel.to_owned(),
         }
     }
+}
+
+/// This host's name as a literal of the statements (`bytea`, as a key: no database encoding can
+/// refuse it), cut as a label is; `NULL` where it is unknown. Hex, so that nothing in it is
+/// read as SQL, and no `\\` that a server's `standard_conforming_strings` would read otherwise.
+fn host_literal() -> String {
+    let host = cut_label(crate::inspect::this_host());
+    if host.is_empty() {
+        return "NULL::bytea".into();
+    }
+    let hex: String = host.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("decode('{hex}', 'hex')")
 }
 
 /// The line across processes as a statement sees it, for the backend whose waiter name is the

@@ -61,6 +61,7 @@ impl ZookeeperBackend {
             self.shared.cleanups.spawn(self.clone().acquire_for(
                 request.key.to_owned(),
                 request.owner,
+                request.label.to_owned(),
                 request.ttl,
                 wait,
                 claim,
@@ -96,16 +97,18 @@ impl ZookeeperBackend {
     /// grant the caller did not claim within the claim window (or the ttl, where shorter),
     /// deleting its node. Stops, deleting what it made, as soon as the caller's future is
     /// dropped.
+    #[allow(clippy::too_many_arguments)] // The request's parts, owned, and the two channels.
     async fn acquire_for(
         self,
         key: String,
         owner: Owner,
+        label: String,
         ttl: Duration,
         wait: Duration,
         claim: Arc<Claim>,
         answer: oneshot::Sender<Outcome>,
     ) {
-        let request = AcquireRequest::new(&key, owner, ttl, wait);
+        let request = AcquireRequest::new(&key, owner, ttl, wait).label(&label);
         let outcome = tokio::select! {
             biased;
             // The caller is gone: dropping the acquisition lets its node's guard delete what

@@ -117,7 +117,13 @@ impl ZookeeperBackend {
                 }
             }
         }
-        let mut node = LockNode::new(&session, parent, request.owner, &self.shared.cleanups);
+        let mut node = LockNode::new(
+            &session,
+            parent,
+            request.owner,
+            request.label,
+            &self.shared.cleanups,
+        );
         node.parent_missing = parent_missing;
         loop {
             match self.contend(&mut node, deadline).await {
@@ -132,6 +138,7 @@ impl ZookeeperBackend {
                             &fresh,
                             node.parent.clone(),
                             request.owner,
+                            request.label,
                             &self.shared.cleanups,
                         );
                     }

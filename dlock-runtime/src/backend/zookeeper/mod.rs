@@ -18,7 +18,8 @@
 //!   rendered by `#[distributed_lock]` are already escaped, so they appear as they are. A key
 //!   whose lock node path would pass [`MAX_PATH_BYTES`] is refused with `InvalidKey`, whole.
 //! - **Lock node**: `EPHEMERAL_SEQUENTIAL`, named `{owner}-{attempt}-{sequence}` and holding
-//!   the owner token; the attempt is a number no other lock node of the process was given. The
+//!   its holder's description, `{owner}\n{pid}\n{host}\n{label}` (an earlier dlock wrote the
+//!   owner token alone, which still reads); the attempt is a number no other lock node of the process was given. The
 //!   prefix in the name makes creation *protected* (Curator's term): when the reply to a create
 //!   is lost with the connection, the node is found again by its prefix, so a retried or
 //!   abandoned acquisition never leaves an orphan node that would block the key for as long as
@@ -93,6 +94,20 @@
 //!   nobody serves. A delete whose answer is lost with the connection is sent again
 //!   (after 50 ms, doubling up to 1 s) until the server confirms the node gone or the session
 //!   has ended, however long the session outlives the connection; so is a release's.
+//!
+//! # Inspecting
+//!
+//! - [`Locker::inspect`](crate::Locker::inspect) lists the key's parent and reads its lock
+//!   nodes in one `multiRead` (as many as a request holds, the requests pipelined): the oldest
+//!   node's holder, described by its data (owner, label, host, process id), its `czxid` as the
+//!   fence and its `ctime` (the ensemble's clock, in milliseconds) as the time it was acquired;
+//!   every node behind it is a waiter. No time left is reported
+//!   ([`time_left`](crate::Holder::time_left) is `None`): the node lives as long as its session,
+//!   and its ttl is counted by its holder alone. The nodes are read from the server the
+//!   backend is connected to, which may lag the leader by a moment.
+//! - [`Locker::list`](crate::Locker::list) lists the root's children, once, keeps those whose
+//!   key (the name with its escapes undone) starts with the prefix, and lists each of those in
+//!   pipelined `multiRead`s: a key is held where its parent has a lock node.
 //!
 //! # Fences
 //!
@@ -176,6 +191,7 @@ mod builder;
 mod claim;
 mod cleanup;
 mod contend;
+mod describe;
 mod node;
 mod operator;
 mod paths;
@@ -199,7 +215,7 @@ use self::session::{ends_session, safe_ttl, zk_error, Session};
 pub use super::claim::DEFAULT_CLAIM_WINDOW;
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
-use crate::{LockError, Owner};
+use crate::{KeyState, LockError, Owner};
 
 /// The root under which the per-key parents live, unless [`ZookeeperBuilder::root`] says
 /// otherwise.
@@ -402,6 +418,17 @@ impl Backend for ZookeeperBackend {
 
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
         self.acquire_and_claim(request).await
+    }
+
+    /// The oldest lock node's holder and the nodes behind it (see "Inspecting" in the module
+    /// docs).
+    async fn inspect(&self, key: &str) -> Result<KeyState, LockError> {
+        self.inspect_key(key).await
+    }
+
+    /// The keys whose parent has a lock node (see "Inspecting" in the module docs).
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, LockError> {
+        self.list_keys(prefix).await
     }
 
     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {

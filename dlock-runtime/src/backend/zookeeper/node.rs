@@ -8,6 +8,7 @@ use zookeeper_client::{Client, Error as ZkError, MultiWriteError, SessionId};
 
 use super::batch::batches;
 use super::cleanup::{delete_abandoned, delete_unanswered_create};
+use super::describe::node_data;
 use super::paths::sequence;
 use super::queue::creation_zxids;
 use super::session::{ends_session, Session};
@@ -115,7 +116,7 @@ pub(super) struct LockNode {
     pub(super) own_prefix: String,
     /// `{parent}/{owner}-{attempt}-`: what the sequential create is given.
     pub(super) prefix: String,
-    /// The owner token, the node's data.
+    /// The node's data: its holder's description (see [`describe`](super::describe)).
     pub(super) data: String,
     /// The parent was seen missing: from then on, every create of the node is preceded by one
     /// of the parent (refused harmlessly where the parent exists again).
@@ -130,6 +131,7 @@ impl LockNode {
         session: &Session,
         parent: String,
         owner: Owner,
+        label: &str,
         cleanups: &Arc<Cleanups>,
     ) -> Self {
         let own_prefix = attempt_prefix(owner);
@@ -140,7 +142,7 @@ impl LockNode {
             prefix: format!("{parent}/{own_prefix}"),
             parent,
             own_prefix,
-            data: owner.to_string(),
+            data: node_data(owner, label),
             parent_missing: false,
             stage: Stage::NotCreated,
         }

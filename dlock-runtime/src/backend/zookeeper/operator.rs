@@ -1,12 +1,18 @@
 //! The operator's view of a key: who holds it and who waits ([`ZookeeperBackend::queue`]), and
 //! taking it from a holder that hangs ([`ZookeeperBackend::force_release`]).
 
-use zookeeper_client::Error as ZkError;
+use std::time::{Duration, UNIX_EPOCH};
 
-use super::queue::queue_in_creation_order;
+use zookeeper_client::{Error as ZkError, MultiReadResult};
+
+use super::batch::batches;
+use super::describe::parse_node_data;
+use super::paths::{key_of, sequence};
+use super::queue::{list_or_empty, queue_in_creation_order, read_lock_nodes};
 use super::session::zk_error;
 use super::ZookeeperBackend;
-use crate::LockError;
+use crate::backend::description::Described;
+use crate::{KeyState, LockError};
 
 impl ZookeeperBackend {
     /// The lock nodes of `key` in queue order, the holder first, as
@@ -34,6 +40,99 @@ impl ZookeeperBackend {
         queue_in_creation_order(&session.client, &parent)
             .await
             .map_err(zk_error)
+    }
+
+    /// `key`'s holder, described by its lock node (the oldest), and its waiters (the nodes
+    /// behind it), for [`Backend::inspect`](crate::backend::Backend::inspect).
+    pub(super) async fn inspect_key(&self, key: &str) -> Result<KeyState, LockError> {
+        let Ok(parent) = self.shared.parent(key) else {
+            // Never acquired: an acquire refuses such a key before sending anything.
+            return Ok(KeyState::new(key, Vec::new(), 0));
+        };
+        let session = self.session().await?;
+        let children = list_or_empty(&session.client, &parent)
+            .await
+            .map_err(zk_error)?;
+        let mut nodes = read_lock_nodes(&session.client, &parent, children)
+            .await
+            .map_err(zk_error)?;
+        nodes.sort_unstable_by_key(|node| node.stat.czxid);
+        let Some(first) = nodes.first() else {
+            return Ok(KeyState::new(key, Vec::new(), 0));
+        };
+        let data = parse_node_data(&first.data);
+        // A node whose data is no owner (made by hand) is named by one: `{owner}-…`.
+        let owner = if data.owner.len() == 32 {
+            data.owner
+        } else {
+            first.name.split('-').next().unwrap_or_default().to_owned()
+        };
+        let created =
+            UNIX_EPOCH + Duration::from_millis(u64::try_from(first.stat.ctime).unwrap_or(0));
+        let holder = Described {
+            owner,
+            fence: u64::try_from(first.stat.czxid).unwrap_or(0),
+            acquired_us: created
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |since| i64::try_from(since.as_micros()).unwrap_or(0)),
+            // The node lives as long as its session: nothing on the ensemble counts a ttl.
+            left_us: None,
+            label: data.label,
+            host: data.host,
+            pid: data.pid,
+        }
+        .holder("ZooKeeper", key)?;
+        Ok(KeyState::new(key, vec![holder], nodes.len() - 1))
+    }
+
+    /// The keys under the root that start with `prefix` and have a lock node, for
+    /// [`Backend::list`](crate::backend::Backend::list): the root's children, read at once, and
+    /// the children of those whose key starts with `prefix`, in pipelined `multiRead`s.
+    pub(super) async fn list_keys(&self, prefix: &str) -> Result<Vec<String>, LockError> {
+        let session = self.session().await?;
+        let base = &self.shared.base;
+        let candidates: Vec<(String, String)> = list_or_empty(&session.client, base)
+            .await
+            .map_err(zk_error)?
+            .into_iter()
+            .filter_map(|name| key_of(&name).map(|key| (name, key)))
+            .filter(|(_, key)| key.starts_with(prefix))
+            .collect();
+        let mut reads = Vec::new();
+        for chunk in batches(&candidates, |(name, _)| base.len() + 1 + name.len()) {
+            let mut reader = session.client.new_multi_reader();
+            for (name, _) in chunk {
+                reader
+                    .add_get_children(&format!("{base}/{name}"))
+                    .map_err(zk_error)?;
+            }
+            reads.push(reader.commit());
+        }
+        let mut keys = Vec::new();
+        let mut candidates = candidates.into_iter();
+        for read in reads {
+            for result in read.await.map_err(zk_error)? {
+                let (_, key) = candidates.next().unwrap_or_default();
+                match result {
+                    MultiReadResult::Children { children } => {
+                        if children.iter().any(|child| sequence(child).is_some()) {
+                            keys.push(key);
+                        }
+                    }
+                    // Deleted since the listing: released.
+                    MultiReadResult::Error {
+                        err: ZkError::NoNode,
+                    } => {}
+                    MultiReadResult::Error { err } => return Err(zk_error(err)),
+                    _ => {
+                        return Err(LockError::backend(
+                            "ZooKeeper answered a read of children with something else",
+                        ))
+                    }
+                }
+            }
+        }
+        Ok(keys)
     }
 
     /// Deletes the node of `key`'s holder, whoever it is, as an operator's `delete` in `zkCli`

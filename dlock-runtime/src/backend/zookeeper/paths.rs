@@ -86,6 +86,26 @@ fn node_name(key: &str) -> Result<String, LockError> {
     Ok(name)
 }
 
+/// The key a parent's name stands for: [`node_name`] undone (every `%` starts an escape of a
+/// byte); `None` for a name no key gives (a stray node under the root).
+pub(super) fn key_of(name: &str) -> Option<String> {
+    let bytes = name.as_bytes();
+    let mut key = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] == b'%' {
+            let hex = bytes.get(at + 1..at + 3)?;
+            key.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+            at += 3;
+        } else {
+            key.push(bytes[at]);
+            at += 1;
+        }
+    }
+    let key = String::from_utf8(key).ok()?;
+    (node_name(&key).ok()? == name).then_some(key)
+}
+
 /// Whether ZooKeeper accepts `c` in a node name (its `PathUtils.validatePath`).
 fn allowed_in_znode(c: char) -> bool {
     let c = u32::from(c);
@@ -122,7 +142,9 @@ pub(super) fn check_path(path: &str) -> Result<(), String> {
 mod tests {
     use proptest::prelude::*;
 
-    use super::{check_path, node_name, parent_path, parent_path_within, sequence, MAX_PATH_BYTES};
+    use super::{
+        check_path, key_of, node_name, parent_path, parent_path_within, sequence, MAX_PATH_BYTES,
+    };
     use crate::LockError;
 
     #[test]
@@ -140,6 +162,21 @@ mod tests {
         let slashes = "/".repeat(longest / 3);
         assert!(parent_path("/dlock", &format!("{slashes}{}", "k".repeat(longest % 3))).is_ok());
         assert!(parent_path("/dlock", &format!("{slashes}/")).is_err());
+    }
+
+    #[test]
+    fn a_parent_name_reads_back_as_its_key() {
+        for key in ["acct:a%3Ab", "a/b", ".", "..", "a.b", "é\u{1}x", "%"] {
+            assert_eq!(
+                key_of(&node_name(key).unwrap()).as_deref(),
+                Some(key),
+                "{key}"
+            );
+        }
+        // Names no key gives: a stray `%`, an escape of what needs none, `.`.
+        for name in ["a%", "a%2", "%61", ".", "a%zz"] {
+            assert_eq!(key_of(name), None, "{name}");
+        }
     }
 
     #[test]

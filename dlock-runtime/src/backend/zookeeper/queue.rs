@@ -1,7 +1,7 @@
 //! A key's queue: its lock nodes in creation order, the holder first. The order is the nodes'
 //! `czxid`s, never the numbers in their names, which wrap (see the module docs).
 
-use zookeeper_client::{Client, Error as ZkError, MultiReadResult};
+use zookeeper_client::{Client, Error as ZkError, MultiReadResult, Stat};
 
 use super::batch::batches;
 use super::paths::sequence;
@@ -27,15 +27,35 @@ pub(super) async fn queue_in_creation_order(
     ))
 }
 
-/// The `czxid` of each lock node among `children` of `parent`, read in `multiRead`s of as many
-/// nodes as the server accepts in one request (see [`batch`](super::batch)), the requests
-/// pipelined. Other names, and nodes gone since the listing, are left out; a node that cannot
-/// be read for another reason (its ACL, say) is an error.
+/// The `czxid` of each lock node among `children` of `parent` (see [`read_lock_nodes`]).
 pub(super) async fn creation_zxids(
     client: &Client,
     parent: &str,
     children: Vec<String>,
 ) -> Result<Vec<(i64, String)>, ZkError> {
+    Ok(read_lock_nodes(client, parent, children)
+        .await?
+        .into_iter()
+        .map(|node| (node.stat.czxid, node.name))
+        .collect())
+}
+
+/// A lock node as read: its name, stat and data.
+pub(super) struct NodeRead {
+    pub(super) name: String,
+    pub(super) stat: Stat,
+    pub(super) data: Vec<u8>,
+}
+
+/// Each lock node among `children` of `parent`, read in `multiRead`s of as many nodes as the
+/// server accepts in one request (see [`batch`](super::batch)), the requests pipelined. Other
+/// names, and nodes gone since the listing, are left out; a node that cannot be read for
+/// another reason (its ACL, say) is an error.
+pub(super) async fn read_lock_nodes(
+    client: &Client,
+    parent: &str,
+    children: Vec<String>,
+) -> Result<Vec<NodeRead>, ZkError> {
     let names: Vec<String> = children
         .into_iter()
         .filter(|name| sequence(name).is_some())
@@ -55,7 +75,7 @@ pub(super) async fn creation_zxids(
         for result in read.await? {
             let name = names.next().unwrap_or_default();
             match result {
-                MultiReadResult::Data { stat, .. } => found.push((stat.czxid, name)),
+                MultiReadResult::Data { stat, data } => found.push(NodeRead { name, stat, data }),
                 // Gone since the listing: it is ahead of nobody any more.
                 MultiReadResult::Error {
                     err: ZkError::NoNode,

@@ -94,6 +94,8 @@ struct Waiter {
     /// Who waits, for a release to hand the key to.
     owner: Arc<str>,
     ttl_us: i64,
+    /// Its acquisition's label, for a release to write with the row it hands over.
+    label: Arc<str>,
     /// Where a release is handing the key to this waiter.
     offer: Offer,
     /// While it is the head: when it is due to start its next try (it was woken, or its own
@@ -205,6 +207,12 @@ impl Waiting {
         }
     }
 
+    /// How many of this backend's acquisitions wait for `key` (a head passed over included,
+    /// until it leaves or queues again), for `inspect`.
+    pub(super) fn waiters(&self, key: &[u8]) -> usize {
+        self.shared.state().queues.get(key).map_or(0, VecDeque::len)
+    }
+
     /// Whether some waiter of this backend is queued for `key` and its head has not let its
     /// turn lapse: a try-once acquisition then finds the key busy rather than overtake them.
     pub(super) fn has_waiters(&self, key: &[u8]) -> bool {
@@ -279,9 +287,9 @@ impl Waiting {
         self.shared.places_left.notified().await;
     }
 
-    /// Queues `owner`, waiting for `key` with a lease of `ttl_us`, last. Dropping the place
-    /// leaves the queue.
-    pub(super) fn join(&self, key: &[u8], owner: &str, ttl_us: i64) -> Place {
+    /// Queues `owner`, waiting for `key` with a lease of `ttl_us` under `label`, last. Dropping
+    /// the place leaves the queue.
+    pub(super) fn join(&self, key: &[u8], owner: &str, ttl_us: i64, label: &str) -> Place {
         let place = Place {
             shared: self.shared.clone(),
             key: key.to_vec(),
@@ -290,6 +298,7 @@ impl Waiting {
             withdrawn: Arc::default(),
             owner: Arc::from(owner),
             ttl_us,
+            label: Arc::from(label),
         };
         enqueue(&mut self.shared.state(), &place);
         place
@@ -307,9 +316,9 @@ mod tests {
     #[tokio::test]
     async fn waiters_take_turns_in_arrival_order() {
         let waiting = Waiting::new("w".to_owned());
-        let first = waiting.join(b"k", "1", 1);
-        let second = waiting.join(b"k", "2", 1);
-        let third = waiting.join(b"k", "3", 1);
+        let first = waiting.join(b"k", "1", 1, "");
+        let second = waiting.join(b"k", "2", 1, "");
+        let third = waiting.join(b"k", "3", 1, "");
         assert!(is_head(&first) && !is_head(&second) && !is_head(&third));
         assert!(waiting.has_waiters(b"k") && !waiting.has_waiters(b"other"));
         // A waiter that leaves from the middle hands nothing on; the head's leaving does.
@@ -331,8 +340,8 @@ mod tests {
         use super::Start;
 
         let waiting = Waiting::new("w".to_owned());
-        let first = waiting.join(b"k", "1", 1);
-        let second = waiting.join(b"k", "2", 1);
+        let first = waiting.join(b"k", "1", 1, "");
+        let second = waiting.join(b"k", "2", 1, "");
         assert!(matches!(first.start_try(), Start::Try));
         let expires = Instant::now() + Duration::from_secs(60);
         first.holds_until(expires);

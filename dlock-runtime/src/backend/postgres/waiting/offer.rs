@@ -52,6 +52,8 @@ pub(in crate::backend::postgres) struct Offered {
     pub(in crate::backend::postgres) withdrawn: Arc<AtomicU64>,
     pub(in crate::backend::postgres) owner: Arc<str>,
     pub(in crate::backend::postgres) ttl_us: i64,
+    /// The label its acquisition asked under, which the hand-over writes with the row.
+    pub(in crate::backend::postgres) label: Arc<str>,
     /// Whether other waiters of this backend wait behind it.
     pub(in crate::backend::postgres) others_behind: bool,
 }
@@ -96,6 +98,7 @@ impl Waiting {
             withdrawn: head.withdrawn.clone(),
             owner: head.owner.clone(),
             ttl_us: head.ttl_us,
+            label: head.label.clone(),
             others_behind,
         })
     }

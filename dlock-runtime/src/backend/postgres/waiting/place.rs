@@ -19,6 +19,7 @@ pub(super) fn enqueue(state: &mut State, place: &Place) {
         withdrawn: place.withdrawn.clone(),
         owner: place.owner.clone(),
         ttl_us: place.ttl_us,
+        label: place.label.clone(),
         offer: Offer::None,
         due,
         trying_since: None,
@@ -35,6 +36,7 @@ pub(in crate::backend::postgres) struct Place {
     pub(super) withdrawn: Arc<AtomicU64>,
     pub(super) owner: Arc<str>,
     pub(super) ttl_us: i64,
+    pub(super) label: Arc<str>,
 }
 
 impl Place {

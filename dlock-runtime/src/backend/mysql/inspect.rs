@@ -1,0 +1,86 @@
+//! For operators: a key's live row ([`Backend::inspect`](crate::backend::Backend::inspect)) and
+//! the live rows' keys ([`Backend::list`](crate::backend::Backend::list)).
+
+use sqlx::{AssertSqlSafe, Row};
+
+use super::retry::{backend_error, on_background, retry_transient};
+use super::{check_key, MysqlBackend};
+use crate::backend::description::{after, prefix_end, Described, LIST_PAGE};
+use crate::{KeyState, LockError};
+
+impl MysqlBackend {
+    /// `key`'s live row, described, and this backend's waiters for it.
+    pub(super) async fn inspect_key(&self, key: &str) -> Result<KeyState, LockError> {
+        let waiters = self.shared.waiting.waiters(key);
+        if check_key(key).is_err() {
+            // Never acquired: an acquire refuses such a key before sending anything.
+            return Ok(KeyState::new(key, Vec::new(), waiters));
+        }
+        let shared = self.shared.clone();
+        let bytes = key.as_bytes().to_vec();
+        let row = on_background(async move {
+            retry_transient(|| {
+                sqlx::query(AssertSqlSafe(shared.sql.inspect.clone()))
+                    .bind(bytes.as_slice())
+                    .fetch_optional(&shared.pool)
+            })
+            .await
+            .map_err(backend_error)
+        })
+        .await?;
+        let Some(row) = row else {
+            return Ok(KeyState::new(key, Vec::new(), waiters));
+        };
+        let described = Described {
+            owner: row.try_get(0).map_err(backend_error)?,
+            fence: row.try_get(1).map_err(backend_error)?,
+            acquired_us: row.try_get(2).map_err(backend_error)?,
+            left_us: Some(row.try_get(3).map_err(backend_error)?),
+            label: row.try_get(4).map_err(backend_error)?,
+            host: row.try_get(5).map_err(backend_error)?,
+            pid: row.try_get(6).map_err(backend_error)?,
+        };
+        Ok(KeyState::new(
+            key,
+            vec![described.holder("MySQL", key)?],
+            waiters,
+        ))
+    }
+
+    /// The keys of the live rows that start with `prefix`, in key order, a page at a time.
+    pub(super) async fn list_keys(&self, prefix: &str) -> Result<Vec<String>, LockError> {
+        let shared = self.shared.clone();
+        let prefix = prefix.as_bytes().to_vec();
+        on_background(async move {
+            let end = prefix_end(&prefix);
+            let mut from = prefix;
+            let mut keys = Vec::new();
+            loop {
+                let page: Vec<Vec<u8>> = retry_transient(|| {
+                    let query = match &end {
+                        Some(end) => sqlx::query_scalar(AssertSqlSafe(shared.sql.list_to.clone()))
+                            .bind(from.as_slice())
+                            .bind(end.as_slice()),
+                        None => sqlx::query_scalar(AssertSqlSafe(shared.sql.list.clone()))
+                            .bind(from.as_slice()),
+                    };
+                    query.fetch_all(&shared.pool)
+                })
+                .await
+                .map_err(backend_error)?;
+                let full = page.len() == LIST_PAGE;
+                if let Some(last) = page.last() {
+                    from = after(last);
+                }
+                keys.extend(
+                    page.into_iter()
+                        .map(|key| String::from_utf8_lossy(&key).into_owned()),
+                );
+                if !full {
+                    return Ok(keys);
+                }
+            }
+        })
+        .await
+    }
+}
