@@ -408,3 +408,126 @@ async fn redis_hands_an_older_waiter_the_owner_alone() {
     assert_eq!(state.holders()[0].pid(), Some(std::process::id()));
     lease.release().await.unwrap();
 }
+
+/// A holder that expires unreleased (its process stalled) leaves the key to the waiter that
+/// finds it free on its next poll: that grant, too, stores the waiter's description, so
+/// `inspect` names the waiter's process, host and label (not just its owner and fence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_describes_a_waiter_granted_after_an_expiry() {
+    let prefix = unique("expired");
+    let connect = || async {
+        RedisBackend::builder(&redis_url())
+            .unwrap()
+            .key_prefix(prefix.clone())
+            .connect()
+            .await
+            .unwrap()
+    };
+    let (stalled, store) = (connect().await, connect().await);
+    let key = "k";
+    let holder = Owner::random();
+    stalled
+        .acquire(
+            &AcquireRequest::new(key, holder, Duration::from_millis(300), Duration::ZERO)
+                .label("stalled"),
+        )
+        .await
+        .unwrap()
+        .expect("the key was free");
+    let locker = Locker::with_backend(store);
+    let lease = locker
+        .lock(
+            key,
+            LockOptions::new()
+                .wait(Duration::from_secs(10))
+                .label("takes over after an expiry"),
+        )
+        .await
+        .unwrap();
+    let state = locker.inspect(key).await.unwrap();
+    let [described] = state.holders() else {
+        panic!("not one holder: {state:?}");
+    };
+    assert_eq!(described.owner(), lease.owner());
+    assert_eq!(described.fence(), lease.fence());
+    assert_eq!(described.pid(), Some(std::process::id()), "{described:?}");
+    assert_eq!(described.host(), this_host().as_deref(), "{described:?}");
+    assert_eq!(described.label(), "takes over after an expiry");
+    lease.release().await.unwrap();
+}
+
+/// How long a label may be, in bytes, as stored.
+const LABEL_BOUND: usize = 256;
+
+/// A 10,000-byte label is stored cut to its first 256 bytes, never inside a character (one that
+/// straddles the bound is left out whole), and the lease works as any other.
+async fn a_long_label_is_stored_cut<B: Backend + Clone>(store: B) {
+    let locker = Locker::with_backend(store.clone());
+    let straddling = format!("{}{}", "a".repeat(LABEL_BOUND - 1), "é".repeat(5_000));
+    for (key, label, stored) in [
+        ("plain", "x".repeat(10_000), "x".repeat(LABEL_BOUND)),
+        ("straddling", straddling, "a".repeat(LABEL_BOUND - 1)),
+    ] {
+        let owner = Owner::random();
+        let ttl = Duration::from_secs(10);
+        let request = AcquireRequest::new(key, owner, ttl, Duration::ZERO).label(&label);
+        let acquired = store
+            .acquire(&request)
+            .await
+            .unwrap()
+            .expect("the key was free");
+        let state = locker.inspect(key).await.unwrap();
+        let got = state.holders()[0].label();
+        assert!(got == stored, "{key}: {} bytes stored", got.len());
+        assert_eq!(state.holders()[0].fence(), acquired.fence);
+        let renewed = store.renew(&[Renewal::new(key, owner, ttl)]).await.unwrap();
+        assert_eq!(renewed, [true], "{key}: not renewed");
+        assert!(
+            store.release(key, owner).await.unwrap(),
+            "{key}: not released"
+        );
+        // Through a `Locker` too, whose options take a `&'static str`.
+        let options = LockOptions::new().label(String::leak(label.clone()));
+        let lease = locker.lock(key, options).await.unwrap();
+        let state = locker.inspect(key).await.unwrap();
+        let got = state.holders()[0].label();
+        assert!(
+            got == stored,
+            "{key}: {} bytes stored by a Locker",
+            got.len()
+        );
+        lease.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn memory_stores_a_long_label_cut() {
+    a_long_label_is_stored_cut(MemoryBackend::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stores_a_long_label_cut() {
+    let store = redis_backend("long-label").await;
+    a_long_label_is_stored_cut(store.clone()).await;
+    // The lock's value carries the cut label, not the whole of it.
+    let owner = Owner::random();
+    let label = "y".repeat(10_000);
+    let request =
+        AcquireRequest::new("k", owner, Duration::from_secs(10), Duration::ZERO).label(&label);
+    store
+        .acquire(&request)
+        .await
+        .unwrap()
+        .expect("the key was free");
+    let stored: String = raw().await.get(store.lock_key("k")).await.unwrap();
+    assert!(
+        stored.contains(&format!("/{}/", "y".repeat(LABEL_BOUND))),
+        "{} bytes stored",
+        stored.len()
+    );
+    assert!(
+        !stored.contains(&"y".repeat(LABEL_BOUND + 1)),
+        "the whole label was stored"
+    );
+    assert!(store.release("k", owner).await.unwrap());
+}

@@ -340,10 +340,31 @@ impl KeyState {
     }
 }
 
+/// The most bytes of a label or host name a store keeps with a lease: enough to name any holder,
+/// and a bound on what every grant, waiter poll and queue rewrite carries to the store (a label
+/// comes from the caller, and may be as long as it likes).
+pub(crate) const TEXT_BOUND: usize = 256;
+
+/// `text` cut to at most [`TEXT_BOUND`] bytes, at a character boundary (a character that would
+/// straddle the bound is left out whole): what every store keeps of a label or host name. The
+/// one place the bound is applied, so that every store keeps the same cut of the same text.
+#[cfg_attr(not(any(feature = "memory", feature = "redis")), allow(dead_code))]
+pub(crate) fn bounded(text: &str) -> &str {
+    if text.len() <= TEXT_BOUND {
+        return text;
+    }
+    let mut end = TEXT_BOUND;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// The name of the host this process runs on, as stores record it with each lease: read once
 /// per process (from `/proc/sys/kernel/hostname` or `/etc/hostname`, else the `HOSTNAME` or
-/// `COMPUTERNAME` environment variable); empty where none of them says. Read from files rather
-/// than asked of the C library, which would take `unsafe` code or another dependency.
+/// `COMPUTERNAME` environment variable) and cut by [`bounded`]; empty where none of them says.
+/// Read from files rather than asked of the C library, which would take `unsafe` code or
+/// another dependency.
 #[cfg(any(feature = "memory", feature = "redis"))]
 pub(crate) fn this_host() -> &'static str {
     static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -356,8 +377,26 @@ pub(crate) fn this_host() -> &'static str {
             .filter_map(|name| std::env::var(name).ok());
         from_file
             .chain(from_env)
-            .map(|name| name.trim().to_owned())
+            .map(|name| bounded(name.trim()).to_owned())
             .find(|name| !name.is_empty())
             .unwrap_or_default()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounded_cuts_long_text_at_a_character_boundary() {
+        assert_eq!(bounded("short"), "short");
+        let exact = "x".repeat(TEXT_BOUND);
+        assert_eq!(bounded(&exact), exact);
+        assert_eq!(bounded(&"x".repeat(10_000)), exact);
+        // `é` is two bytes: the one that straddles the bound is left out whole.
+        let straddling = format!("{}{}", "a".repeat(TEXT_BOUND - 1), "é".repeat(10));
+        assert_eq!(bounded(&straddling), "a".repeat(TEXT_BOUND - 1));
+        let fitting = format!("{}é", "a".repeat(TEXT_BOUND - 2));
+        assert_eq!(bounded(&format!("{fitting}zzz")), fitting);
+    }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Notify;
 
 use super::{AcquireRequest, Acquired, Backend, Renewal};
+use crate::inspect::bounded;
 use crate::{LockError, Owner};
 
 /// An in-process lock store. Clones share one store.
@@ -53,6 +54,7 @@ struct Holder {
     owner: Owner,
     expires_at: Instant,
     fence: u64,
+    /// Cut by [`bounded`], as every store keeps it.
     label: String,
     /// By the store's clock, which for this store is the system's.
     acquired_at: SystemTime,
@@ -73,7 +75,7 @@ impl Waiter {
         Arc::new(Waiter {
             owner: request.owner,
             ttl: request.ttl,
-            label: request.label.to_owned(),
+            label: bounded(request.label).to_owned(),
             granted: OnceLock::new(),
             wake: Notify::new(),
         })
@@ -201,7 +203,7 @@ impl Shared {
             owner,
             expires_at: now + ttl,
             fence,
-            label: label.to_owned(),
+            label: bounded(label).to_owned(),
             acquired_at: SystemTime::now(),
         });
         Acquired {

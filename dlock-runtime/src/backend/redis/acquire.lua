@@ -56,8 +56,9 @@ if not holder then
   -- Free: serve the first live waiter, which may be this owner; nobody waits, this owner.
   local head, waiter = pop_live_head()
   if not head or head == owner then
-    -- Others may still be queued: unmarked (their turn comes with the release).
-    return grant(owner, ttl)
+    -- Others may still be queued: unmarked (their turn comes with the release). Described, as
+    -- every grant of this dlock is (this script is this dlock's: its caller gave `meta`).
+    return grant(owner, ttl, meta)
   end
   -- Others came first (the holder expired without a release to hand it on).
   hand_to(head, waiter, nil)

@@ -11,6 +11,7 @@
 use std::sync::LazyLock;
 use std::time::{Duration, UNIX_EPOCH};
 
+use crate::inspect::bounded;
 use crate::{Holder, Owner};
 
 /// `<pid>/<host>/`, the part of the description every acquisition of this process shares: made
@@ -22,8 +23,11 @@ static PROCESS: LazyLock<String> = LazyLock::new(|| {
     process
 });
 
-/// The description an acquisition under `label` stores with its lock: `<pid>/<host>/<label>`.
+/// The description an acquisition under `label` stores with its lock: `<pid>/<host>/<label>`,
+/// the label cut by [`bounded`] (the host is, where it is read), which bounds what every grant,
+/// waiter poll and queue rewrite of the lock carries.
 pub(super) fn holder_meta(label: &str) -> String {
+    let label = bounded(label);
     let mut meta = String::with_capacity(PROCESS.len() + label.len());
     meta.push_str(&PROCESS);
     encode_into(label, &mut meta);
