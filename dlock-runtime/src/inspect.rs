@@ -342,13 +342,24 @@ impl KeyState {
 
 /// The most bytes of a label or host name a store keeps with a lease: enough to name any holder,
 /// and a bound on what every grant, waiter poll and queue rewrite carries to the store (a label
-/// comes from the caller, and may be as long as it likes).
-pub(crate) const TEXT_BOUND: usize = 256;
+/// comes from the caller, and may be as long as it likes); 255, so that it fits MySQL's
+/// `VARCHAR(255)` whatever its characters, and a ZooKeeper queue's reads of a thousand nodes stay
+/// far from the server's request limit.
+pub(crate) const TEXT_BOUND: usize = 255;
 
 /// `text` cut to at most [`TEXT_BOUND`] bytes, at a character boundary (a character that would
 /// straddle the bound is left out whole): what every store keeps of a label or host name. The
 /// one place the bound is applied, so that every store keeps the same cut of the same text.
-#[cfg_attr(not(any(feature = "memory", feature = "redis")), allow(dead_code))]
+#[cfg_attr(
+    not(any(
+        feature = "memory",
+        feature = "redis",
+        feature = "mysql",
+        feature = "postgres",
+        feature = "zookeeper"
+    )),
+    allow(dead_code)
+)]
 pub(crate) fn bounded(text: &str) -> &str {
     if text.len() <= TEXT_BOUND {
         return text;

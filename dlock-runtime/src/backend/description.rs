@@ -1,28 +1,10 @@
 //! What the stores that keep a holder's description beside its lease (MySQL, PostgreSQL and
-//! ZooKeeper) share: the label's limit, the owner read back from the store, and, for the SQL
+//! ZooKeeper) share: the owner read back from the store, and, for the SQL
 //! stores, the key range a prefix stands for.
 
 use std::time::{Duration, UNIX_EPOCH};
 
 use crate::{Holder, LockError, Owner};
-
-/// The most bytes of a label a store keeps. A label names the code that took the lease (a
-/// function's path, a job's name); a longer one is kept cut to this many bytes, at a character
-/// boundary, so that it fits MySQL's `VARCHAR(255)` whatever its characters, and a ZooKeeper
-/// queue's reads of a thousand nodes stay far from the server's request limit.
-pub(super) const LABEL_MAX_BYTES: usize = 255;
-
-/// `label`, cut to [`LABEL_MAX_BYTES`] at a character boundary.
-pub(super) fn cut_label(label: &str) -> &str {
-    if label.len() <= LABEL_MAX_BYTES {
-        return label;
-    }
-    let end = (0..=LABEL_MAX_BYTES)
-        .rev()
-        .find(|&at| label.is_char_boundary(at))
-        .unwrap_or(0);
-    &label[..end]
-}
 
 /// The owner written as 32 hex digits (how every store keeps it); `None` for anything else.
 pub(super) fn parse_owner(hex: &str) -> Option<Owner> {
@@ -106,17 +88,8 @@ pub(super) fn after(last: &[u8]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::{cut_label, parse_owner, LABEL_MAX_BYTES};
+    use super::parse_owner;
     use crate::Owner;
-
-    #[test]
-    fn a_label_is_cut_at_a_character_boundary() {
-        assert_eq!(cut_label("report"), "report");
-        let long = "é".repeat(200); // 400 bytes
-        let cut = cut_label(&long);
-        assert!(cut.len() <= LABEL_MAX_BYTES && cut.len() >= LABEL_MAX_BYTES - 1);
-        assert!(long.starts_with(cut));
-    }
 
     #[test]
     fn an_owner_reads_back_from_its_hex() {

@@ -8,8 +8,9 @@ use sqlx::{AssertSqlSafe, Executor};
 
 use super::retry::{backend_error, on_background};
 use super::{MysqlBackend, Shared, Statements};
-use crate::backend::description::{cut_label, LIST_PAGE};
+use crate::backend::description::LIST_PAGE;
 use crate::backend::sql::ROW_LOCK_PATIENCE_S;
+use crate::inspect::bounded;
 use crate::url::{duration_param, number_param, query_param};
 use crate::LockError;
 
@@ -467,7 +468,7 @@ async fn describe_holders(pool: &MySqlPool, name: &str, create: bool) -> Result<
 /// This host's name as a literal of the statements, cut as a label is; `NULL` where it is
 /// unknown. Hex, so that nothing in it is read as SQL.
 fn host_literal() -> String {
-    let host = cut_label(crate::inspect::this_host());
+    let host = bounded(crate::inspect::this_host());
     if host.is_empty() {
         return "NULL".into();
     }

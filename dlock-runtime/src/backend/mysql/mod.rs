@@ -351,7 +351,7 @@ impl Backend for MysqlBackend {
         let mut withdrawn = 0;
         // Counted among the key's waiters from its first busy try to its end.
         let mut waiting = None;
-        let label = super::description::cut_label(request.label);
+        let label = crate::inspect::bounded(request.label);
         loop {
             match self
                 .try_acquire(

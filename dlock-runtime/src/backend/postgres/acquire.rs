@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use super::rows::{Attempt, Line};
 use super::waiting::{Start, Turn};
 use super::{check_key, PostgresBackend};
-use crate::backend::description::cut_label;
 use crate::backend::sql::{ttl_micros, Backoff, Limits, UNKNOWN_FENCE};
 use crate::backend::{AcquireRequest, Acquired};
+use crate::inspect::bounded;
 use crate::LockError;
 
 /// Back-off between tries of a waiting head while nobody listens for releases.
@@ -29,7 +29,7 @@ impl PostgresBackend {
         check_key(request.key)?;
         let key = request.key.as_bytes();
         let owner = request.owner.to_string();
-        let label = cut_label(request.label);
+        let label = bounded(request.label);
         let ttl_us = ttl_micros("PostgreSQL", request.ttl)?;
         let granted = |fence, sent_at| {
             Some(Acquired {

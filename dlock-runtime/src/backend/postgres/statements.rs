@@ -4,7 +4,8 @@ use sqlx::postgres::PgPool;
 use sqlx::Row;
 
 use super::query::{Protocol, Query, Statement};
-use crate::backend::description::{cut_label, LIST_PAGE};
+use crate::backend::description::LIST_PAGE;
+use crate::inspect::bounded;
 use crate::LockError;
 
 /// The database's clock in microseconds since the epoch: the floor of a fresh row's fence.
@@ -279,7 +280,7 @@ impl Statements {
 /// refuse it), cut as a label is; `NULL` where it is unknown. Hex, so that nothing in it is
 /// read as SQL, and no `\\` that a server's `standard_conforming_strings` would read otherwise.
 fn host_literal() -> String {
-    let host = cut_label(crate::inspect::this_host());
+    let host = bounded(crate::inspect::this_host());
     if host.is_empty() {
         return "NULL::bytea".into();
     }

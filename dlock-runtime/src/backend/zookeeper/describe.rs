@@ -4,19 +4,19 @@
 //! The data is `{owner}\n{pid}\n{host}\n{label}`: the owner token first, as an earlier dlock
 //! wrote it alone (such a node still reads, described by its owner only); the label last, so it
 //! may hold any character, a line break too; the host name holds none. The label is cut to
-//! [`LABEL_MAX_BYTES`](crate::backend::description::LABEL_MAX_BYTES), which keeps a queue's
+//! [`TEXT_BOUND`](crate::inspect::TEXT_BOUND), which keeps a queue's
 //! reads of a thousand nodes far from the server's request limit.
 
-use crate::backend::description::cut_label;
+use crate::inspect::bounded;
 use crate::Owner;
 
 /// The data of a lock node of `owner`'s acquisition under `label`, from this process.
 pub(super) fn node_data(owner: Owner, label: &str) -> String {
-    let host = cut_label(crate::inspect::this_host());
+    let host = bounded(crate::inspect::this_host());
     format!(
         "{owner}\n{}\n{host}\n{}",
         std::process::id(),
-        cut_label(label)
+        bounded(label)
     )
 }
 
