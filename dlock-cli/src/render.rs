@@ -32,9 +32,9 @@ pub fn inspect(store: &str, report: &KeyReport) -> String {
     ]);
     for holder in &report.holders {
         table.row(vec![
-            holder.label.clone(),
-            holder.host.clone(),
-            holder.pid.to_string(),
+            label(holder),
+            host(holder),
+            pid(holder),
             holder.fence.to_string(),
             human_utc(Duration::from_millis(holder.acquired_at_unix_ms)),
             time_left(holder),
@@ -76,9 +76,9 @@ pub fn list(store: &str, prefix: &str, keys: &[KeyReport]) -> String {
         for holder in &key.holders {
             table.row(vec![
                 key.key.clone(),
-                holder.label.clone(),
-                holder.host.clone(),
-                holder.pid.to_string(),
+                label(holder),
+                host(holder),
+                pid(holder),
                 holder.fence.to_string(),
                 time_left(holder),
                 key.waiters.to_string(),
@@ -88,6 +88,27 @@ pub fn list(store: &str, prefix: &str, keys: &[KeyReport]) -> String {
     page.push('\n');
     page.push_str(&table.to_string());
     page
+}
+
+/// A holder's label; `-` where it has none (an acquisition that gave none, or an older dlock's).
+fn label(holder: &HolderReport) -> String {
+    if holder.label.is_empty() {
+        "-".to_owned()
+    } else {
+        holder.label.clone()
+    }
+}
+
+/// A holder's host; `-` where the store does not know it.
+fn host(holder: &HolderReport) -> String {
+    holder.host.clone().unwrap_or_else(|| "-".to_owned())
+}
+
+/// A holder's process id; `-` where the store does not know it.
+fn pid(holder: &HolderReport) -> String {
+    holder
+        .pid
+        .map_or_else(|| "-".to_owned(), |pid| pid.to_string())
 }
 
 /// A holder's time left; `-` for a lease the store keeps with no expiry (a session's).
@@ -106,8 +127,8 @@ mod tests {
     fn holder(label: &str, fence: u64, left: Option<u64>) -> HolderReport {
         HolderReport::new(
             label,
-            "web-1",
-            4242,
+            Some("web-1".into()),
+            Some(4242),
             "3f2a9c0d5e7b41a8b6c2d9e0f1a3b5c7",
             fence,
             UNIX_EPOCH + Duration::from_secs(1_796_161_526),
@@ -147,6 +168,19 @@ mod tests {
         let keys = [
             KeyReport::new("acct:42", vec![holder("billing::submit", 17, None)], 0),
             KeyReport::new(
+                "old",
+                vec![HolderReport::new(
+                    "",
+                    None,
+                    None,
+                    "00ff",
+                    2,
+                    UNIX_EPOCH,
+                    Some(Duration::from_secs(5)),
+                )],
+                0,
+            ),
+            KeyReport::new(
                 "pool",
                 vec![
                     holder("worker", 3, Some(61_000)),
@@ -158,10 +192,11 @@ mod tests {
         let page = list("zk://zk1:2181", "", &keys);
         assert_eq!(
             page,
-            "2 held keys on zk://zk1:2181\n\
+            "3 held keys on zk://zk1:2181\n\
              \n\
              KEY      LABEL            HOST    PID  FENCE  TIME LEFT  WAITERS\n\
              acct:42  billing::submit  web-1  4242     17  -                0\n\
+             old      -                -         -      2  5.0s             0\n\
              pool     worker           web-1  4242      3  1m01s            2\n\
              pool     worker           web-1  4242      4  900ms            2\n"
         );

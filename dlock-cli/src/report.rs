@@ -37,10 +37,10 @@ pub struct HolderReport {
     /// The holder's name for operators: the `label` of the attribute, by default the locked
     /// function's path.
     pub label: String,
-    /// The host the holder runs on.
-    pub host: String,
-    /// The holder's process id.
-    pub pid: u32,
+    /// The host the holder runs on; `null` where the store does not know it.
+    pub host: Option<String>,
+    /// The holder's process id; `null` where the store does not know it.
+    pub pid: Option<u32>,
     /// The holder's owner token, as the store keeps it (hex).
     pub owner: String,
     /// The fencing token of the holder's acquisition.
@@ -59,8 +59,8 @@ impl HolderReport {
     #[allow(clippy::too_many_arguments)] // One argument per column: a builder would only hide that.
     pub fn new(
         label: impl Into<String>,
-        host: impl Into<String>,
-        pid: u32,
+        host: Option<String>,
+        pid: Option<u32>,
         owner: impl Into<String>,
         fence: u64,
         acquired_at: SystemTime,
@@ -71,7 +71,7 @@ impl HolderReport {
             .unwrap_or(Duration::ZERO);
         HolderReport {
             label: label.into(),
-            host: host.into(),
+            host,
             pid,
             owner: owner.into(),
             fence,
@@ -183,8 +183,8 @@ mod tests {
         let at = UNIX_EPOCH + Duration::from_millis(1_796_161_526_123);
         let holder = HolderReport::new(
             "billing::submit",
-            "web-1",
-            4242,
+            Some("web-1".into()),
+            Some(4242),
             "00ff",
             7,
             at,
@@ -209,6 +209,16 @@ mod tests {
                 }],
                 "waiters": 1,
             })
+        );
+        let unknown = HolderReport::new("", None, None, "00ff", 8, at, None);
+        let json = serde_json::to_value(&unknown).unwrap();
+        assert_eq!(
+            (&json["host"], &json["pid"], &json["time_left_ms"]),
+            (
+                &serde_json::Value::Null,
+                &serde_json::Value::Null,
+                &serde_json::Value::Null
+            )
         );
         let free = serde_json::to_value(KeyReport::new("acct:43", Vec::new(), 0)).unwrap();
         assert_eq!(free["held"], false);

@@ -111,10 +111,17 @@ fn describe(report: &KeyReport) -> String {
             let left = h.time_left().map_or_else(String::new, |left| {
                 format!(", {} left", human_duration(left))
             });
-            format!(
-                "{} on {} (pid {}, fence {}{left})",
-                h.label, h.host, h.pid, h.fence
-            )
+            let label = if h.label.is_empty() {
+                "the holder"
+            } else {
+                &h.label
+            };
+            let host = h
+                .host
+                .as_deref()
+                .map_or_else(String::new, |host| format!(" on {host}"));
+            let pid = h.pid.map_or_else(String::new, |pid| format!("pid {pid}, "));
+            format!("{label}{host} ({pid}fence {}{left})", h.fence)
         })
         .collect();
     each.join(" and ")
@@ -145,17 +152,18 @@ mod tests {
     fn the_question_names_the_holder() {
         let holder = HolderReport::new(
             "billing::submit",
-            "web-1",
-            4242,
+            Some("web-1".into()),
+            Some(4242),
             "00ff",
             7,
             UNIX_EPOCH,
             Some(Duration::from_millis(2_500)),
         );
-        let report = KeyReport::new("acct:42", vec![holder], 0);
+        let unknown = HolderReport::new("", None, None, "00ff", 8, UNIX_EPOCH, None);
+        let report = KeyReport::new("acct:42", vec![holder, unknown], 0);
         assert_eq!(
             describe(&report),
-            "billing::submit on web-1 (pid 4242, fence 7, 2.5s left)"
+            "billing::submit on web-1 (pid 4242, fence 7, 2.5s left) and the holder (fence 8)"
         );
     }
 }
