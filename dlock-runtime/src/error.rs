@@ -59,6 +59,14 @@ pub enum LockError {
     /// new leases.
     #[error("the locker was shut down; it takes no new leases")]
     ShutDown,
+    /// The store cannot do what was asked of it: a [`Backend`](crate::backend::Backend) that
+    /// does not answer [`Locker::inspect`](crate::Locker::inspect) or
+    /// [`Locker::list`](crate::Locker::list), say.
+    #[error("this store cannot {what}")]
+    Unsupported {
+        /// What it cannot do, as in "this store cannot list its holders".
+        what: String,
+    },
     /// The store failed or could not be reached.
     #[error("lock backend error: {0}")]
     Backend(
@@ -96,6 +104,7 @@ impl LockError {
                 key: key.clone(),
                 reason: reason.clone(),
             },
+            LockError::Unsupported { what } => LockError::Unsupported { what: what.clone() },
             LockError::Backend(error) => LockError::backend(error.to_string()),
         }
     }

@@ -12,6 +12,8 @@
 //!   stored under.
 //! - [`backend`] — the small trait a store implements, and the stores: memory, Redis (and Redis
 //!   Cluster, TLS), MySQL / MariaDB, PostgreSQL and ZooKeeper, each behind its cargo feature.
+//! - [`KeyState`] and [`Holder`] — who holds a key, since when, and how many wait for it, as
+//!   [`Locker::inspect`] tells operators.
 //! - [`LockError`] and [`FromLockError`] — failures, and how a locked function returns them.
 //!
 //! ```
@@ -40,6 +42,7 @@ mod background;
 mod cleanups;
 mod clock;
 mod error;
+mod inspect;
 mod key;
 mod lease;
 mod locked;
@@ -52,6 +55,7 @@ mod url;
 mod watchdog;
 
 pub use error::{FromLockError, LockError};
+pub use inspect::{Holder, KeyState};
 pub use lease::LeaseInfo;
 pub use locker::{init_from_env, set_default_locker, Lease, Locker};
 pub use options::LockOptions;

@@ -68,6 +68,12 @@ impl Owner {
         self.0
     }
 
+    /// The token whose number is `n`, as a store read it back.
+    #[cfg(feature = "redis")]
+    pub(crate) fn from_u128(n: u128) -> Owner {
+        Owner(n)
+    }
+
     /// The token as 32 lowercase hex digits, how stores keep it. Written out by hand: stores
     /// name the owner in every call, and `format!` costs several times as much.
     pub(crate) fn hex(self) -> [u8; 32] {

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::Notify;
 
@@ -47,14 +47,21 @@ struct KeyState {
     queue: VecDeque<Arc<Waiter>>,
 }
 
+/// The key's holder, with what [`Backend::inspect`] tells of it (the host and process are this
+/// one's).
 struct Holder {
     owner: Owner,
     expires_at: Instant,
+    fence: u64,
+    label: String,
+    /// By the store's clock, which for this store is the system's.
+    acquired_at: SystemTime,
 }
 
 struct Waiter {
     owner: Owner,
     ttl: Duration,
+    label: String,
     /// Set once, by the release that hands the key over.
     granted: OnceLock<Acquired>,
     wake: Notify,
@@ -66,6 +73,7 @@ impl Waiter {
         Arc::new(Waiter {
             owner: request.owner,
             ttl: request.ttl,
+            label: request.label.to_owned(),
             granted: OnceLock::new(),
             wake: Notify::new(),
         })
@@ -134,8 +142,10 @@ impl MemoryBackend {
                 *holder = Holder {
                     owner: Owner::random(),
                     expires_at: Instant::now() + Duration::from_secs(3600),
+                    fence: self.shared.fences.fetch_add(1, Ordering::Relaxed) + 1,
+                    label: String::new(),
+                    acquired_at: SystemTime::now(),
                 };
-                self.shared.fences.fetch_add(1, Ordering::Relaxed);
                 true
             }
             None => false,
@@ -178,13 +188,24 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn grant(&self, state: &mut KeyState, owner: Owner, ttl: Duration, now: Instant) -> Acquired {
+    fn grant(
+        &self,
+        state: &mut KeyState,
+        owner: Owner,
+        label: &str,
+        ttl: Duration,
+        now: Instant,
+    ) -> Acquired {
+        let fence = self.fences.fetch_add(1, Ordering::Relaxed) + 1;
         state.holder = Some(Holder {
             owner,
             expires_at: now + ttl,
+            fence,
+            label: label.to_owned(),
+            acquired_at: SystemTime::now(),
         });
         Acquired {
-            fence: self.fences.fetch_add(1, Ordering::Relaxed) + 1,
+            fence,
             valid_from: now,
         }
     }
@@ -199,7 +220,13 @@ impl Shared {
         }
         state.holder = None;
         if let Some(next) = state.queue.pop_front() {
-            let acquired = self.grant(state, next.owner, next.ttl.min(CLAIM_WINDOW), now);
+            let acquired = self.grant(
+                state,
+                next.owner,
+                &next.label,
+                next.ttl.min(CLAIM_WINDOW),
+                now,
+            );
             let _ = next.granted.set(acquired);
             next.wake.notify_one();
         }
@@ -277,7 +304,13 @@ impl Backend for MemoryBackend {
             // future kept but parked), nobody else would hand the key on.
             shared.hand_off(state, now);
             if state.queue.is_empty() && state.is_free(now) {
-                return Ok(Some(shared.grant(state, request.owner, request.ttl, now)));
+                return Ok(Some(shared.grant(
+                    state,
+                    request.owner,
+                    request.label,
+                    request.ttl,
+                    now,
+                )));
             }
             if request.wait.is_zero() {
                 return Ok(None);
@@ -335,7 +368,13 @@ impl Backend for MemoryBackend {
                 if is_head && state.is_free(now) {
                     state.queue.pop_front();
                     guard.done = true;
-                    return Ok(Some(shared.grant(state, request.owner, request.ttl, now)));
+                    return Ok(Some(shared.grant(
+                    state,
+                    request.owner,
+                    request.label,
+                    request.ttl,
+                    now,
+                )));
                 }
                 if !is_head && state.is_free(now) {
                     // To the head, for a claim window: if it is polled it claims the key, and if
@@ -381,5 +420,43 @@ impl Backend for MemoryBackend {
     fn release_now(&self, key: &str, owner: Owner) -> bool {
         self.shared.release(key, owner);
         true
+    }
+
+    async fn inspect(&self, key: &str) -> Result<crate::KeyState, LockError> {
+        let keys = self.shared.lock();
+        let now = Instant::now();
+        let Some(state) = keys.get(key) else {
+            return Ok(crate::KeyState::new(key, Vec::new(), 0));
+        };
+        let holders = state
+            .holder
+            .as_ref()
+            .filter(|holder| holder.expires_at > now)
+            .map(|holder| {
+                let mut shown = crate::Holder::new(holder.owner, holder.fence, holder.acquired_at)
+                    .with_label(holder.label.as_str())
+                    .with_pid(std::process::id())
+                    .with_time_left(holder.expires_at - now);
+                let host = crate::inspect::this_host();
+                if !host.is_empty() {
+                    shown = shown.with_host(host);
+                }
+                shown
+            });
+        Ok(crate::KeyState::new(
+            key,
+            holders.into_iter().collect(),
+            state.queue.len(),
+        ))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, LockError> {
+        let keys = self.shared.lock();
+        let now = Instant::now();
+        Ok(keys
+            .iter()
+            .filter(|(key, state)| key.starts_with(prefix) && !state.is_free(now))
+            .map(|(key, _)| key.clone())
+            .collect())
     }
 }

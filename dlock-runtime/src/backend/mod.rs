@@ -34,7 +34,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use crate::{LockError, Owner};
+use crate::{KeyState, LockError, Owner};
 
 #[cfg(any(feature = "zookeeper", feature = "mysql", feature = "postgres"))]
 mod claim;
@@ -103,6 +103,10 @@ pub struct AcquireRequest<'a> {
     /// and for a lease whose ttl it shortened to [`Backend::ttl_limit`], which it renews up to
     /// the ttl asked whatever that option says.
     pub renewed: bool,
+    /// The acquisition's name for operators, stored with the lease and shown by
+    /// [`Locker::inspect`](crate::Locker::inspect) as the holder's
+    /// [`label`](crate::Holder::label). Empty unless set.
+    pub label: &'a str,
 }
 
 /// A granted acquisition, as a backend answers [`Backend::acquire`].
@@ -195,7 +199,23 @@ impl<'a> AcquireRequest<'a> {
             ttl,
             wait,
             renewed: false,
+            label: "",
         }
+    }
+
+    /// The same request, under `label`, the name operators see the holder by (empty unless set).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock::{backend::AcquireRequest, Owner};
+    ///
+    /// let request = AcquireRequest::new("acct:42", Owner::random(), Duration::from_secs(5), Duration::ZERO);
+    /// assert_eq!(request.label, "");
+    /// assert_eq!(request.label("billing::charge").label, "billing::charge");
+    /// ```
+    pub fn label(mut self, label: &'a str) -> Self {
+        self.label = label;
+        self
     }
 
     /// The same request, for a lease that is renewed while held or not (not, unless set).
@@ -224,15 +244,16 @@ impl<'a> AcquireRequest<'a> {
 /// time its calls. A wrapper forwards every method, the provided ones too: left to their
 /// defaults, `undo_acquire` would lose what a store does beyond a release (Redis's guard against
 /// a late copy of the acquisition), `renew_each` would lose a cluster's per-node answers, `ttl_limit` would lift the
-/// store's cap on the ttl, `close` would leave connections open at shutdown, and `release_now`
-/// would queue releases an in-process store makes at once.
+/// store's cap on the ttl, `close` would leave connections open at shutdown, `release_now`
+/// would queue releases an in-process store makes at once, and `inspect` and `list` would
+/// answer that the store cannot tell its holders.
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use std::sync::Arc;
 /// use std::time::Duration;
 /// use dlock::backend::{AcquireRequest, Acquired, Backend, MemoryBackend, Renewal};
-/// use dlock::{LockError, LockOptions, Locker, Owner};
+/// use dlock::{KeyState, LockError, LockOptions, Locker, Owner};
 ///
 /// /// Counts the acquisitions that found their key busy, for a metrics endpoint.
 /// struct CountBusy<B> {
@@ -275,6 +296,14 @@ impl<'a> AcquireRequest<'a> {
 ///
 ///     fn release_now(&self, key: &str, owner: Owner) -> bool {
 ///         self.store.release_now(key, owner)
+///     }
+///
+///     async fn inspect(&self, key: &str) -> Result<KeyState, LockError> {
+///         self.store.inspect(key).await
+///     }
+///
+///     async fn list(&self, prefix: &str) -> Result<Vec<String>, LockError> {
+///         self.store.list(prefix).await
 ///     }
 /// }
 ///
@@ -441,6 +470,42 @@ pub trait Backend: Send + Sync + 'static {
         async {}
     }
 
+    /// Describes `key`: its holders (label, host, process id, owner, fence, when it was granted
+    /// and how long it has left) and how many wait for it, for
+    /// [`Locker::inspect`](crate::Locker::inspect). Reads only: it changes nothing and waits for
+    /// nothing on the store.
+    ///
+    /// # Errors
+    ///
+    /// The default answers [`LockError::Unsupported`] ("this store cannot list its holders"), so
+    /// that a store written before this method keeps compiling. [`LockError::Backend`] where
+    /// the store failed.
+    fn inspect(&self, key: &str) -> impl Future<Output = Result<KeyState, LockError>> + Send {
+        let _ = key;
+        async {
+            Err(LockError::Unsupported {
+                what: "list its holders".into(),
+            })
+        }
+    }
+
+    /// The keys held now whose name starts with `prefix` (every held key for `""`), for
+    /// [`Locker::list`](crate::Locker::list). Never blocks the store: a server walks its keys a
+    /// batch at a time, so a key taken or released meanwhile may or may not be listed.
+    ///
+    /// # Errors
+    ///
+    /// The default answers [`LockError::Unsupported`] ("this store cannot list its held keys").
+    /// [`LockError::Backend`] where the store failed.
+    fn list(&self, prefix: &str) -> impl Future<Output = Result<Vec<String>, LockError>> + Send {
+        let _ = prefix;
+        async {
+            Err(LockError::Unsupported {
+                what: "list its held keys".into(),
+            })
+        }
+    }
+
     /// Releases at once without awaiting, where the store lives in this process. Returns `false`
     /// where a release needs I/O; the runtime then queues an async `release` instead. `Drop`
     /// calls this, so it must never block.
@@ -472,6 +537,8 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
     fn ttl_limit(&self) -> Option<Duration>;
     fn close(&self) -> BoxFuture<'_, ()>;
     fn health(&self) -> BoxFuture<'_, Result<(), LockError>>;
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<KeyState, LockError>>;
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>>;
 }
 
 impl<B: Backend> DynBackend for B {
@@ -515,5 +582,13 @@ impl<B: Backend> DynBackend for B {
 
     fn health(&self) -> BoxFuture<'_, Result<(), LockError>> {
         Box::pin(Backend::health(self))
+    }
+
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<KeyState, LockError>> {
+        Box::pin(Backend::inspect(self, key))
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>> {
+        Box::pin(Backend::list(self, prefix))
     }
 }

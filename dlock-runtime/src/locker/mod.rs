@@ -8,7 +8,7 @@ use crate::backend::{AcquireRequest, Backend, DynBackend};
 use crate::lease::LeaseState;
 use crate::url::{self, Scheme};
 use crate::watchdog::Watchdog;
-use crate::{LockError, LockOptions, Owner};
+use crate::{KeyState, LockError, LockOptions, Owner};
 
 mod default;
 mod expiry;
@@ -311,6 +311,73 @@ impl Locker {
         self.inner.backend.health().await
     }
 
+    /// Who holds `key`, since when, for how long yet, and how many wait for it: the store's
+    /// view, whichever process holds it. One read of the store (one round trip on Redis); it
+    /// changes nothing and waits for nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unsupported`] for a store that cannot tell its holders (a
+    /// [`Backend`] of your own that does not implement
+    /// [`inspect`](crate::backend::Backend::inspect); of dlock's, memory and Redis can);
+    /// [`LockError::Backend`] where the store failed; [`LockError::ShutDown`] after
+    /// [`shutdown`](Self::shutdown).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::{LockOptions, Locker};
+    ///
+    /// let locker = Locker::memory();
+    /// let lease = locker.lock("import:2026-11-30", LockOptions::new()).await?;
+    /// let state = locker.inspect("import:2026-11-30").await?;
+    /// for holder in state.holders() {
+    ///     println!("{} held by pid {:?} on {:?} since {:?}", state.key(), holder.pid(), holder.host(), holder.acquired_at());
+    /// }
+    /// assert_eq!(state.holders()[0].fence(), lease.fence());
+    /// assert_eq!(state.waiters(), 0);
+    /// # Ok(()) }
+    /// ```
+    pub async fn inspect(&self, key: &str) -> Result<KeyState, LockError> {
+        if self.inner.holdings.is_closed() {
+            return Err(LockError::ShutDown);
+        }
+        self.inner.backend.inspect(key).await
+    }
+
+    /// The keys held now that start with `prefix` (`""` for all), sorted, each once: names
+    /// only, since a state read for each could be stale before it is printed — call
+    /// [`inspect`](Self::inspect) for the keys of interest. Never blocks the store: Redis is
+    /// walked with `SCAN`, a batch at a time, so a key taken or released during the walk may or
+    /// may not be listed.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unsupported`] for a store that cannot list its keys (a [`Backend`] of your
+    /// own that does not implement [`list`](crate::backend::Backend::list); a Redis Cluster);
+    /// [`LockError::Backend`] where the store failed; [`LockError::ShutDown`] after
+    /// [`shutdown`](Self::shutdown).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::{LockOptions, Locker};
+    ///
+    /// let locker = Locker::memory();
+    /// let _a = locker.lock("acct:1", LockOptions::new()).await?;
+    /// let _b = locker.lock("acct:2", LockOptions::new()).await?;
+    /// let _c = locker.lock("job:1", LockOptions::new()).await?;
+    /// assert_eq!(locker.list("acct:").await?, ["acct:1", "acct:2"]);
+    /// # Ok(()) }
+    /// ```
+    pub async fn list(&self, prefix: &str) -> Result<Vec<String>, LockError> {
+        if self.inner.holdings.is_closed() {
+            return Err(LockError::ShutDown);
+        }
+        let mut keys = self.inner.backend.list(prefix).await?;
+        keys.sort_unstable();
+        keys.dedup();
+        Ok(keys)
+    }
+
     /// [`lock`](Self::lock) without the `Lease` around the state, for callers that own a
     /// `Locker` to put in it.
     pub(crate) async fn acquire(
@@ -354,8 +421,9 @@ impl Locker {
                 owner,
                 armed: true,
             };
-            let request =
-                AcquireRequest::new(&key, owner, options.ttl, options.wait).renewed(watched);
+            let request = AcquireRequest::new(&key, owner, options.ttl, options.wait)
+                .renewed(watched)
+                .label(""); // LABEL: wire `options.label` here once `LockOptions` carries it.
             // A shutdown stops the acquisition: dropped here, the store's guards undo what
             // reached it, and the guard above releases a grant that may have.
             let acquired = tokio::select! {

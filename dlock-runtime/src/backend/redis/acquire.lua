@@ -2,16 +2,17 @@
 --
 -- KEYS: the lock, its fence counter, its queue (see common.lua).
 -- ARGV[1] this owner; ARGV[2] the ttl in ms; ARGV[3] the key prefix (which names the waiters'
--- channels, see `hand_to` in common.lua); then, for a waiter's calls, ARGV[4] the liveness
--- window in ms, ARGV[5] the id of the waiter's backend and ARGV[6] the number of this call
+-- channels, see `hand_to` in common.lua); ARGV[4] the holder's description, `<pid>/<host>/<label>`
+-- (see common.lua), stored with the lock; then, for a waiter's calls, ARGV[5] the liveness
+-- window in ms, ARGV[6] the id of the waiter's backend and ARGV[7] the number of this call
 -- among the waiter's: queue up when the lock is busy (refreshing this waiter's liveness), or,
--- where the window is 0, leave the queue. A first try (no ARGV[4]) is in no queue.
+-- where the window is 0, leave the queue. A first try (no ARGV[5]) is in no queue.
 --
 -- Returns the fence (an integer) when the lock is this owner's, else {the lock's PTTL where this
 -- owner heads the queue, else -1; 1 if it heads the queue, else 0}. A lock that a release handed
 -- to this owner is claimed here: found this owner's, it is extended to the full ttl.
 local lock, counter, queue = KEYS[1], KEYS[2], KEYS[3]
-local owner, ttl, prefix, liveness, instance, call = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local owner, ttl, prefix, meta, liveness, instance, call = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 
 --!grant
 
@@ -21,13 +22,15 @@ local owner, ttl, prefix, liveness, instance, call = ARGV[1], ARGV[2], ARGV[3], 
 -- common.lua), which spares its release a look at the queue. A waiter's calls, which expect a
 -- busy lock, go straight on.
 if not liveness and redis.call('EXISTS', lock, queue, lock .. ':x:' .. owner) == 0 then
-  return grant(owner .. '-', ttl)
+  return grant(owner .. '-', ttl, meta)
 end
 
 --!common
 
 local holder = redis.call('GET', lock)
-if holder == owner or holder == owner .. '-' then
+-- The owner, marked or not, is the value's first line: the holder's description follows it.
+local who = holder and string.match(holder, '^[^\n]*')
+if who == owner or who == owner .. '-' then
   -- Ours already: handed over by a release (granted for the claim window only: this call claims
   -- it), or granted to an earlier call whose reply was lost. Idempotent: extend to the full ttl
   -- and answer the same fence. No undo of this owner came since that grant: an undo finding the
@@ -40,7 +43,7 @@ if holder == owner or holder == owner .. '-' then
     return tonumber(fence)
   end
   -- The counter was deleted from outside: a fresh fence at least names this grant.
-  return grant(holder, ttl)
+  return grant(who, ttl, meta)
 end
 
 if not holder then
@@ -58,7 +61,7 @@ if not holder then
   end
   -- Others came first (the holder expired without a release to hand it on).
   hand_to(head, waiter, nil)
-  holder = head
+  holder, who = head, head
 end
 
 if not liveness then
@@ -73,7 +76,7 @@ end
 -- It holds the waiter's claim window (the liveness window, or the ttl where shorter), its
 -- backend and this call's number.
 local claim = math.min(tonumber(ttl), tonumber(liveness))
-local queued = redis.call('SET', waiter_key(owner), claim .. ' ' .. instance .. ' ' .. call, 'PX', liveness, 'GET')
+local queued = redis.call('SET', waiter_key(owner), claim .. ' ' .. instance .. '/' .. meta .. ' ' .. call, 'PX', liveness, 'GET')
 local first
 if queued then
   first = redis.call('LINDEX', queue, 0) == owner
@@ -85,9 +88,10 @@ else
     return {-1, 0}
   end
   first = redis.call('RPUSH', queue, owner) == 1
-  if string.sub(holder, -1) == '-' then
-    -- The holder's release is to hand the lock on, not delete it: unmark it.
-    redis.call('SET', lock, string.sub(holder, 1, -2), 'KEEPTTL')
+  if string.sub(who, -1) == '-' then
+    -- The holder's release is to hand the lock on, not delete it: unmark it (its description
+    -- stays).
+    redis.call('SET', lock, string.sub(who, 1, -2) .. string.sub(holder, #who + 1), 'KEEPTTL')
   end
 end
 -- A queue whose waiters all died goes away by itself; but never before a live waiter's key

@@ -1,8 +1,9 @@
 //! Acquisition: the first try, each run of the acquire script, and the record of calls sent
 //! twice that a release must answer for (waiting in the queue is waiting.rs).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use super::describe::holder_meta;
 use super::keys::{check_key, LockKeys};
 use super::replicas::invoke_then_wait;
 use super::scripts::{invoke, parse_attempt, Attempt, Mode, ACQUIRE};
@@ -29,7 +30,7 @@ impl RedisBackend {
         // First without queueing: an uncontended acquire is one round trip, and `wait = 0`
         // never leaves anything behind.
         match self
-            .try_acquire(&keys, request.ttl, Mode::FirstTry, 0)
+            .try_acquire(&keys, request, Mode::FirstTry, 0)
             .await?
         {
             Attempt::Granted(fence) => Ok(Some(Acquired {
@@ -55,20 +56,24 @@ impl RedisBackend {
             .contains(|| self.inner.layout.lock_keys(key, owner))
     }
 
-    /// Runs the acquire script once, as `mode` says; a waiter's calls are numbered by `call`.
+    /// Runs the acquire script once for `request`, as `mode` says; a waiter's calls are
+    /// numbered by `call`.
     pub(super) async fn try_acquire(
         &self,
         keys: &LockKeys,
-        ttl: Duration,
+        request: &AcquireRequest<'_>,
         mode: Mode,
         call: u64,
     ) -> Result<Attempt, LockError> {
+        let ttl = request.ttl;
         let mut invocation = keys.call(&ACQUIRE);
         invocation
             .arg(lease_millis(ttl))
-            .arg(self.inner.layout.prefix());
-        // A first try passes no more than the ttl and the prefix (for a hand-off's message, where
-        // it finds the lock lapsed with waiters queued): the uncontended path reads the ttl only.
+            .arg(self.inner.layout.prefix())
+            .arg(holder_meta(request.label));
+        // A first try passes no more than the ttl, the prefix (for a hand-off's message, where
+        // it finds the lock lapsed with waiters queued) and the holder's description, which the
+        // grant stores with the lock.
         match mode {
             Mode::FirstTry => {}
             Mode::Queue => {

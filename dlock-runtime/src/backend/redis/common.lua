@@ -5,7 +5,8 @@
 -- The scripts' names, declared before the splices:
 -- `lock`    KEYS[1], the lock: a string holding its holder's owner, with the lease's PX. The
 --           owner alone, or the owner and `-` where the lock was granted while nobody waited
---           for it and nobody has queued since (see "Marks" below)
+--           for it and nobody has queued since (see "Marks" below); then, on a line of its own,
+--           the holder's description (see "Descriptions" below)
 -- `counter` KEYS[2], the fence counter: the last fence handed out for the lock (one more than
 --           the last, floored by the server's clock in µs, see `grant` in grant.lua); it expires
 --           an hour after the last grant
@@ -30,11 +31,23 @@
 -- they queue behind, so a newer dlock's release of an unmarked lock leaves them to find it
 -- free by their next look (their fallback poll) rather than handing it to them.
 --
--- A waiter's key, `<lock>:w:<owner>`, holds `<claim window in ms> <instance> <call>` (how long
--- a grant to the waiter lasts until it claims it, the id of the backend it waits on, and the
--- number of the waiter's call that wrote it), with a PX of the liveness window. It shares the
--- lock's hash slot, and is named here from the lock's name rather than passed, which keeps the
--- uncontended calls short. (An older dlock's waiter key holds the first two, or the first
+-- Descriptions. Every grant of this dlock writes the lock as `<owner>[-]\n<pid>/<host>/<label>/
+-- <fence>/<µs>`: the holder's process id, host name and label (percent-encoded where they hold
+-- a `/`, a `%`, white space or a control character), the grant's fence and the server's clock
+-- at the grant, for operators (`inspect`). It costs no command: the grant's `SET` writes it.
+-- Every owner check compares the first line alone, exactly (never a prefix of it). An older
+-- dlock compares the whole value with its own owners, which it never matches (the value
+-- ends in a digit, so it never takes it for a marked lock either); a grant to an older dlock's
+-- waiter (one whose waiter key holds no description) writes the owner alone, as it expects.
+--
+-- A waiter's key, `<lock>:w:<owner>`, holds `<claim window in ms> <instance>/<description>
+-- <call>` (how long a grant to the waiter lasts until it claims it, the id of the backend it
+-- waits on with the waiter's `<pid>/<host>/<label>`, and the number of the waiter's call that
+-- wrote it), with a PX of the liveness window. The description rides in the instance's field,
+-- which an older dlock's release reads as one word: it then publishes where nobody listens,
+-- and the waiter finds its grant by its fallback poll. It shares the lock's hash slot, and is
+-- named here from the lock's name rather than passed, which keeps the uncontended calls short.
+-- (An older dlock's waiter key holds the first two, with the instance alone, or the first
 -- alone.)
 
 local function waiter_key(who)
@@ -86,7 +99,12 @@ end
 -- fence and the call's number ('' where the key names none).
 local function hand_to(head, waiter, skip_publish_for)
   local claim, instance, call = string.match(waiter, '^(%d+) ?(%S*) ?(%d*)$')
-  local n = grant(head, claim)
+  local meta
+  local slash = string.find(instance, '/', 1, true)
+  if slash then
+    instance, meta = string.sub(instance, 1, slash - 1), string.sub(instance, slash + 1)
+  end
+  local n = grant(head, claim, meta)
   if call == '' then
     redis.call('PUBLISH', lock .. ':ch', head)
   elseif instance ~= skip_publish_for then

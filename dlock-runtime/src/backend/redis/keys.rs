@@ -118,6 +118,35 @@ impl KeyLayout {
         name
     }
 
+    /// The rendered key whose lock is named `name`, where `name` names a lock of this layout
+    /// (the inverse of [`name`](Self::name) with no suffix); `None` for any other name. Only a
+    /// lock's name ends in `}`: the names of its other keys end in their suffix.
+    pub(super) fn key_of<'n>(&self, name: &'n str) -> Option<&'n str> {
+        let rest = name.strip_prefix(self.prefix.as_str())?.strip_suffix('}')?;
+        if !self.prefix_has_tag_open {
+            if let Some(key) = rest.strip_prefix("}{=") {
+                return Some(key);
+            }
+        }
+        rest.strip_prefix('{')
+    }
+
+    /// A `SCAN … MATCH` pattern that matches the names of every lock of this layout whose key
+    /// starts with `key_prefix` (and may match other names, which [`key_of`](Self::key_of) and
+    /// the caller's check of the key turn away).
+    pub(super) fn lock_pattern(&self, key_prefix: &str) -> String {
+        let mut pattern = glob_escaped(&self.prefix);
+        if key_prefix.is_empty() || (key_prefix.starts_with('}') && !self.prefix_has_tag_open) {
+            // Such keys may be named `P}{=K}`, without the `{` a pattern would start them with.
+            pattern.push_str("*}");
+        } else {
+            pattern.push('{');
+            pattern.push_str(&glob_escaped(key_prefix));
+            pattern.push_str("*}");
+        }
+        pattern
+    }
+
     /// The names the scripts need for `owner`'s calls on `key`.
     pub(super) fn lock_keys(&self, key: &str, owner: Owner) -> LockKeys {
         LockKeys {
@@ -159,6 +188,18 @@ impl LockKeys {
     pub(super) fn channel(&self) -> String {
         format!("{}{CHANNEL_SUFFIX}", self.lock)
     }
+}
+
+/// `text` with the characters a glob pattern gives a meaning (`*?[]\\`) escaped, to match itself.
+fn glob_escaped(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
 }
 
 /// Refuses a key longer than [`MAX_KEY_BYTES`], whole: never cut, since two keys cut alike would
@@ -224,6 +265,20 @@ mod tests {
         let keys = backend.inner.layout.lock_keys("acct:42", Owner::random());
         for name in [&keys.lock, &keys.counter, &keys.queue, &keys.channel()] {
             assert!(name.starts_with("dlock:{acct:42}"), "{name}");
+        }
+    }
+
+    #[test]
+    fn lock_names_give_their_key_back() {
+        for prefix in ["dlock:", "a}", "x{", "{app}:", "*[?"] {
+            let layout = KeyLayout::new(prefix.to_owned()).unwrap();
+            for key in ["", "}", "}abc", "{", "{}", "a}b", "acct:42", "}{=x"] {
+                let keys = layout.lock_keys(key, Owner::random());
+                assert_eq!(layout.key_of(&keys.lock), Some(key), "{prefix:?} {key:?}");
+                for other in [&keys.counter, &keys.queue] {
+                    assert_eq!(layout.key_of(other), None, "{prefix:?} {other}");
+                }
+            }
         }
     }
 

@@ -250,6 +250,8 @@ mod acquire;
 mod builder;
 mod checks;
 mod conn;
+mod describe;
+mod inspect;
 mod keys;
 mod release;
 mod renew;
@@ -271,7 +273,7 @@ use self::resent::Resent;
 use self::subscriber::Subscriber;
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
-use crate::{LockError, Owner};
+use crate::{KeyState, LockError, Owner};
 
 /// A lock store on Redis. Clones share the connections.
 ///
@@ -343,6 +345,17 @@ impl Backend for RedisBackend {
     /// marker behind for a minute.
     async fn health(&self) -> Result<(), LockError> {
         self.ping().await
+    }
+
+    /// One script that reads the lock, its PTTL, its fence counter and its live waiters.
+    async fn inspect(&self, key: &str) -> Result<KeyState, LockError> {
+        self.inspect_key(key).await
+    }
+
+    /// `SCAN` with `MATCH` and `COUNT`, never `KEYS`; on a Redis Cluster,
+    /// [`LockError::Unsupported`].
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, LockError> {
+        self.list_keys(prefix).await
     }
 
     /// Waits for the queues dropped waiters are leaving; the connections close when the

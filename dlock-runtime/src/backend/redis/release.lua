@@ -17,9 +17,12 @@ local lock, counter, queue = KEYS[1], KEYS[2], KEYS[3]
 local owner, instance, prefix, undo = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1'
 
 local holder = redis.call('GET', lock)
+-- The owner, marked or not, is the value's first line: the holder's description follows it
+-- (see common.lua).
+local who = holder and string.match(holder, '^[^\n]*')
 -- The uncontended path, on its own: two commands. A lock granted while nobody waited and
 -- that nobody queued for since (marked `-`, see common.lua) has no waiter to hand it to.
-if holder == owner .. '-' then
+if who == owner .. '-' then
   redis.call('DEL', lock)
   if undo then
     -- As `cancel` in common.lua, not spliced in yet.
@@ -31,7 +34,7 @@ end
 --!grant
 --!common
 
-if holder == owner then
+if who == owner then
   if undo then
     -- An acquisition undone after it was granted (a waiter a release handed the lock to, a grant
     -- whose reply was lost): an acquire call of its owner that is still on its way (sent before

@@ -26,6 +26,8 @@ pub(super) static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&spliced(include_str!("release.lua"))));
 pub(super) static RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("renew.lua")));
+pub(super) static INSPECT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("inspect.lua")));
 
 /// A script's file with grant.lua spliced in where a line says `--!grant`, and common.lua where
 /// one says `--!common`.

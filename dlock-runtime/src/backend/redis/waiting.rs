@@ -61,7 +61,7 @@ impl RedisBackend {
             let last = sent_at >= deadline;
             let mode = if last { Mode::Leave } else { Mode::Queue };
             let call = calls.record(sent_at);
-            let attempt = self.try_acquire(keys, request.ttl, mode, call).await?;
+            let attempt = self.try_acquire(keys, request, mode, call).await?;
             match attempt {
                 Attempt::Granted(fence) => {
                     guard.armed = false;
