@@ -29,10 +29,7 @@ impl RedisBackend {
         let sent_at = Instant::now();
         // First without queueing: an uncontended acquire is one round trip, and `wait = 0`
         // never leaves anything behind.
-        match self
-            .try_acquire(&keys, request, Mode::FirstTry, 0)
-            .await?
-        {
+        match self.try_acquire(&keys, request, Mode::FirstTry, 0).await? {
             Attempt::Granted(fence) => Ok(Some(Acquired {
                 fence,
                 valid_from: sent_at,

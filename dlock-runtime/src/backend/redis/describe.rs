@@ -159,7 +159,10 @@ mod tests {
         let owner = Owner::random();
         let holder = parse_holder(&owner.to_string(), -1, Some(1_764_633_600_000_001)).unwrap();
         assert_eq!(holder.owner(), owner);
-        assert_eq!((holder.label(), holder.host(), holder.pid()), ("", None, None));
+        assert_eq!(
+            (holder.label(), holder.host(), holder.pid()),
+            ("", None, None)
+        );
         assert_eq!(holder.fence(), 1_764_633_600_000_001);
         assert_eq!(
             holder.acquired_at(),
