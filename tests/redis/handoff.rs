@@ -133,7 +133,7 @@ async fn a_handed_off_lease_starts_on_the_release_alone_and_its_first_renewal_cl
             .unwrap();
         assert_eq!(renewed, [true], "{how}");
         let holder: String = raw.get(&lock_key).await.unwrap();
-        assert_eq!(holder, owner.to_string(), "{how}");
+        assert_eq!(crate::owner_line(&holder), owner.to_string(), "{how}");
         let pttl: i64 = raw.pttl(&lock_key).await.unwrap();
         assert!(pttl > 50_000, "{how}: the renewed key expires in {pttl} ms");
         waiter_backend.release(&key, owner).await.unwrap();
@@ -235,7 +235,7 @@ async fn the_watchdog_claims_a_handed_off_lease_for_its_full_ttl() {
     }
     assert!(lease.is_held());
     let holder: String = raw.get(&lock_key).await.unwrap();
-    assert_eq!(holder, lease.owner().to_string());
+    assert_eq!(crate::owner_line(&holder), lease.owner().to_string());
     lease.release().await.unwrap();
 }
 
@@ -323,7 +323,7 @@ fn a_waiter_that_stalls_after_its_hand_off_claims_it_once_it_runs() {
         // Claimed on the server too: the key is the waiter's, extended to its full ttl.
         let lock_key = redis.names.lock_key(&key);
         let stored: String = raw.get(&lock_key).await.unwrap();
-        assert_eq!(stored, waiter_owner.to_string());
+        assert_eq!(crate::owner_line(&stored), waiter_owner.to_string());
         let pttl: i64 = raw.pttl(&lock_key).await.unwrap();
         assert!(pttl > 1_500, "the key expires in {pttl} ms");
     });
@@ -397,8 +397,8 @@ fn a_late_call_of_a_waiter_undone_after_its_hand_off_is_not_granted() {
         assert!(holder_backend.release(&key, holder).await.unwrap());
         let stored: Option<String> = raw.get(redis.names.lock_key(&key)).await.unwrap();
         assert_eq!(
-            stored,
-            Some(waiter_owner.to_string()),
+            stored.as_deref().map(crate::owner_line),
+            Some(waiter_owner.to_string().as_str()),
             "not handed to the waiter"
         );
         drop_tx.send(()).unwrap();

@@ -67,6 +67,12 @@ impl support::Store for Redis {
 
 lock_properties!(Redis::start());
 
+/// The owner's line of a lock's value (the owner, marked `-` where nobody queued since its
+/// grant): the holder's description follows it on a line of its own.
+fn owner_line(stored: &str) -> &str {
+    stored.split('\n').next().unwrap_or_default()
+}
+
 /// A `Locker` of its own on `server`, as another process would have.
 async fn locker_on(server: &RedisServer) -> Locker {
     Locker::connect(&server.url()).await.unwrap()
