@@ -46,11 +46,7 @@ fn this_host() -> Option<String> {
 }
 
 /// Inspects `key` until `done` says yes, for up to 5 s.
-async fn inspect_until(
-    locker: &Locker,
-    key: &str,
-    done: impl Fn(&KeyState) -> bool,
-) -> KeyState {
+async fn inspect_until(locker: &Locker, key: &str, done: impl Fn(&KeyState) -> bool) -> KeyState {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let state = locker.inspect(key).await.unwrap();
@@ -97,7 +93,8 @@ async fn a_holder_and_its_waiter_are_described<B: Backend + Clone>(store: B) {
     let acquired_at = described.acquired_at();
     let now = SystemTime::now();
     assert!(
-        acquired_at + Duration::from_secs(1) >= before && acquired_at <= now + Duration::from_secs(1),
+        acquired_at + Duration::from_secs(1) >= before
+            && acquired_at <= now + Duration::from_secs(1),
         "granted at {acquired_at:?}, asked at {before:?}, now {now:?}"
     );
     let left = described.time_left().expect("the lease has a ttl");
@@ -209,9 +206,19 @@ async fn redis_renews_and_releases_a_lease_an_older_version_wrote() {
         };
         assert_eq!(described.owner(), owner);
         assert_eq!(described.fence(), fence);
-        assert_eq!((described.label(), described.host(), described.pid()), ("", None, None));
-        let renewed = store.renew(&[Renewal::new(&key, owner, ttl)]).await.unwrap();
-        assert_eq!(renewed, [true], "{marked:?}: an older lease was not renewed");
+        assert_eq!(
+            (described.label(), described.host(), described.pid()),
+            ("", None, None)
+        );
+        let renewed = store
+            .renew(&[Renewal::new(&key, owner, ttl)])
+            .await
+            .unwrap();
+        assert_eq!(
+            renewed,
+            [true],
+            "{marked:?}: an older lease was not renewed"
+        );
         let pttl: i64 = raw.pttl(store.lock_key(&key)).await.unwrap();
         assert!(pttl > 5_000, "{marked:?}: not extended ({pttl} ms)");
         // Its owner's acquire call (a retry after a lost reply) finds it its own.
@@ -220,7 +227,10 @@ async fn redis_renews_and_releases_a_lease_an_older_version_wrote() {
             .await
             .unwrap();
         assert_eq!(again.map(|acquired| acquired.fence), Some(fence));
-        assert!(store.release(&key, owner).await.unwrap(), "{marked:?}: not released");
+        assert!(
+            store.release(&key, owner).await.unwrap(),
+            "{marked:?}: not released"
+        );
         let left: Option<String> = raw.get(store.lock_key(&key)).await.unwrap();
         assert_eq!(left, None, "{marked:?}");
     }
@@ -253,7 +263,10 @@ async fn redis_owner_checks_compare_the_whole_owner() {
             .await
             .unwrap();
         assert_eq!(acquired, None, "{stored:?} acquired by {owner}");
-        assert!(!store.release(key, owner).await.unwrap(), "{stored:?} released by {owner}");
+        assert!(
+            !store.release(key, owner).await.unwrap(),
+            "{stored:?} released by {owner}"
+        );
         let left: Option<String> = raw.get(&lock).await.unwrap();
         assert_eq!(left.as_ref(), Some(&stored), "{stored:?} changed");
         let pttl: i64 = raw.pttl(&lock).await.unwrap();
@@ -293,7 +306,10 @@ async fn redis_stores_the_description_after_the_owner() {
     assert_eq!(renewed, [true], "a described lease was not renewed");
     let again = store.acquire(&request).await.unwrap();
     assert_eq!(again.map(|again| again.fence), Some(acquired.fence));
-    assert!(store.release("k", owner).await.unwrap(), "a described lease was not released");
+    assert!(
+        store.release("k", owner).await.unwrap(),
+        "a described lease was not released"
+    );
     let left: Option<String> = raw().await.get(store.lock_key("k")).await.unwrap();
     assert_eq!(left, None);
 }
@@ -304,7 +320,10 @@ async fn redis_stores_the_description_after_the_owner() {
 async fn a_store_that_cannot_tell_says_so() {
     struct Plain(MemoryBackend);
     impl Backend for Plain {
-        async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
+        async fn acquire(
+            &self,
+            request: &AcquireRequest<'_>,
+        ) -> Result<Option<Acquired>, LockError> {
             self.0.acquire(request).await
         }
         async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
