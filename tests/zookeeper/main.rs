@@ -15,6 +15,7 @@ mod support;
 
 mod abandoned;
 mod claim;
+mod operator;
 mod paths;
 mod queue;
 mod requests;
