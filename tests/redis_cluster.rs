@@ -269,13 +269,19 @@ async fn a_late_copy_of_an_acquire_call_after_the_release_takes_no_effect() {
     let prefix = lock_key
         .strip_suffix(&format!("{{{key}}}"))
         .expect("the lock key is the prefix and the hash-tagged key");
-    // Granted while nobody waited: the owner's token, marked `-`.
+    // Granted while nobody waited: the owner's token, marked `-`, then the holder's description
+    // on a line of its own.
     let stored: String = redis::cmd("GET")
         .arg(&lock_key)
         .query_async(&mut raw)
         .await
         .unwrap();
-    let owner = stored.trim_end_matches('-').to_owned();
+    let owner = stored
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim_end_matches('-')
+        .to_owned();
     assert_eq!(owner.len(), 32, "{stored}");
     lease.release().await.unwrap();
 
@@ -302,4 +308,36 @@ async fn a_late_copy_of_an_acquire_call_after_the_release_takes_no_effect() {
         pttl, -2,
         "a late copy of the acquire call granted the released key to nobody, for {pttl} ms"
     );
+}
+
+/// On a cluster `inspect` reads a lock on the node that owns it, wherever its slot is, while
+/// `list`, which would need a walk of every primary, says it cannot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_reads_each_node_and_list_says_it_cannot() {
+    let cluster = Cluster::start();
+    let locker = Locker::connect(&cluster.cluster.url()).await.unwrap();
+    let keys: Vec<String> = (0..6)
+        .map(|i| unique_key(&format!("inspect-{i}")))
+        .collect();
+    let mut leases = Vec::new();
+    for key in &keys {
+        leases.push(locker.lock(key.as_str(), LockOptions::new()).await.unwrap());
+    }
+    for (key, lease) in keys.iter().zip(&leases) {
+        let state = locker.inspect(key).await.unwrap();
+        let [holder] = state.holders() else {
+            panic!("not one holder: {state:?}");
+        };
+        assert_eq!(holder.owner(), lease.owner());
+        assert_eq!(holder.fence(), lease.fence());
+        assert_eq!(holder.pid(), Some(std::process::id()));
+    }
+    let listed = locker.list("").await.unwrap_err();
+    assert!(
+        matches!(listed, dlock::LockError::Unsupported { .. }),
+        "{listed}"
+    );
+    for lease in leases {
+        lease.release().await.unwrap();
+    }
 }

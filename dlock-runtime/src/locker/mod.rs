@@ -459,11 +459,12 @@ impl Locker {
                 owner,
                 armed: true,
             };
+            // LABEL: wire `options.label` into `.label(…)` once `LockOptions` carries it.
             let request = AcquireRequest::new(&key, owner, options.ttl, options.wait)
                 .renewed(watched)
-                .label(""); // LABEL: wire `options.label` here once `LockOptions` carries it.
-                            // A shutdown stops the acquisition: dropped here, the store's guards undo what
-                            // reached it, and the guard above releases a grant that may have.
+                .label("");
+            // A shutdown stops the acquisition: dropped here, the store's guards undo what
+            // reached it, and the guard above releases a grant that may have.
             let acquired = tokio::select! {
                 biased;
                 acquired = self.inner.backend.acquire(&request) => acquired,

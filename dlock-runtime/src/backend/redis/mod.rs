@@ -23,17 +23,17 @@
 //!
 //! | Redis key | type | what |
 //! | --- | --- | --- |
-//! | `P{K}` | string, with PX | the holder's owner token (32 hex digits), followed by `-` where it was granted while nobody waited and nobody has queued since; the lease's ttl is its PTTL |
+//! | `P{K}` | string, with PX | the holder's owner token (32 hex digits), followed by `-` where it was granted while nobody waited and nobody has queued since; then, on a line of its own, the holder's description `<pid>/<host>/<label>/<fence>/<µs>` (see *Operators*); the lease's ttl is its PTTL |
 //! | `P{K}:fences` | integer, with PX 1 h | the last fence handed out (one more than the last, never below the server's clock in µs); while `P{K}` holds an owner (for up to an hour), the fence of that owner's grant |
 //! | `P{K}:q` | list, expires when idle | the owners waiting for the lock, in arrival order |
-//! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: `<claim window in ms> <backend id> <call>` (the number of the waiter's call that wrote it), kept alive while it waits |
+//! | `P{K}:w:<owner>` | string, with PX | one waiter's liveness: `<claim window in ms> <backend id>/<pid>/<host>/<label> <call>` (its description, for the grant a release hands it, and the number of the waiter's call that wrote it), kept alive while it waits |
 //! | `P{K}:x:<owner>` | string, with PX 60 s | an acquisition cancelled by its caller (see below): an acquire call of that owner that reaches the server after the undo takes no effect |
 //!
 //! and every backend listens on a pub/sub channel of its own, `Pwaiters:<backend id>` (under the
 //! prefix, like the keys), where a release that hands a lock to one of its waiters says so:
 //! `<owner> <fence> <call>`.
 //!
-//! So `redis-cli GET 'dlock:{acct:42}'` shows who holds `acct:42`. Rendered keys never contain
+//! So `redis-cli GET 'dlock:{acct:42}'` shows who holds `acct:42` (its first line). Rendered keys never contain
 //! `{` or `}` from placeholder values, which are percent-encoded; a brace written in a key
 //! template's literal text still works (all keys of one lock keep sharing one slot, and two
 //! locks never share a key), but the hash tag then ends at the first `}`. A prefix that holds a
@@ -146,6 +146,22 @@
 //! the queue (or, if the lock was handed to it meanwhile, releases it with hand-off) from dlock's
 //! background runtime.
 //!
+//! # Operators
+//!
+//! [`Locker::inspect`](crate::Locker::inspect) runs one read-only script: the lock's value, its
+//! PTTL, its fence counter, and the queue's owners whose waiter key is alive (the live waiters).
+//! The value describes the holder: every grant writes `<owner>[-]\n<pid>/<host>/<label>/<fence>/
+//! <µs>` (host and label percent-encoded where they hold `/`, `%`, white space or a control byte;
+//! the µs are the server's `TIME` at the grant) in the `SET` it makes anyway, so the description
+//! costs no command. Every owner check compares the value's first line alone, and exactly: an
+//! owner whose token begins another's never passes. A lease granted by an older dlock (the owner
+//! alone) is described by its fence, read from the counter, which the server's clock floors in
+//! µs: that is also its grant time, give or take the grants counted in the same µs.
+//! [`Locker::list`](crate::Locker::list) walks the keyspace with
+//! `SCAN <cursor> MATCH P{<prefix>*} COUNT 1000 TYPE string` (never `KEYS`, which blocks the
+//! server for the whole walk): only a lock's name ends in `}`. On a Redis Cluster it answers
+//! [`LockError::Unsupported`]: each primary would need a walk of its own.
+//!
 //! # Older versions on the same server
 //!
 //! Processes of this dlock and of an older one may lock the same keys during a rolling upgrade:
@@ -157,6 +173,12 @@
 //! lock granted while nobody waited deletes it rather than handing it on. Either way the
 //! waiter's fallback poll (at most a third of the liveness window) finds the free key or the
 //! grant. A release of this version tells an older waiter on its per-key channel, as it expects.
+//! An older version compares the whole lock with its own owners, so it never takes a described
+//! lock for its own, nor for a marked one (the description ends in a digit); a release of this
+//! version grants an older waiter (whose waiter key carries no description) the owner alone, as
+//! it expects, and this version renews and releases a lock holding the owner alone. An older
+//! release reads a newer waiter's description as part of its backend's id, and publishes where
+//! nobody listens: that waiter finds the grant by its fallback poll.
 //!
 //! # Cancellation
 //!
