@@ -204,6 +204,66 @@ async fn release_force_without_yes_refuses_when_nobody_can_confirm() {
     locker.shutdown().await.unwrap();
 }
 
+/// At a terminal (a pseudo-terminal made by `script`, from util-linux), `release --force` names
+/// the holder and asks: `n` releases nothing (exit 4), `y` evicts.
+#[tokio::test(flavor = "multi_thread")]
+async fn release_force_asks_at_a_terminal() {
+    if std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: no `script` command to make a terminal");
+        return;
+    }
+    let url = redis_url();
+    let locker = labelled_locker(&url, "cli-test::asked").await;
+    let lease = locker
+        .lock("asked", LockOptions::new().ttl(TTL))
+        .await
+        .unwrap();
+    let at_a_terminal = |answer: &'static str| {
+        let command = format!(
+            "'{}' release --force '{url}' asked",
+            env!("CARGO_BIN_EXE_dlock")
+        );
+        async move {
+            let mut script = tokio::process::Command::new("script")
+                .args(["-qec", &command, "/dev/null"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut stdin = script.stdin.take().unwrap();
+            tokio::io::AsyncWriteExt::write_all(&mut stdin, answer.as_bytes())
+                .await
+                .unwrap();
+            let output = script.wait_with_output().await.unwrap();
+            (output.status.code(), stdout(&output))
+        }
+    };
+
+    let (code, page) = at_a_terminal("n\n").await;
+    assert_eq!(code, Some(4), "{page}");
+    assert!(
+        page.contains("cli-test::asked") && page.contains("[y/N]"),
+        "{page}"
+    );
+    assert!(page.contains(&lease.fence().to_string()), "{page}");
+    assert_eq!(
+        locker.inspect("asked").await.unwrap().holders()[0].fence(),
+        lease.fence()
+    );
+
+    let (code, page) = at_a_terminal("y\n").await;
+    assert_eq!(code, Some(0), "{page}");
+    assert!(page.contains("evicted the holder"), "{page}");
+    tokio::time::timeout(Duration::from_secs(10), lease.lost())
+        .await
+        .expect("the evicted lease is reported lost");
+    locker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn passwords_in_urls_are_printed_masked() {
     let server = PasswordRedis::start("s3cret-pw");

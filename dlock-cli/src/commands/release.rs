@@ -76,7 +76,7 @@ async fn confirm_and_release(
                 });
             } else {
                 println!(
-                    "released `{}` on {store}: evicted the holder with fence {fence}",
+                    "released `{}`: evicted the holder with fence {fence} (on {store})",
                     args.key
                 );
             }
