@@ -340,3 +340,71 @@ async fn a_store_that_cannot_tell_says_so() {
     let listed = locker.list("").await.unwrap_err();
     assert_eq!(listed.to_string(), "this store cannot list its held keys");
 }
+
+/// Across versions in one queue: a waiter queueing behind a described lock unmarks it and
+/// keeps its description; a release hands the key to an older dlock's waiter (whose waiter key
+/// carries no description) as the owner alone, which that version expects, and to this
+/// version's waiter with the waiter's own description.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_hands_an_older_waiter_the_owner_alone() {
+    let store = redis_backend("older-waiter").await;
+    let locker = Locker::with_backend(store.clone());
+    let mut raw = raw().await;
+    let (key, ttl) = ("k", Duration::from_secs(10));
+    let lock = store.lock_key(key);
+    let holder = Owner::random();
+    store
+        .acquire(&AcquireRequest::new(key, holder, ttl, Duration::ZERO).label("first"))
+        .await
+        .unwrap()
+        .expect("the key was free");
+    let granted: String = raw.get(&lock).await.unwrap();
+    let (_, description) = granted.split_once('\n').unwrap();
+    // An older dlock's waiter, first in the queue: `<claim window> <backend id> <call>`.
+    let older = Owner::random();
+    let () = raw
+        .rpush(store.queue_key(key), older.to_string())
+        .await
+        .unwrap();
+    let () = raw
+        .pset_ex(
+            format!("{lock}:w:{older}"),
+            "3000 0123456789abcdef 1",
+            10_000,
+        )
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let locker = locker.clone();
+        async move {
+            let options = LockOptions::new().wait(Duration::from_secs(10));
+            locker.lock(key, options).await
+        }
+    });
+    inspect_until(&locker, key, |state| state.waiters() == 2).await;
+    let unmarked: String = raw.get(&lock).await.unwrap();
+    assert_eq!(
+        unmarked,
+        format!("{holder}\n{description}"),
+        "not unmarked as it was"
+    );
+
+    assert!(store.release(key, holder).await.unwrap());
+    let handed: String = raw.get(&lock).await.unwrap();
+    assert_eq!(
+        handed,
+        older.to_string(),
+        "an older waiter was handed more than its owner"
+    );
+    let state = locker.inspect(key).await.unwrap();
+    assert_eq!(state.holders()[0].owner(), older);
+    assert_eq!(state.holders()[0].pid(), None);
+
+    assert!(store.release(key, older).await.unwrap());
+    let lease = waiter.await.unwrap().unwrap();
+    let state = locker.inspect(key).await.unwrap();
+    assert_eq!(state.holders()[0].owner(), lease.owner());
+    assert_eq!(state.holders()[0].fence(), lease.fence());
+    assert_eq!(state.holders()[0].pid(), Some(std::process::id()));
+    lease.release().await.unwrap();
+}

@@ -2,12 +2,11 @@
 //! wait for it ([`Locker::inspect`](crate::Locker::inspect)); which keys are held
 //! ([`Locker::list`](crate::Locker::list)).
 //!
-//! Every lease carries its holder's description, written by the acquisition itself (in the same
-//! store command: it costs no round trip): the label of the acquisition, the host name and
+//! On the stores that answer them (memory, Redis), every lease carries its holder's description,
+//! written by the acquisition itself (in the same store command: it costs no round trip): the label of the acquisition, the host name and
 //! process id of the process that holds it, the fence, and when the store granted it, by the
 //! store's clock.
 
-use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use crate::Owner;
@@ -345,8 +344,9 @@ impl KeyState {
 /// per process (from `/proc/sys/kernel/hostname` or `/etc/hostname`, else the `HOSTNAME` or
 /// `COMPUTERNAME` environment variable); empty where none of them says. Read from files rather
 /// than asked of the C library, which would take `unsafe` code or another dependency.
+#[cfg(any(feature = "memory", feature = "redis"))]
 pub(crate) fn this_host() -> &'static str {
-    static HOST: OnceLock<String> = OnceLock::new();
+    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     HOST.get_or_init(|| {
         let from_file = ["/proc/sys/kernel/hostname", "/etc/hostname"]
             .iter()

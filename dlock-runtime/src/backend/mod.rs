@@ -484,6 +484,22 @@ pub trait Backend: Send + Sync + 'static {
     /// The default answers [`LockError::Unsupported`] ("this store cannot list its holders"), so
     /// that a store written before this method keeps compiling. [`LockError::Backend`] where
     /// the store failed.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+    /// use std::time::Duration;
+    /// use dlock::backend::{AcquireRequest, Backend, MemoryBackend};
+    /// use dlock::Owner;
+    ///
+    /// let store = MemoryBackend::new();
+    /// let owner = Owner::random();
+    /// let request = AcquireRequest::new("acct:42", owner, Duration::from_secs(5), Duration::ZERO).label("billing");
+    /// let fence = store.acquire(&request).await?.expect("free").fence;
+    /// let state = store.inspect("acct:42").await?;
+    /// assert_eq!((state.holders()[0].owner(), state.holders()[0].fence()), (owner, fence));
+    /// assert_eq!(state.holders()[0].label(), "billing");
+    /// # Ok(()) }
+    /// ```
     fn inspect(&self, key: &str) -> impl Future<Output = Result<KeyState, LockError>> + Send {
         let _ = key;
         async {
@@ -501,6 +517,20 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// The default answers [`LockError::Unsupported`] ("this store cannot list its held keys").
     /// [`LockError::Backend`] where the store failed.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+    /// use std::time::Duration;
+    /// use dlock::backend::{AcquireRequest, Backend, MemoryBackend};
+    /// use dlock::Owner;
+    ///
+    /// let store = MemoryBackend::new();
+    /// for key in ["acct:1", "job:1"] {
+    ///     store.acquire(&AcquireRequest::new(key, Owner::random(), Duration::from_secs(5), Duration::ZERO)).await?;
+    /// }
+    /// assert_eq!(store.list("acct:").await?, ["acct:1"]);
+    /// # Ok(()) }
+    /// ```
     fn list(&self, prefix: &str) -> impl Future<Output = Result<Vec<String>, LockError>> + Send {
         let _ = prefix;
         async {
