@@ -41,14 +41,15 @@
 //! | `renew = bool` | `true` | a watchdog renews the lease every ttl/3 while the body runs |
 //! | `on_lost = "cancel" \| "continue"` | `"cancel"` | what happens when the lease is lost mid-body |
 //! | `locker = EXPR` | the default locker | a `&Locker` (`&self.locker`, `&LOCKS` for a `static LazyLock<Locker>`) |
+//! | `label = "…"` | the function's path | the holder's name for operators: the `label` of the [metrics](#metrics) |
 //! | `crate = "path"` | `::dlock` | where dlock is, for crates that re-export it |
 //!
 //! Mistakes are compile errors on the offending token: a placeholder naming no parameter (the
 //! message lists those that exist), `<>`, an unclosed `<` or stray `>`, a placeholder on a
 //! destructured parameter or on a value that is not `Display`, two placeholders with no separator
 //! between them, a non-literal or empty key, a malformed, zero or overflowing duration, an unknown
-//! or repeated argument, a function that is not `async`, and a return type that cannot carry a
-//! lock failure.
+//! or repeated argument, an empty label, a function that is not `async`, and a return type that
+//! cannot carry a lock failure.
 //!
 //! **Keys.** Each placeholder's value is rendered with `Display` and percent-encoded except for
 //! ASCII letters, digits and `-_.@`, so `acct:<open_id>` with `open_id = "a:b"` is `acct:a%3Ab`
@@ -272,6 +273,66 @@
 //! `tracing` events at `debug` for acquire (with the time waited and the fence) and release, at
 //! `trace` for re-entry and renewal, and at `warn` for a lost lease, a failed renewal, a failed
 //! release and a call skipped for want of its lock.
+//!
+//! ## Metrics
+//!
+//! Through the [`metrics`](https://docs.rs/metrics) crate's facade: whatever recorder the
+//! program installs (an exporter such as `metrics-exporter-prometheus`) gets them. With none
+//! installed nothing is recorded, and a call pays one look at the facade's recorder per metric
+//! site: no clock read, allocation or lock (docs/benchmarks.md has the figures).
+//!
+//! | name | kind | labels | what |
+//! | --- | --- | --- | --- |
+//! | `dlock_acquire_wait_seconds` | histogram | `label`, `store`, `outcome` | time from the call to the store's answer, for acquisitions that were granted (`outcome="granted"`) and for those that found the key busy for their whole wait (`outcome="busy"`); not for those that failed (a store error, a shutdown, an invalid key) |
+//! | `dlock_hold_seconds` | histogram | `label`, `store` | time from the grant to the end of the lease: its release, or its loss, whichever comes first |
+//! | `dlock_busy_total` | counter | `label`, `store` | acquisitions that found the key busy for their whole wait ([`LockError::Busy`]) |
+//! | `dlock_lost_total` | counter | `label`, `store` | leases lost while held: a renewal refused, or none confirmed in time (a lease given up by a shutdown is not counted) |
+//! | `dlock_renewal_failures_total` | counter | `label`, `store` | renewals of one lease the store did not answer (an error, a time-out); each is tried again until the lease is renewed or lost; a refusal counts as a loss instead |
+//! | `dlock_reentries_total` | counter | `label`, `store` | calls that re-entered a lease their task already holds, without asking the store |
+//! | `dlock_leases_held` | gauge | `label`, `store` | leases held now: up at each grant, down at its release or loss |
+//!
+//! `label` names the holder: the attribute's `label = "…"`, by default the function's path,
+//! `concat!(module_path!(), "::", "fn_name")` (a method's type is not part of it: the attribute
+//! sees the method, not its `impl`); for [`Locker::lock`], [`LockOptions::label`], by default
+//! `"unlabelled"`. Labels are `&'static str`s written into the program, so naming costs a call
+//! nothing. `store` is `memory`, `redis`, `mysql`, `postgres`, `zookeeper`, or `custom` for a
+//! [`Backend`](backend::Backend) of your own. The key is never a label: keys are as many as the
+//! resources locked, and each label value is a series of its own.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+//! use dlock::{distributed_lock, LockError, Locker};
+//! use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+//!
+//! #[distributed_lock(key = "report:<month>", label = "reports::monthly")]
+//! async fn monthly_report(month: &str) -> Result<(), LockError> {
+//!     Ok(())
+//! }
+//!
+//! let recorder = DebuggingRecorder::new();
+//! let snapshotter = recorder.snapshotter();
+//! recorder.install().expect("the program's one recorder");
+//! dlock::set_default_locker(Locker::memory());
+//! monthly_report("2026-12").await?;
+//!
+//! let holds = snapshotter.snapshot().into_vec().into_iter().find_map(|(key, .., value)| {
+//!     let key = key.key();
+//!     let ours = key.labels().any(|l| l.key() == "label" && l.value() == "reports::monthly");
+//!     match value {
+//!         DebugValue::Histogram(holds) if ours && key.name() == "dlock_hold_seconds" => Some(holds),
+//!         _ => None,
+//!     }
+//! });
+//! assert_eq!(holds.map(|holds| holds.len()), Some(1));
+//! # Ok(()) }
+//! ```
+//!
+//! A recorder is found as the facade finds one, at each call: the one installed for the thread
+//! (`metrics::with_local_recorder`), else the global one. A lease's end and its renewals are
+//! often recorded on dlock's background threads, where only a global recorder is seen: install
+//! a global one. dlock tells a recorder from none by its size: the facade's no-op recorder,
+//! used when none is installed, has none, and every recorder that records keeps some state; a
+//! zero-sized recorder of your own would be taken for none (give it a field).
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]

@@ -128,11 +128,32 @@ fn check_dedupe_messages(url: Option<&str>) {
     assert!(locked.contains("credited 39900 (expected 39900)"), "{out}");
 }
 
+/// The metrics example runs on the in-memory store only: its story needs the store's hand to
+/// take a key away.
+fn check_metrics() {
+    let out = run("metrics", None);
+    assert!(out.contains("reindex: Err(Lost"), "{out}");
+    for series in [
+        "dlock_acquire_wait_seconds_count{label=\"metrics::pay_out\",store=\"memory\",outcome=\"granted\"} 5",
+        "dlock_acquire_wait_seconds_count{label=\"metrics::pay_out\",store=\"memory\",outcome=\"busy\"} 2",
+        "dlock_busy_total{label=\"metrics::pay_out\",store=\"memory\"} 2",
+        "dlock_hold_seconds_count{label=\"metrics::pay_out\",store=\"memory\"} 5",
+        "dlock_reentries_total{label=\"ledger::record_payout\",store=\"memory\"} 5",
+        "dlock_lost_total{label=\"jobs::reindex\",store=\"memory\"} 1",
+        "dlock_leases_held{label=\"jobs::reindex\",store=\"memory\"} 0",
+        "dlock_leases_held{label=\"metrics::pay_out\",store=\"memory\"} 0",
+        "# TYPE dlock_busy_total counter",
+    ] {
+        assert!(out.contains(series), "no `{series}` in:\n{out}");
+    }
+}
+
 #[test]
 fn examples_on_the_in_memory_default() {
     check_account_sync(None);
     check_stock_deduction(None);
     check_dedupe_messages(None);
+    check_metrics();
 }
 
 #[cfg(feature = "mysql")]

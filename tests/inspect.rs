@@ -109,7 +109,7 @@ async fn a_holder_and_its_waiter_are_described<B: Backend + Clone>(store: B) {
     assert_eq!(described.owner(), lease.owner());
     assert_eq!(described.fence(), lease.fence());
     assert_eq!(described.pid(), Some(std::process::id()));
-    assert_eq!(described.label(), "");
+    assert_eq!(described.label(), dlock::LockOptions::UNLABELLED);
     assert_eq!(state.waiters(), 0);
 
     lease.release().await.unwrap();

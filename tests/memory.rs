@@ -377,3 +377,86 @@ mod store_ttl_limit {
         assert_eq!(renewed.load(Ordering::SeqCst), confirmations);
     }
 }
+
+/// A lease once lost stays lost: a renewal sent before the lease's deadline whose answer comes
+/// after it does not make the lease held again, though the store did renew it.
+mod late_confirmation {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    use dlock::backend::{AcquireRequest, Acquired, Backend, MemoryBackend, Renewal};
+    use dlock::{LockError, LockOptions, Locker, Owner};
+
+    /// The lease's ttl: renewed a second in, given up 2.7 s in when no renewal is confirmed.
+    const TTL: Duration = Duration::from_secs(3);
+
+    /// How long the first renewal's answer takes: it comes about 3.2 s in, past the lease's
+    /// deadline (2.7 s) but before the deadline it would set (3.7 s).
+    const LATE_BY: Duration = Duration::from_millis(2200);
+
+    /// The in-process store, whose first renewal is answered late: renewed on the store at
+    /// once, the answer held up for [`LATE_BY`].
+    struct LateAnswer {
+        inner: MemoryBackend,
+        answered_one: AtomicBool,
+    }
+
+    impl Backend for LateAnswer {
+        async fn acquire(
+            &self,
+            request: &AcquireRequest<'_>,
+        ) -> Result<Option<Acquired>, LockError> {
+            self.inner.acquire(request).await
+        }
+
+        async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+            self.inner.release(key, owner).await
+        }
+
+        async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+            let held = self.inner.renew(leases).await;
+            if !self.answered_one.swap(true, Ordering::SeqCst) {
+                // Blocks the thread the renewal runs on, dlock's background runtime: nothing
+                // else of the locker runs until the answer is in (its watchdog's own look at
+                // the deadline included), as on a runtime kept busy by other work.
+                std::thread::sleep(LATE_BY);
+            }
+            held
+        }
+
+        fn release_now(&self, key: &str, owner: Owner) -> bool {
+            self.inner.release_now(key, owner)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_read_as_lost_is_not_held_again_after_a_late_confirmation() {
+        let locker = Locker::with_backend(LateAnswer {
+            inner: MemoryBackend::new(),
+            answered_one: AtomicBool::new(false),
+        });
+        let taken_at = Instant::now();
+        let lease = locker
+            .lock("late", LockOptions::new().ttl(TTL))
+            .await
+            .unwrap();
+        let mut lost_after = None;
+        while taken_at.elapsed() < Duration::from_secs(5) {
+            let held = lease.is_held();
+            match (held, lost_after) {
+                (false, None) => lost_after = Some(taken_at.elapsed()),
+                (true, Some(lost_after)) => panic!(
+                    "held again {:?} in, after it read as lost {lost_after:?} in",
+                    taken_at.elapsed()
+                ),
+                _ => {}
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(
+            lost_after.is_some(),
+            "held though its first renewal was answered after its deadline"
+        );
+        lease.release().await.unwrap();
+    }
+}

@@ -40,6 +40,14 @@ mod sql_scenarios {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_copy_of_an_acquire_does_not_keep_an_unclaimed_grant_from_its_undo() {
+        scenario::a_late_copy_of_an_acquire_does_not_keep_an_unclaimed_grant_from_its_undo::<
+            Mysql,
+        >()
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_acquisition_abandoned_while_its_insert_waits_leaves_no_row() {
         scenario::an_acquisition_abandoned_while_its_insert_waits_leaves_no_row::<Mysql>().await;
     }
@@ -97,14 +105,13 @@ impl support::sql_store::SqlStore for Mysql {
         mysql_url()
     }
 
-    async fn locker_at(&self, url: &str) -> Locker {
-        let backend = MysqlBackend::builder(url)
+    async fn backend_at(&self, url: &str) -> MysqlBackend {
+        MysqlBackend::builder(url)
             .unwrap()
             .table(&self.table)
             .connect()
             .await
-            .unwrap();
-        Locker::with_backend(backend)
+            .unwrap()
     }
 
     async fn rows(&self, key: &str) -> i64 {

@@ -269,8 +269,7 @@ async fn a_late_copy_of_an_acquire_call_after_the_release_takes_no_effect() {
     let prefix = lock_key
         .strip_suffix(&format!("{{{key}}}"))
         .expect("the lock key is the prefix and the hash-tagged key");
-    // Granted while nobody waited: the owner's token, marked `-`, then the holder's description
-    // on a line of its own.
+    // Granted while nobody waited: the owner's token, marked `-`, on the value's first line.
     let stored: String = redis::cmd("GET")
         .arg(&lock_key)
         .query_async(&mut raw)
@@ -286,7 +285,7 @@ async fn a_late_copy_of_an_acquire_call_after_the_release_takes_no_effect() {
     lease.release().await.unwrap();
 
     // The late first copy: KEYS the lock, its fence counter, its queue; ARGV the owner, the ttl
-    // in ms and the prefix, as a first try sends them.
+    // in ms, the prefix and the holder's description, as a first try sends them.
     let _: redis::Value = redis::cmd("EVAL")
         .arg(acquire_script())
         .arg(3)
@@ -296,6 +295,7 @@ async fn a_late_copy_of_an_acquire_call_after_the_release_takes_no_effect() {
         .arg(&owner)
         .arg(ttl.as_millis() as u64)
         .arg(prefix)
+        .arg(format!("{}/host/late-copy", std::process::id()))
         .query_async(&mut raw)
         .await
         .unwrap();

@@ -11,7 +11,7 @@ use syn::{Expr, ExprLit, ExprPath, Ident, Lit, LitStr, Token};
 use crate::duration;
 
 /// The argument names, in the order the messages list them.
-const VALID: &str = "key, ttl, wait, renew, on_lost, locker, crate";
+const VALID: &str = "key, ttl, wait, renew, on_lost, locker, label, crate";
 
 /// What `on_lost = "…"` selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +38,8 @@ pub(crate) struct LockerArg {
 }
 
 /// The checked arguments, with the documented defaults filled in (`ttl` 30 s, `wait` 0 s, renewal
-/// on, `on_lost = "cancel"`).
+/// on, `on_lost = "cancel"`; a missing `label` is the function's path, filled in by `expand`,
+/// which knows the function).
 pub(crate) struct Args {
     pub key: LitStr,
     pub ttl: DurationArg,
@@ -46,6 +47,7 @@ pub(crate) struct Args {
     pub renew: bool,
     pub on_lost: OnLost,
     pub locker: Option<LockerArg>,
+    pub label: Option<LitStr>,
     pub krate: syn::Path,
 }
 
@@ -97,6 +99,7 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
     let mut renew = true;
     let mut on_lost = OnLost::Cancel;
     let mut locker = None;
+    let mut label = None;
     let mut krate: syn::Path = syn::parse_quote!(::dlock);
 
     for RawArg { name, value } in raw {
@@ -146,6 +149,18 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
                     expr: value,
                 })
             }),
+            "label" => string_literal(&value, "label = \"billing::submit\"").and_then(|lit| {
+                if lit.value().is_empty() {
+                    Err(syn::Error::new(
+                        lit.span(),
+                        "empty label; name the holder for operators, e.g. label = \"billing::submit\", \
+                         or leave `label` out to use the function's path",
+                    ))
+                } else {
+                    label = Some(lit);
+                    Ok(())
+                }
+            }),
             "crate" => string_literal(&value, "crate = \"::dlock\"").and_then(|lit| {
                 krate = lit.parse().map_err(|_| {
                     syn::Error::new(lit.span(), "`crate` takes a path to the dlock crate, e.g. crate = \"::my_app::dlock\"")
@@ -181,6 +196,7 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
         renew,
         on_lost,
         locker,
+        label,
         krate,
     })
 }
@@ -370,6 +386,7 @@ mod tests {
             (Some(30_000), Some(0), true, OnLost::Cancel)
         );
         assert!(args.locker.is_none());
+        assert!(args.label.is_none());
     }
 
     #[test]
@@ -381,9 +398,14 @@ mod tests {
             renew = false,
             on_lost = "continue",
             locker = &LOCKS,
+            label = "billing::submit",
             crate = "::other::dlock"
         ))
         .unwrap();
+        assert_eq!(
+            args.label.map(|l| l.value()).as_deref(),
+            Some("billing::submit")
+        );
         assert_eq!(
             (
                 millis(&args.ttl),
@@ -446,6 +468,15 @@ mod tests {
             "{message}"
         );
         assert!(message.contains("e.g. wait = LOCK_WAIT"), "{message}");
+    }
+
+    #[test]
+    fn refuses_an_empty_repeated_or_computed_label() {
+        assert!(err(quote!(key = "k", label = "")).contains("empty label; name the holder"));
+        assert!(err(quote!(key = "k", label = "a", label = "b"))
+            .contains("`label` is given twice; remove one"));
+        assert!(err(quote!(key = "k", label = NAME))
+            .contains("expected a string literal, e.g. label = \"billing::submit\""));
     }
 
     #[test]

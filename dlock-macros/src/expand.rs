@@ -238,7 +238,10 @@ fn expand(args: TokenStream, function: &LockedFn) -> syn::Result<TokenStream> {
     })
 }
 
-/// `LockSpec::new(name, ttl, wait, renew, on_lost)`.
+/// `LockSpec::new(name, ttl, wait, renew, on_lost).label(label)`. The label is a `&'static
+/// str` written into the program, so that naming the holder costs a call nothing: the
+/// `label = "…"` given, or else the function's path, `module_path!()` and its name. (A method's
+/// type is not part of it: the attribute sees the method, not the `impl` around it.)
 fn lock_spec(args: &Args, sig: &Signature) -> TokenStream {
     let krate = &args.krate;
     let name = sig.ident.to_string();
@@ -249,7 +252,11 @@ fn lock_spec(args: &Args, sig: &Signature) -> TokenStream {
         OnLost::Cancel => quote!(#krate::__private::OnLost::Cancel),
         OnLost::Continue => quote!(#krate::__private::OnLost::Continue),
     };
-    quote!(#krate::__private::LockSpec::new(#name, #ttl, #wait, #renew, #on_lost))
+    let label = match &args.label {
+        Some(label) => quote!(#label),
+        None => quote!(::core::concat!(::core::module_path!(), "::", #name)),
+    };
+    quote!(#krate::__private::LockSpec::new(#name, #ttl, #wait, #renew, #on_lost).label(#label))
 }
 
 /// A `Duration` expression. A constant is read in a `const` block, through a `let` typed
@@ -395,6 +402,12 @@ mod tests {
             out.contains("__dlock_key , :: dlock :: __private :: LockSpec :: returns_err :: < _ , E > , async move"),
             "{out}"
         );
+        assert!(
+            out.contains(
+                ". label (:: core :: concat ! (:: core :: module_path ! () , \"::\" , \"submit\"))"
+            ),
+            "{out}"
+        );
         assert!(out.contains("push_literal (\"acct:\")"), "{out}");
         assert!(
             out.contains("push_display (& mut __dlock_builder , & open_id)"),
@@ -404,6 +417,17 @@ mod tests {
             out.contains("async fn submit (open_id : & str) -> Result < () , E >"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn hands_a_given_label_over_as_written() {
+        let out = expand(
+            quote!(key = "k", label = "billing::submit"),
+            quote!(
+                async fn f() {}
+            ),
+        );
+        assert!(out.contains(". label (\"billing::submit\")"), "{out}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use crate::clock;
+use crate::metrics;
 use crate::notified;
 use crate::reentry::Turns;
 use crate::Owner;
@@ -27,6 +28,10 @@ pub(crate) struct LeaseState {
     /// plus ttl less the safety margin, and never past `ends_at`. Nanoseconds on the `clock`
     /// origin.
     valid_until: AtomicU64,
+    /// When the request behind the last confirmation the lease took was sent: its acquisition's
+    /// at first, then its last renewal's. Nanoseconds on the `clock` origin. A store that expires
+    /// keys would expire this lease a ttl after it.
+    confirmed_at: AtomicU64,
     /// Where no confirmation takes the lease: set for a lease without renewal whose ttl the
     /// store shortened, which is confirmed at the shorter ttl's pace only up to its own ttl.
     /// `None` for every other lease.
@@ -52,14 +57,24 @@ pub(crate) struct LeaseState {
     /// it then (`locker::expiry`): aborted when the lease is released sooner, so that a lease
     /// leaves nothing behind once released, however long its ttl.
     expiry: Mutex<Option<AbortHandle>>,
+    /// For a renewed lease on a store that does not expire it (`locker::expiry`): what releases
+    /// it, at the instant given, once it is lost for want of a confirmation. Taken by the loss,
+    /// or dropped by the release.
+    release_at_loss: Mutex<Option<ReleaseAt>>,
+    /// Its labels and grant time, for the metrics; set by the acquisition that granted it.
+    pub(crate) held: metrics::Held,
 }
+
+/// Releases a lease on the store at the instant given, unless it was released before.
+pub(crate) type ReleaseAt = Box<dyn FnOnce(Instant) + Send>;
 
 /// Why a lease stopped being held, for the log.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum LossCause {
     /// A renewal found another owner (or no owner) on the store.
     Refused,
-    /// No renewal was confirmed before the validity ran out.
+    /// No renewal was confirmed before the validity ran out (a confirmation that came after it
+    /// included).
     Unconfirmed,
     /// Its locker was shut down while the lease was held.
     ShutDown,
@@ -103,6 +118,7 @@ impl LeaseState {
             ttl,
             locker_id,
             valid_until: AtomicU64::new(clock::to_nanos(Self::validity_from(valid_from, ttl))),
+            confirmed_at: AtomicU64::new(clock::to_nanos(valid_from)),
             ends_at: None,
             lost: AtomicBool::new(false),
             released: AtomicBool::new(false),
@@ -113,6 +129,8 @@ impl LeaseState {
             stopping: AtomicBool::new(false),
             turns: Turns::new(),
             expiry: Mutex::new(None),
+            release_at_loss: Mutex::new(None),
+            held: metrics::Held::uncounted(),
         }
     }
 
@@ -146,11 +164,20 @@ impl LeaseState {
         self.released.load(Ordering::Acquire)
     }
 
+    /// Whether the lease is held: not lost, stopped or released, and within its validity. A
+    /// lease found past its validity is marked lost here, so that its loss is reported even when
+    /// no timer has fired yet (the runtime was busy, or the grant itself arrived late), and so
+    /// that it stays lost: a confirmation that comes later, though sent in time, cannot make a
+    /// lease that read as lost read as held again.
     pub(crate) fn is_held(&self) -> bool {
-        !self.is_lost()
-            && !self.is_stopping()
-            && !self.is_released()
-            && Instant::now() < self.valid_until()
+        if self.is_lost() || self.is_stopping() || self.is_released() {
+            return false;
+        }
+        if Instant::now() >= self.valid_until() {
+            self.mark_lost(LossCause::Unconfirmed);
+            return false;
+        }
+        true
     }
 
     /// Whether a shutdown is stopping the bodies under the lease.
@@ -167,27 +194,25 @@ impl LeaseState {
         self.lost_wake.notify_waiters();
     }
 
-    /// Whether a body may be polled under this lease now: held, and within its validity. A lease
-    /// found past its validity is marked lost here, so that its loss is reported even when no
-    /// timer has fired yet (the runtime was busy, or the grant itself arrived late).
+    /// Whether a body may be polled under this lease now: held, and within its validity (see
+    /// [`is_held`](Self::is_held), which marks a lease past its validity lost).
     pub(crate) fn may_run(&self) -> bool {
-        if self.is_lost() || self.is_stopping() || self.is_released() {
-            return false;
-        }
-        if Instant::now() >= self.valid_until() {
-            self.mark_lost(LossCause::Unconfirmed);
-            return false;
-        }
-        true
+        self.is_held()
     }
 
     /// Records a renewal the store confirmed for a request sent at `sent_at`. A lease that was
-    /// already lost stays lost: its holder has been told, and may have stopped.
+    /// already lost stays lost: its holder has been told, and may have stopped. So does one
+    /// whose validity ran out before the answer came, though the request was sent in time:
+    /// whoever looked meanwhile was told that it was lost (`is_held` marks it so, which keeps
+    /// it lost should this confirmation pass the check below just before the deadline).
     pub(crate) fn confirm(&self, sent_at: Instant) {
-        if sent_at >= self.valid_until() {
+        let valid_until = self.valid_until();
+        if sent_at >= valid_until || Instant::now() >= valid_until {
             self.mark_lost(LossCause::Unconfirmed);
             return;
         }
+        self.confirmed_at
+            .fetch_max(clock::to_nanos(sent_at), Ordering::AcqRel);
         let mut until = Self::validity_from(sent_at, self.ttl);
         if let Some(ends_at) = self.ends_at {
             until = until.min(ends_at);
@@ -201,10 +226,21 @@ impl LeaseState {
         tracing::trace!(key = %self.key, fence = self.fence, "distributed_lock: renewed");
     }
 
-    /// Marks the lease lost and wakes whoever waits on [`wait_lost`](Self::wait_lost).
+    /// Marks the lease lost and wakes whoever waits on [`wait_lost`](Self::wait_lost). A lease
+    /// lost for want of a confirmation on a store that does not expire it is released a ttl
+    /// after its last confirmed request was sent (see [`release_when_lost`](Self::release_when_lost)).
     pub(crate) fn mark_lost(&self, cause: LossCause) {
         if self.is_released() || self.lost.swap(true, Ordering::SeqCst) {
             return;
+        }
+        if let LossCause::Unconfirmed = cause {
+            // Only this loss leaves the key held on the store: a refusal says it is not ours,
+            // and a shutdown releases it itself.
+            // Taken out first: the release locks the expiry timer's slot, never under this one.
+            let release = self.release_at_loss().take();
+            if let Some(release) = release {
+                release(self.store_expires_at());
+            }
         }
         match cause {
             LossCause::ShutDown => {
@@ -212,8 +248,10 @@ impl LeaseState {
             }
             _ => {
                 tracing::warn!(key = %self.key, fence = self.fence, ?cause, "distributed_lock: lease lost");
+                self.held.lost();
             }
         }
+        self.held.end();
         self.lost_wake.notify_waiters();
     }
 
@@ -222,10 +260,34 @@ impl LeaseState {
         if self.released.swap(true, Ordering::AcqRel) {
             return false;
         }
+        self.held.end();
         if let Some(timer) = self.expiry().take() {
             timer.abort();
         }
+        self.release_at_loss().take();
         true
+    }
+
+    /// Has `release` called when the lease is lost for want of a confirmation, with the instant
+    /// a store that expires keys would expire it: a ttl after its last confirmed request was
+    /// sent. For a renewed lease on a store that keeps a key as long as its holder's session
+    /// (ZooKeeper): its holder may keep the `Lease`, or run a body on under `on_lost =
+    /// "continue"`, long after the loss, and the key would stay held by nobody until then. Set
+    /// before the lease is watched or handed out, so no such loss comes sooner.
+    pub(crate) fn release_when_lost(&self, release: ReleaseAt) {
+        *self.release_at_loss() = Some(release);
+    }
+
+    /// When a store that expires keys would expire the lease: a ttl after the request behind
+    /// its last confirmation was sent.
+    fn store_expires_at(&self) -> Instant {
+        clock::from_nanos(self.confirmed_at.load(Ordering::Acquire)) + self.ttl
+    }
+
+    fn release_at_loss(&self) -> MutexGuard<'_, Option<ReleaseAt>> {
+        self.release_at_loss
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Keeps `timer`, the task that ends the lease at its ttl, to abort it when the lease is

@@ -15,6 +15,8 @@
 //! - [`KeyState`] and [`Holder`] — who holds a key, since when, and how many wait for it, as
 //!   [`Locker::inspect`] tells operators.
 //! - [`LockError`] and [`FromLockError`] — failures, and how a locked function returns them.
+//! - Metrics through the `metrics` crate's facade (`dlock_acquire_wait_seconds`,
+//!   `dlock_hold_seconds`, `dlock_busy_total`, …): the table is in the `dlock` crate's docs.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
@@ -47,6 +49,7 @@ mod key;
 mod lease;
 mod locked;
 mod locker;
+mod metrics;
 mod notified;
 mod options;
 mod owner;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::lease::LeaseState;
 use crate::locker::{default_locker, Lease, Locker};
+use crate::metrics;
 use crate::{reentry, FromLockError, LockError, LockOptions};
 
 /// What happens when the lease is lost while the body runs.
@@ -41,6 +42,12 @@ impl LockSpec {
             options: LockOptions::new().ttl(ttl).wait(wait).renew(renew),
             on_lost,
         }
+    }
+
+    /// The same spec under `label` (the attribute's `label`, or the function's path).
+    pub const fn label(mut self, label: &'static str) -> Self {
+        self.options = self.options.label(label);
+        self
     }
 }
 
@@ -151,6 +158,7 @@ where
             Err(error) => return on_failure(&spec, error),
         };
         tracing::trace!(%key, function = spec.name, "distributed_lock: re-entered");
+        metrics::reentered(spec.options.label, locker.store_kind());
         // `None` as well when the call was moved out of the body (see `Turn::scope`).
         let output = run_body(spec.on_lost, turn.lease(), turn.scope(body))
             .await

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use crate::LockError;
 
-/// How to acquire and keep one lease: its ttl, how long to wait for a busy key, and whether a
-/// watchdog renews it.
+/// How to acquire and keep one lease: its ttl, how long to wait for a busy key, whether a
+/// watchdog renews it, and the label it is known by to operators.
 ///
 /// ```
 /// use std::time::Duration;
@@ -24,6 +24,10 @@ pub struct LockOptions {
     pub wait: Duration,
     /// Whether the watchdog renews the lease every ttl/3 while it is held (default `true`).
     pub renew: bool,
+    /// The holder's name for operators: the `label` of the acquisition's metrics (see
+    /// "Metrics" in the crate docs). Default [`UNLABELLED`](Self::UNLABELLED); under
+    /// `#[distributed_lock]`, the attribute's `label`, else the function's path.
+    pub label: &'static str,
 }
 
 impl LockOptions {
@@ -42,7 +46,27 @@ impl LockOptions {
             ttl: Duration::from_secs(30),
             wait: Duration::ZERO,
             renew: true,
+            label: Self::UNLABELLED,
         }
+    }
+
+    /// The label of an acquisition that was given none: `"unlabelled"`, which tells an operator
+    /// looking at a metric that the code taking the lock did not name itself.
+    pub const UNLABELLED: &'static str = "unlabelled";
+
+    /// Names the holder for operators: the `label` that the acquisition's metrics carry.
+    /// A `&'static str`, a literal or a constant, so that naming costs a call nothing; keep it to
+    /// a handful of values per program (a function or a job, never a key or an id), as each
+    /// value is a series of its own in a metrics store.
+    ///
+    /// ```
+    /// let options = dlock::LockOptions::new().label("billing::nightly_invoices");
+    /// assert_eq!(options.label, "billing::nightly_invoices");
+    /// assert_eq!(dlock::LockOptions::new().label, dlock::LockOptions::UNLABELLED);
+    /// ```
+    pub const fn label(mut self, label: &'static str) -> Self {
+        self.label = label;
+        self
     }
 
     /// Sets the lease length. A store that cannot keep a lease that long shortens it to the

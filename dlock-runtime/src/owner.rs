@@ -10,6 +10,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 ///
 /// Displayed as 32 lowercase hex digits, which is how stores keep it.
 ///
+/// A token names one acquisition, and its lease: driving a
+/// [`Backend`](crate::backend::Backend) directly, draw a fresh one for each
+/// [`acquire`](crate::backend::Backend::acquire) call, and never use it again for another
+/// acquisition once that one ended (released, lost, or given up). A store takes a grant to the
+/// owner that already holds the row for the same acquisition's (a statement sent again after a
+/// broken connection, or a try after a grant of its was withdrawn unclaimed) and keeps its
+/// fence, and what it does to undo a grant nobody claimed goes by that owner; a second
+/// acquisition under the same token could be granted a key such an undo, still on its way,
+/// then takes away, or share a fence with an earlier lease.
+///
 /// ```
 /// let a = dlock::Owner::random();
 /// let b = dlock::Owner::random();

@@ -180,12 +180,13 @@ impl Shared {
                         Some(false) => state.mark_lost(LossCause::Refused),
                         // Not confirmed this round (its part of the store failed): retried
                         // after the failure delay `due` set, judged by its own deadline.
-                        None => {}
+                        None => state.held.renewal_failed(),
                     }
                 }
             }
             Ok(Err(error)) => {
                 tracing::warn!(%error, leases = batch.len(), "distributed_lock: renewal failed; retrying");
+                batch.iter().for_each(|state| state.held.renewal_failed());
             }
             Err(_) => {
                 tracing::warn!(
@@ -193,6 +194,7 @@ impl Shared {
                     ?patience,
                     "distributed_lock: renewal timed out; retrying"
                 );
+                batch.iter().for_each(|state| state.held.renewal_failed());
             }
         }
     }

@@ -273,3 +273,64 @@ async fn a_hand_over_that_never_answers_holds_nobody_up_for_long() {
     lease.release().await.unwrap();
     drop(releasing);
 }
+
+/// A grant handed to a waiter that is passed over before it claims it is withdrawn, and its
+/// undo deletes by that grant's fence; the waiter, polled again, tries again as the same owner
+/// and may be granted the key before that undo (slow here: a trigger holds up releases) reaches
+/// the database. Its new grant must take a new fence, which the undo misses: the lease it holds
+/// keeps the row, and another process's caller finds the key busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undo_late_for_a_hand_over_withdrawn_as_its_waiter_was_passed_over_leaves_its_next_grant_alone(
+) {
+    let db = Postgres::fresh().await;
+    let locker = db.locker().await;
+    let elsewhere = db.locker().await;
+    let key = support::unique_key("handoff-passed-over");
+    let lease = locker.lock(&*key, held(60)).await.unwrap();
+    // The head: polled until it rests behind the holder, then parked.
+    let mut parked = a_waiter_at_rest(&locker, &key).await;
+    lease.release().await.unwrap();
+    let handed_fence = db.fence(&key).await.expect("the release deleted the row");
+    db.hold_up_releases(Duration::from_secs(3)).await;
+    // A waiter behind, with a short wait: it passes the parked head over once its turn lapses
+    // (which withdraws the grant handed to it, and sends the undo), finds the key busy, and
+    // gives up.
+    let behind = tokio::spawn({
+        let (locker, key) = (locker.clone(), key.clone());
+        async move {
+            locker
+                .lock(&*key, held(60).wait(Duration::from_millis(2_500)))
+                .await
+                .map(|lease| lease.fence())
+        }
+    });
+    let behind = tokio::time::timeout(Duration::from_secs(10), behind)
+        .await
+        .expect("the waiter behind never gave up")
+        .unwrap();
+    assert!(
+        behind.is_err(),
+        "the waiter behind got {behind:?} while the grant's undo was held up"
+    );
+    // Polled again, the passed-over waiter queues again and gets the key anew while the undo
+    // is still held up.
+    let again = tokio::time::timeout(Duration::from_secs(10), &mut parked)
+        .await
+        .expect("the passed-over waiter did not get the key again")
+        .expect("the passed-over waiter did not get the key again");
+    // The undo's DELETE has woken from the trigger by now.
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    let row_fence = db.fence(&key).await;
+    let rival = elsewhere.lock(&*key, held(60)).await;
+    assert!(
+        again.is_held()
+            && row_fence == Some(again.fence() as i64)
+            && matches!(rival, Err(dlock::LockError::Busy { .. })),
+        "two holders at once: the late undo of the withdrawn grant (fence {handed_fence}) deleted \
+         the waiter's next grant (fence {}, row's fence now {row_fence:?}, rival: {:?})",
+        again.fence(),
+        rival.as_ref().map(|lease| lease.fence())
+    );
+    drop(rival);
+    again.release().await.unwrap();
+}

@@ -130,3 +130,146 @@ async fn a_deaf_process_learns_of_a_release_within_moments() {
         "the deaf process got the key {entered:?} after its release"
     );
 }
+
+/// The next waiter of a process takes its turn when the waiter ahead of it, handed the key,
+/// holds it past its first ttl (renewed) and then releases it: the release hands the key on at
+/// once, even where the process's listener is deaf. The waiter behind rests until the holder's
+/// expiry and looks again then, as the lease is renewed; it must not sleep on until a time it
+/// read before the key went round (here, the first holder's expiry a minute on), nor count as a
+/// waiter that let its turn lapse meanwhile (a release would then delete the row rather than
+/// hand it over, and nobody would tell the deaf process it is free).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_waiter_takes_its_turn_after_a_renewed_holder_of_its_process() {
+    use std::time::Instant;
+
+    use dlock::backend::PostgresBackend;
+
+    let db = Postgres::fresh().await;
+    let (listen_proxy, listen_url) = FaultProxy::in_front_of(&support::postgres_url());
+    let deaf = Locker::with_backend(
+        PostgresBackend::builder(&support::postgres_url())
+            .unwrap()
+            .table(&db.table)
+            .listen_url(&listen_url)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    listen_proxy.stall_open(Direction::ToClient);
+    let key = support::unique_key("renewed-ahead");
+    let first = deaf
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    // Waits, then holds the key for three of its 2 s ttls, renewed, and releases it.
+    let ahead = tokio::spawn({
+        let (deaf, key) = (deaf.clone(), key.clone());
+        async move {
+            let options = LockOptions::new()
+                .ttl(Duration::from_secs(2))
+                .wait(Duration::from_secs(60));
+            let lease = deaf.lock(&*key, options).await?;
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            let released_at = Instant::now();
+            lease.release().await?;
+            Ok::<_, dlock::LockError>(released_at)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let behind = tokio::spawn({
+        let (deaf, key) = (deaf.clone(), key.clone());
+        async move {
+            let lease = deaf
+                .lock(&*key, LockOptions::new().wait(Duration::from_secs(120)))
+                .await?;
+            let at = Instant::now();
+            lease.release().await?;
+            Ok::<_, dlock::LockError>(at)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    first.release().await.unwrap();
+    let released_at = ahead.await.unwrap().unwrap();
+    let entered = tokio::time::timeout(Duration::from_secs(10), behind)
+        .await
+        .map(|entered| entered.unwrap().map(|at| at - released_at));
+    assert!(
+        entered
+            .as_ref()
+            .is_ok_and(|after| after.as_ref().is_ok_and(|after| *after < Duration::from_secs(3))),
+        "the next waiter got the key {entered:?} after the waiter ahead of it released it (Err(Elapsed): not within 10 s)"
+    );
+}
+
+/// A waiter that joins while a release hands the key to the head of its process's queue, and
+/// that head never comes for it (its future parked), passes the head over once its turn lapses
+/// and gets the key within moments, even where the process's listener is deaf: it must not
+/// sleep until its own deadline, told only that the head was not due yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_joins_during_a_hand_over_passes_over_a_head_that_never_takes_it() {
+    use std::time::Instant;
+
+    use dlock::backend::PostgresBackend;
+
+    let db = Postgres::fresh().await;
+    let (listen_proxy, listen_url) = FaultProxy::in_front_of(&support::postgres_url());
+    let deaf = Locker::with_backend(
+        PostgresBackend::builder(&support::postgres_url())
+            .unwrap()
+            .table(&db.table)
+            .listen_url(&listen_url)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    listen_proxy.stall_open(Direction::ToClient);
+    let key = support::unique_key("joins-mid-hand-over");
+    let lease = deaf
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    // The head: polled until it rests behind the holder, then parked for good.
+    let mut head = Box::pin(
+        deaf.lock(
+            key.clone(),
+            LockOptions::new()
+                .ttl(Duration::from_secs(60))
+                .wait(Duration::from_secs(60)),
+        ),
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut head)
+            .await
+            .is_err(),
+        "the head got a held key"
+    );
+    db.hold_up_hand_overs(Duration::from_millis(1500)).await;
+    let released_at = Instant::now();
+    let releasing = tokio::spawn(async move { lease.release().await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Joins while the hand-over is on its way.
+    let behind = tokio::spawn({
+        let (deaf, key) = (deaf.clone(), key.clone());
+        async move {
+            let lease = deaf
+                .lock(&*key, LockOptions::new().wait(Duration::from_secs(60)))
+                .await?;
+            let at = Instant::now();
+            lease.release().await?;
+            Ok::<_, dlock::LockError>(at)
+        }
+    });
+    releasing.await.unwrap().unwrap();
+    let entered = tokio::time::timeout(Duration::from_secs(15), behind)
+        .await
+        .map(|entered| entered.unwrap().map(|at| at - released_at));
+    assert!(
+        entered
+            .as_ref()
+            .is_ok_and(|after| after.as_ref().is_ok_and(|after| *after < Duration::from_secs(8))),
+        "the waiter behind got the key {entered:?} after the release (Err(Elapsed): not within 15 s)"
+    );
+    drop(head);
+}

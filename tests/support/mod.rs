@@ -265,6 +265,7 @@ macro_rules! lock_properties {
             keys_are_escaped,
             manual_lease_excludes_and_releases,
             renewals_are_batched,
+            a_wait_without_end_grants_a_free_key,
         );
     };
     (@tests $store:expr; $($name:ident),* $(,)?) => {

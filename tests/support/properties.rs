@@ -452,6 +452,19 @@ pub async fn manual_lease_excludes_and_releases<S: Store>(store: &S) {
     acquires_soon(&a, &key).await;
 }
 
+/// A store driven directly may be asked to wait without end (`Duration::MAX`): a deadline that
+/// far is no deadline, not an overflow.
+pub async fn a_wait_without_end_grants_a_free_key<S: Store>(store: &S) {
+    use dlock::backend::{AcquireRequest, Backend};
+    let key = unique_key("wait-without-end");
+    let backend = store.backend().await;
+    let owner = dlock::Owner::random();
+    let request = AcquireRequest::new(&key, owner, Duration::from_secs(30), Duration::MAX);
+    let acquired = backend.acquire(&request).await.unwrap();
+    assert!(acquired.is_some(), "a free key was not granted");
+    assert!(backend.release(&key, owner).await.unwrap());
+}
+
 pub async fn renewals_are_batched<S: Store>(store: &S) {
     let backend = Counting::new(store.backend().await);
     let locker = Locker::with_backend(backend.clone());

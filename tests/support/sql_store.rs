@@ -25,8 +25,8 @@ pub trait SqlStore: Store + Sized {
     fn fresh() -> impl Future<Output = Self> + Send;
     /// The database's URL, for a proxy in front of it.
     fn url() -> String;
-    /// A locker on this table through `url`, with a pool of its own.
-    fn locker_at(&self, url: &str) -> impl Future<Output = Locker> + Send;
+    /// A backend on this table through `url`, with a pool of its own.
+    fn backend_at(&self, url: &str) -> impl Future<Output = Self::Backend> + Send;
     /// How many rows the table holds for `key`.
     fn rows(&self, key: &str) -> impl Future<Output = i64> + Send;
     /// Writes an expired row of `key`, owned by a stranger.
@@ -37,6 +37,11 @@ pub trait SqlStore: Store + Sized {
     /// Locks `key`'s row in a transaction of another client's (`SELECT … FOR UPDATE`), rolled
     /// back when the returned guard is dropped.
     fn lock_row(&self, key: &str) -> impl Future<Output = RowLock> + Send;
+
+    /// A locker on this table through `url`, with a pool of its own.
+    fn locker_at(&self, url: &str) -> impl Future<Output = Locker> + Send {
+        async move { Locker::with_backend(self.backend_at(url).await) }
+    }
 
     /// A locker on this table with the store's test pool (four connections).
     fn locker(&self) -> impl Future<Output = Locker> + Send {
@@ -203,6 +208,62 @@ pub async fn a_grant_its_caller_never_came_back_for_is_undone_after_the_claim_wi
     drop(parked);
     lease.release().await.unwrap();
     assert_eq!(db.rows(&key).await, 0, "a row outlived every holder");
+}
+
+/// A late copy of an acquire statement (re-sent after its connection broke while the first
+/// copy was held up on the server) that lands between its owner's grant and the undo of that
+/// grant, withdrawn unclaimed, must not move the row's fence: the undo deletes that grant only,
+/// by its fence, and a row whose fence moved would stay held by nobody until its ttl. The late
+/// copy is modelled by the same owner's acquire sent on another connection while the grant
+/// waits to be claimed; the grant is left unclaimed by a caller parked with its answer on the
+/// way (as in the scenario above).
+pub async fn a_late_copy_of_an_acquire_does_not_keep_an_unclaimed_grant_from_its_undo<
+    S: SqlStore,
+>() {
+    use dlock::backend::{AcquireRequest, Backend};
+    use dlock::Owner;
+
+    let db = S::fresh().await;
+    let (proxy, url) = FaultProxy::in_front_of(&S::url());
+    let slow = db.backend_at(&url).await;
+    let key = unique_key("late-copy");
+    let ttl = Duration::from_secs(60);
+    // Prepared on the pool's connection first, so the slowed-down statement is executed at
+    // once and only its answer is late.
+    let warm = Owner::random();
+    let warm_up = AcquireRequest::new(&key, warm, ttl, Duration::ZERO);
+    assert!(slow.acquire(&warm_up).await.unwrap().is_some());
+    assert!(slow.release(&key, warm).await.unwrap());
+    proxy.set_latency(Direction::ToClient, LATENCY);
+    let owner = Owner::random();
+    let request = AcquireRequest::new(&key, owner, ttl, Duration::from_secs(30));
+    let mut parked = Box::pin(slow.acquire(&request));
+    // Polled until its statement wrote the row, then parked with the answer on its way.
+    tokio::select! {
+        got = &mut parked => panic!("the slowed-down statement answered at once: {got:?}"),
+        () = async { while db.rows(&key).await == 0 { tokio::time::sleep(Duration::from_millis(10)).await } } => {}
+    }
+    // The late copy: the same owner's acquire, granted again (the row is that owner's).
+    let copy = db.backend().await;
+    let late = AcquireRequest::new(&key, owner, ttl, Duration::ZERO);
+    assert!(
+        copy.acquire(&late).await.unwrap().is_some(),
+        "an acquire of the row's own owner was refused"
+    );
+    // The parked grant is withdrawn after the claim window and undone by its fence.
+    let rival = db.locker().await;
+    let asked = Instant::now();
+    let got = rival
+        .lock(&*key, held(60).wait(Duration::from_secs(10)))
+        .await;
+    let waited = asked.elapsed();
+    assert!(
+        got.is_ok() && waited < CLAIM_WINDOW + 2 * LATENCY + SLACK,
+        "the key went to the rival only after {waited:?} ({:?}): the undo of a grant nobody claimed missed the row a late copy of its statement re-granted",
+        got.as_ref().err()
+    );
+    drop(parked);
+    got.unwrap().release().await.unwrap();
 }
 
 /// An acquisition abandoned while its `INSERT` waits on another transaction leaves no row

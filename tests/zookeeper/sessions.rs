@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dlock::backend::ZookeeperBackend;
-use dlock::{distributed_lock, LockError, Locker, Owner};
+use dlock::{current_lease, distributed_lock, LeaseInfo, LockError, Locker, Owner};
 
 use crate::support::fault_proxy::{Direction, FaultProxy};
 use crate::support::unique_key;
@@ -360,6 +360,124 @@ async fn a_lease_without_renewal_notices_an_operator_s_release() {
         sent_at.elapsed()
     );
     lease.release().await.unwrap();
+}
+
+#[distributed_lock(key = "<key>", ttl = "3s", on_lost = "continue", locker = locker)]
+async fn work_on_through_a_stall(
+    locker: &Locker,
+    key: &str,
+    seen: &Mutex<Option<LeaseInfo>>,
+) -> Result<(), LockError> {
+    *seen.lock().unwrap() = Some(current_lease().expect("inside a locked body"));
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    Ok(())
+}
+
+/// A renewed lease lost because its renewals went unanswered frees its key a ttl after its last
+/// confirmed renewal was sent, as a store that expires keys would, though its body runs on
+/// under `on_lost = "continue"`: the session outlives the stall, so nothing on the server ends
+/// the node. On a session of 6 s with a ttl of 3 s, the link to the server stalled for 3.5 s
+/// while the body works for 20 s: a waiter on another session gets the key within a few
+/// seconds of the stall's end, not when the body ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_lease_lost_unconfirmed_frees_its_key_though_its_body_runs_on() {
+    let zk = Zookeeper::shared().await;
+    let (link, url) = FaultProxy::in_front_of(&zk.url);
+    let holder = Locker::with_backend(backend_at(&url, Duration::from_secs(6)).await);
+    let waiter = Locker::with_backend(zk.backend().await);
+    let key = unique_key("renewed-stalled-continue");
+    let seen = Arc::new(Mutex::new(None));
+    let body = tokio::spawn({
+        let (holder, key, seen) = (holder.clone(), key.clone(), seen.clone());
+        async move { work_on_through_a_stall(&holder, &key, &seen).await }
+    });
+    let lease = loop {
+        if let Some(lease) = seen.lock().unwrap().clone() {
+            break lease;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    // A renewal goes through before the stall.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(lease.is_held(), "lost before the stall");
+
+    let resumed_at = stall_for_3500_ms(&link).await;
+    assert!(!lease.is_held(), "held through a stall longer than its ttl");
+    tokio::time::timeout(Duration::ZERO, lease.lost())
+        .await
+        .expect("the loss was not reported");
+
+    let waited = waiter
+        .lock(&*key, ttl(3).wait(Duration::from_secs(10)))
+        .await
+        .expect("the waiter never got the key: held by nobody while the body ran on");
+    let granted_after = resumed_at.elapsed();
+    assert!(
+        !body.is_finished(),
+        "the waiter got the key only when the body ended"
+    );
+    assert!(
+        granted_after <= Duration::from_secs(5),
+        "the waiter got the key only {granted_after:?} after the stall ended"
+    );
+    assert!(waited.is_held());
+    body.await.unwrap().expect("the body ran to its end");
+    assert_eq!(
+        zk.queue(&key).await.len(),
+        1,
+        "the body's release took the key"
+    );
+    waited.release().await.unwrap();
+    zk.until_queue_is(&key, 0).await;
+}
+
+/// The same for a `Lease` its holder keeps after it was lost: its key goes to a waiter on
+/// another session a ttl after the last confirmed renewal, not when the holder drops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_lease_lost_unconfirmed_frees_its_key_though_its_holder_keeps_it() {
+    let zk = Zookeeper::shared().await;
+    let (link, url) = FaultProxy::in_front_of(&zk.url);
+    let holder = Locker::with_backend(backend_at(&url, Duration::from_secs(6)).await);
+    let waiter = Locker::with_backend(zk.backend().await);
+    let key = unique_key("renewed-stalled-kept");
+    let lease = holder.lock(&*key, ttl(3)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(lease.is_held(), "lost before the stall");
+
+    let resumed_at = stall_for_3500_ms(&link).await;
+    tokio::time::timeout(Duration::ZERO, lease.lost())
+        .await
+        .expect("the loss was not reported");
+    assert!(!lease.is_held(), "held through a stall longer than its ttl");
+
+    let waited = waiter
+        .lock(&*key, ttl(3).wait(Duration::from_secs(10)))
+        .await
+        .expect("the waiter never got the key: held by nobody while its holder kept the lease");
+    let granted_after = resumed_at.elapsed();
+    assert!(
+        granted_after <= Duration::from_secs(5),
+        "the waiter got the key only {granted_after:?} after the stall ended"
+    );
+    assert!(waited.is_held());
+    // Released already: the release changes nothing.
+    lease.release().await.unwrap();
+    assert_eq!(
+        zk.queue(&key).await.len(),
+        1,
+        "the old holder's release took the key"
+    );
+    waited.release().await.unwrap();
+    zk.until_queue_is(&key, 0).await;
+}
+
+/// Holds every byte between the client and the server for 3.5 s, less than the session's
+/// 6 s, and says when they flow again.
+async fn stall_for_3500_ms(link: &FaultProxy) -> Instant {
+    link.stall(Direction::Both);
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    link.resume(Direction::Both);
+    Instant::now()
 }
 
 async fn until_set(flag: &AtomicBool) {

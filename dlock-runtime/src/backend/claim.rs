@@ -95,6 +95,11 @@ impl Caller {
     pub(super) fn claim(&self) -> bool {
         self.0.settle(CLAIMED)
     }
+
+    /// Whether the caller claimed the grant.
+    pub(super) fn claimed(&self) -> bool {
+        self.0.state.load(Ordering::Acquire) == CLAIMED
+    }
 }
 
 impl Drop for Caller {

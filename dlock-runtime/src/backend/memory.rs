@@ -316,7 +316,7 @@ impl Backend for MemoryBackend {
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
         let shared = &*self.shared;
         shared.acquire_calls.fetch_add(1, Ordering::Relaxed);
-        let deadline = Instant::now() + request.wait;
+        let deadline = super::wait_deadline(request.wait);
         let waiter = {
             let mut keys = shared.lock();
             let now = Instant::now();

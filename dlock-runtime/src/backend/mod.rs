@@ -67,6 +67,21 @@ pub mod redis;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisBuilder, MAX_KEY_BYTES as REDIS_MAX_KEY_BYTES};
 
+/// When a wait of `wait` from now ends. A wait too long for the clock to add (`Duration::MAX`,
+/// for a store driven directly) ends in a century: no caller waits that long, and an overflow
+/// would panic.
+#[cfg(any(
+    feature = "memory",
+    feature = "redis",
+    feature = "mysql",
+    feature = "postgres"
+))]
+pub(crate) fn wait_deadline(wait: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    let now = Instant::now();
+    now.checked_add(wait.min(CENTURY)).unwrap_or(now)
+}
+
 /// One acquisition asked of a backend. The runtime makes these; build one yourself to drive a
 /// backend directly, in a test of a [`Backend`] of your own, say.
 ///

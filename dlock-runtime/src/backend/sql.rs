@@ -24,11 +24,46 @@ pub(super) async fn on_background<T: Send + 'static>(
         .map_err(|error| LockError::backend(format!("{store} task failed: {error}")))?
 }
 
+/// What became of one try for its caller (see [`claimed`]).
+pub(super) enum Claimed<T> {
+    /// The statement's answer: a grant the caller claimed, or an answer that grants nothing.
+    Answer(T),
+    /// A grant withdrawn before the caller came back for it, which the caller treats as not
+    /// granted: its fence, by which its undo deletes it.
+    Withdrawn(u64),
+    /// No answer within [`Limits::bound`]: a grant that comes later is withdrawn and undone, by
+    /// a fence the caller never learns.
+    Unanswered,
+}
+
+/// Stands for the fence of a grant withdrawn before its answer came ([`Claimed::Unanswered`]):
+/// greater than every fence, so every later grant of the acquisition takes a new one. (A try's
+/// answer that late comes after the caller's deadline, where it has one, so its acquisition
+/// tries no more: see [`Limits::new`].)
+pub(super) const UNKNOWN_FENCE: u64 = i64::MAX as u64;
+
+/// The greatest fence of an acquisition's withdrawn grants, `withdrawn`, as a statement binds
+/// it: a re-grant to the row's own owner keeps the row's fence only where it is greater.
+///
+/// A re-grant to the owner that holds the row is the same acquisition's (an [`Owner`] names
+/// one acquisition): a late copy of one of its statements (re-sent after a broken connection
+/// while the first copy was held up on the server), or its next try after one of its grants
+/// was withdrawn. A withdrawn grant is undone by its fence (see [`claimed`]): a late copy must
+/// keep the row's fence, or that undo would miss and leave the row held by nobody until its
+/// ttl; the try after a withdrawal must take a new fence where the row still carries the
+/// withdrawn one, or that undo would delete the grant the caller claims. Fences only grow, so
+/// every grant made after a withdrawal is above its fence, and a row above the greatest
+/// withdrawn fence is a grant of this acquisition nobody undoes; a late copy carries the value
+/// from when it was sent, which is no greater.
+pub(super) fn withdrawn_bound(withdrawn: u64) -> i64 {
+    i64::try_from(withdrawn).unwrap_or(i64::MAX)
+}
+
 /// Runs an acquisition's statement `work` in a task of its own on the background runtime, which
 /// a caller that stops polling or is dropped does not stop, and hands its answer back; a grant
 /// (an answer `fence_of` finds a fence in) only once the caller claims it (see [`claim`](super::claim)):
-/// `Ok(None)` when the grant was withdrawn before the caller came back for it, which the caller
-/// treats as not granted.
+/// [`Claimed::Withdrawn`] when the grant was withdrawn before the caller came back for it, which
+/// the caller treats as not granted.
 ///
 /// The background side undoes what the statement did, after it, when nobody claims its grant
 /// within `window` (the caller was parked, its runtime stalled, or its future dropped), or when
@@ -41,10 +76,11 @@ pub(super) async fn on_background<T: Send + 'static>(
 /// that grant only: a caller that finds its grant withdrawn tries again as the same owner, and
 /// may be granted the key anew before a slow undo (waiting for a connection, or sent again after
 /// a broken one) reaches the database, whose `DELETE` by owner alone would then take the new
-/// lease from under its holder. After an error the caller is gone (nobody took the answer), so
-/// the owner tries no more. The task is one
-/// of `cleanups`, which the store's `close` waits for: the undo must reach the store before the
-/// process ends.
+/// lease from under its holder. (So the acquisition records the fence of each grant withdrawn,
+/// and its next try takes a new fence for a row that still carries it, which that undo misses:
+/// see [`withdrawn_bound`].) After an error the caller is gone (nobody took the answer), so the
+/// owner tries no more. The task is one of `cleanups`, which the store's `close` waits for: the
+/// undo must reach the store before the process ends.
 ///
 /// A try ends for its caller after [`Limits::bound`] whatever the statement does (it can wait
 /// for as long as another transaction keeps the row locked): the caller takes it as not
@@ -59,7 +95,7 @@ pub(super) async fn claimed<T, Work, Undo, UndoFut>(
     work: Work,
     fence_of: fn(&T) -> Option<u64>,
     undo: Undo,
-) -> Result<Option<T>, LockError>
+) -> Result<Claimed<T>, LockError>
 where
     T: Send + 'static,
     Work: Future<Output = Result<T, LockError>> + Send + 'static,
@@ -98,14 +134,14 @@ where
     });
     let Ok(answered) = tokio::time::timeout(limits.bound, answered).await else {
         // Dropping `caller` withdraws a grant that may still come.
-        return Ok(None);
+        return Ok(Claimed::Unanswered);
     };
     let outcome = answered
         .map_err(|_| LockError::backend(format!("{store} task failed before answering")))??;
-    if fence_of(&outcome).is_some() && !caller.claim() {
-        return Ok(None);
+    match fence_of(&outcome) {
+        Some(fence) if !caller.claim() => Ok(Claimed::Withdrawn(fence)),
+        _ => Ok(Claimed::Answer(outcome)),
     }
-    Ok(Some(outcome))
 }
 
 /// How long a try's caller waits for its statement, and then for the grant to be claimed.

@@ -6,6 +6,15 @@
 //! holder still keeps the [`Lease`](super::Lease) or still runs a body under it. A lease
 //! released sooner aborts its timer, so nothing of it stays behind.
 //!
+//! A renewed lease on such a store is released the same way once it is lost for want of a
+//! confirmation (its renewals went unanswered, or were answered too late): a ttl after the
+//! request behind its last confirmation was sent, when a store that keeps any ttl would have
+//! expired it. Its session may well outlive the loss (a stall shorter than the session's
+//! timeout), and its holder keep the `Lease` or run a body on under `on_lost = "continue"`
+//! for long after it: without this, waiters in other processes would wait all that time for a
+//! key held by nobody. Its timer is started by the loss, not at the acquisition, so a lease
+//! that stays held costs no task.
+//!
 //! The release comes at the end of the whole ttl, not of the validity the client reckons (the
 //! ttl less its safety margin): a body under `on_lost = "cancel"` still inside a poll keeps the
 //! margin, as it would where the store expires the key. A body under `"continue"` runs on
@@ -49,6 +58,20 @@ impl Locker {
             }
         });
         state.set_expiry(timer);
+    }
+
+    /// Has `state`, a renewed lease, released as [`expire_at`](Self::expire_at) does once it is
+    /// lost for want of a confirmation, a ttl after its last confirmed request was sent. Holds
+    /// neither the lease nor the locker until then.
+    pub(super) fn expire_when_lost(&self, state: &Arc<LeaseState>) {
+        let inner = Arc::downgrade(&self.inner);
+        let lease = Arc::downgrade(state);
+        state.release_when_lost(Box::new(move |at| {
+            let (Some(inner), Some(state)) = (inner.upgrade(), lease.upgrade()) else {
+                return;
+            };
+            Locker { inner }.expire_at(&state, at);
+        }));
     }
 }
 
@@ -109,7 +132,8 @@ mod tests {
     }
 
     /// A lease released before its ttl runs out leaves no timer behind: an hour-long ttl taken
-    /// and given back a thousand times a second must not pile up timers for an hour.
+    /// and given back a thousand times a second must not pile up timers for an hour. Nor does a
+    /// renewed lease while it is held.
     #[tokio::test]
     async fn a_released_lease_leaves_no_timer() {
         let locker = Locker::with_backend(Limited(MemoryBackend::new()));
@@ -129,5 +153,24 @@ mod tests {
             0,
             "expiry timers alive after every lease was released"
         );
+
+        // A renewed lease starts its timer only when it is lost for want of a confirmation:
+        // renewed leases held on such a store cost no task each. (In the same test, as the
+        // count of timers is the process's.)
+        let options = LockOptions::new().ttl(Duration::from_secs(1));
+        let mut leases = Vec::new();
+        for i in 0..200 {
+            leases.push(locker.lock(&format!("r{i}"), options).await.unwrap());
+        }
+        assert_eq!(
+            LIVE.load(Ordering::SeqCst),
+            0,
+            "expiry timers started for renewed leases still held"
+        );
+        for lease in leases {
+            assert!(lease.is_held());
+            lease.release().await.unwrap();
+        }
+        assert_eq!(LIVE.load(Ordering::SeqCst), 0);
     }
 }

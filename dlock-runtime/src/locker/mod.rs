@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use crate::backend::{AcquireRequest, Backend, DynBackend};
 use crate::lease::LeaseState;
+use crate::metrics;
 use crate::url::{self, Scheme};
 use crate::watchdog::Watchdog;
 use crate::{KeyState, LockError, LockOptions, Owner};
@@ -51,6 +52,8 @@ struct Inner {
     watchdog: Watchdog,
     holdings: Arc<Holdings>,
     description: String,
+    /// The `store` label of its metrics.
+    store: &'static str,
 }
 
 impl Locker {
@@ -112,20 +115,24 @@ impl Locker {
     /// # Ok::<(), dlock::LockError>(())
     /// ```
     pub fn with_backend<B: Backend>(backend: B) -> Locker {
-        let name = std::any::type_name::<B>()
-            .rsplit("::")
-            .next()
-            .unwrap_or("backend");
-        Self::from_parts(Arc::new(backend), name.to_owned())
+        let type_name = std::any::type_name::<B>();
+        let name = type_name.rsplit("::").next().unwrap_or("backend");
+        let store = metrics::store_of(type_name);
+        Self::from_parts(Arc::new(backend), name.to_owned(), store)
     }
 
-    fn from_parts(backend: Arc<dyn DynBackend>, description: String) -> Locker {
+    fn from_parts(
+        backend: Arc<dyn DynBackend>,
+        description: String,
+        store: &'static str,
+    ) -> Locker {
         Locker {
             inner: Arc::new(Inner {
                 watchdog: Watchdog::new(backend.clone()),
                 holdings: Arc::default(),
                 backend,
                 description,
+                store,
             }),
         }
     }
@@ -239,6 +246,11 @@ impl Locker {
 
     pub(crate) fn id(&self) -> usize {
         Arc::as_ptr(&self.inner) as usize
+    }
+
+    /// The `store` label of this locker's metrics: `memory`, `redis`, … or `custom`.
+    pub(crate) fn store_kind(&self) -> &'static str {
+        self.inner.store
     }
 
     /// Acquires `key`, waiting up to `options.wait` for it, and keeps the lease renewed while it
@@ -433,13 +445,17 @@ impl Locker {
         // than its holder was told: it is confirmed at the shorter ttl's pace instead, up to its
         // own ttl and no further, which is what that holder counts on. Such a store does not
         // expire a key at its ttl either: every lease without renewal on it, shortened or not,
-        // is released when its ttl runs out, which is what the next holder counts on.
+        // is released when its ttl runs out, which is what the next holder counts on; and every
+        // renewed lease on it is released a ttl after its last confirmed renewal once it is lost
+        // for want of one, as a store that expires keys would let it go.
         let mut full_ttl = None;
         let mut expires_after = None;
+        let mut expires_when_lost = false;
         if let Some(limit) = self.inner.backend.ttl_limit() {
             if !options.renew {
                 expires_after = Some(options.ttl);
             }
+            expires_when_lost = options.renew;
             if options.ttl > limit {
                 tracing::debug!(%key, asked = ?options.ttl, kept = ?limit, "distributed_lock: ttl shortened to the store's limit");
                 if !options.renew {
@@ -459,10 +475,9 @@ impl Locker {
                 owner,
                 armed: true,
             };
-            // LABEL: wire `options.label` into `.label(…)` once `LockOptions` carries it.
             let request = AcquireRequest::new(&key, owner, options.ttl, options.wait)
                 .renewed(watched)
-                .label("");
+                .label(options.label);
             // A shutdown stops the acquisition: dropped here, the store's guards undo what
             // reached it, and the guard above releases a grant that may have.
             let acquired = tokio::select! {
@@ -484,6 +499,7 @@ impl Locker {
             Some(acquired) => acquired,
             None => {
                 tracing::debug!(%key, waited = ?started.elapsed(), "distributed_lock: busy");
+                metrics::busy(options.label, self.inner.store, started);
                 return Err(LockError::Busy { key });
             }
         };
@@ -499,11 +515,16 @@ impl Locker {
         if let Some(full_ttl) = full_ttl {
             state = state.ending_after(acquired.valid_from, full_ttl);
         }
+        state.held = metrics::Held::granted(options.label, self.inner.store, started);
         let state = Arc::new(state);
         if self.inner.holdings.register(&state).is_err() {
             // Shut down while the acquisition was in flight: give the key back at once.
             self.release_in_background(&state);
             return Err(LockError::ShutDown);
+        }
+        if expires_when_lost {
+            // Before the watchdog can find it lost.
+            self.expire_when_lost(&state);
         }
         if watched {
             self.inner.watchdog.watch(&state, acquired.valid_from);

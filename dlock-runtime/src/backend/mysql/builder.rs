@@ -277,12 +277,19 @@ impl MysqlBuilder {
             // answer lost) never moves its expiry back: a late copy of the statement (re-sent
             // after a broken connection while the first was held up on the server) would else
             // cut the lease below what the client counts from. MySQL assigns left to right, so
-            // the expiry is set while `owner` is still the old holder.
+            // the expiry and the fence are set while `owner` is still the old holder. Such a
+            // copy keeps the row's fence, too, where it is greater than every fence of the
+            // acquisition that was withdrawn (the fifth value bound): the undo of a grant
+            // withdrawn unclaimed deletes by that fence, and a new one would leave the row held
+            // by nobody until its ttl. A row of the owner that still carries a withdrawn fence
+            // takes a new one, which that grant's undo, perhaps still on its way, then misses
+            // (see `sql::withdrawn_bound`).
             take_over: Arc::from(format!(
                 "UPDATE {table} SET \
                  expires_at = IF(owner = ?, GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
                                  UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
-                 owner = ?, fence = LAST_INSERT_ID(GREATEST(fence + 1, {now_us})), \
+                 fence = LAST_INSERT_ID(IF(owner = ? AND fence > ?, fence, GREATEST(fence + 1, {now_us}))), \
+                 owner = ?, \
                  created_at = UTC_TIMESTAMP(6) \
                  WHERE lock_key = ? AND (expires_at <= UTC_TIMESTAMP(6) OR owner = ?)"
             )),

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::mysql::MySqlPool;
 
-use super::sql::{ttl_micros, Backoff, Limits, TTL_LIMIT};
+use super::sql::{ttl_micros, Backoff, Limits, TTL_LIMIT, UNKNOWN_FENCE};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
 use crate::{LockError, Owner};
@@ -28,7 +28,7 @@ use builder::quote_table;
 pub use builder::MysqlBuilder;
 use renew::renew_chunk;
 use retry::on_background;
-use rows::delete_row;
+use rows::{delete_row, Attempt};
 
 /// The widest key the `lock_key` column holds. Longer keys are rejected, never truncated:
 /// truncation could merge two keys into one lock.
@@ -102,7 +102,9 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// - **Acquire**: `INSERT`. On a duplicate key (error 1062) the row is either held or expired:
 ///   one `UPDATE … WHERE lock_key = ? AND (expires_at <= UTC_TIMESTAMP(6) OR owner = ?)` takes it
 ///   over only if it expired by the database's clock (or is already ours, which makes a retried
-///   acquire idempotent). No `INSERT IGNORE`, which would hide real errors.
+///   acquire idempotent: it keeps the row's fence, unless the row still carries the fence of a
+///   grant of the same acquisition that was withdrawn, whose fence-checked undo must then miss
+///   the new grant). No `INSERT IGNORE`, which would hide real errors.
 ///   An acquisition whose caller stops waiting deletes its row itself, after the statement that
 ///   wrote it, never before (a statement can wait on another transaction's row lock for long);
 ///   so does a grant its caller does not claim within the *claim window* (3 s, or the ttl where
@@ -299,19 +301,33 @@ impl Backend for MysqlBackend {
         check_key(request.key)?;
         let owner = request.owner.to_string();
         let ttl_us = ttl_micros("MySQL", request.ttl)?;
-        let deadline = Instant::now() + request.wait;
+        let deadline = crate::backend::wait_deadline(request.wait);
         let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF, request.owner);
+        // The greatest fence of this acquisition's grants that were withdrawn (a try's answer
+        // came too late, or was not claimed in time): their undos may still be on their way,
+        // and the next grant must not keep such a fence.
+        let mut withdrawn = 0;
         loop {
-            if let Some((fence, valid_from)) = self
+            match self
                 .try_acquire(
                     request.key,
                     &owner,
                     ttl_us,
+                    withdrawn,
                     Limits::new(Some(deadline), request.ttl),
                 )
                 .await?
             {
-                return Ok(Some(Acquired { fence, valid_from }));
+                Attempt::Granted(fence, valid_from) => {
+                    return Ok(Some(Acquired { fence, valid_from }))
+                }
+                Attempt::Busy => {}
+                // A try whose answer did not come may still be on its way, and would keep the
+                // fence of a grant claimed after it: its undo (by owner) is safe only once the
+                // acquisition has ended (in real time its bound ends past the deadline anyway;
+                // under a paused tokio clock it can end at once).
+                Attempt::Abandoned(UNKNOWN_FENCE) => return Ok(None),
+                Attempt::Abandoned(fence) => withdrawn = withdrawn.max(fence),
             }
             let now = Instant::now();
             if now >= deadline {

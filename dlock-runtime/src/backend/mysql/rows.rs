@@ -10,18 +10,33 @@ use super::{MysqlBackend, Shared};
 use crate::backend::sql::{self, Limits};
 use crate::LockError;
 
+/// One try's answer.
+pub(super) enum Attempt {
+    /// The key is the caller's: its fence, and when the statement that made it so was sent.
+    Granted(u64, Instant),
+    Busy,
+    /// Not granted to the caller: the statement's answer did not come in time, or its grant was
+    /// withdrawn before the caller came back for it. What it wrote is undone by its fence, this
+    /// one ([`sql::UNKNOWN_FENCE`] where the answer did not come), which the acquisition
+    /// records: its next grant must not keep that fence, or that undo would take it.
+    Abandoned(u64),
+}
+
 impl MysqlBackend {
     /// One try at the key: its `INSERT`, and the take-over `UPDATE` if the row exists; run so
     /// that a caller who stops waiting, or does not come back for its grant within the claim
     /// window, leaves no row behind (see [`sql::claimed`]: a reader's gap lock delays an
-    /// `INSERT`, not a `DELETE` of the absent row); such a grant is busy.
+    /// `INSERT`, not a `DELETE` of the absent row). `withdrawn`: the greatest fence of this
+    /// acquisition's grants that were withdrawn (0 where none was), whose undo may still be on
+    /// its way (see [`sql::withdrawn_bound`]).
     pub(super) async fn try_acquire(
         &self,
         key: &str,
         owner: &str,
         ttl_us: i64,
+        withdrawn: u64,
         limits: Limits,
-    ) -> Result<Option<(u64, Instant)>, LockError> {
+    ) -> Result<Attempt, LockError> {
         let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
         let (key, owner) = (key.as_bytes().to_vec(), owner.to_owned());
         let (undo_key, undo_owner) = (key.clone(), owner.clone());
@@ -30,7 +45,7 @@ impl MysqlBackend {
             &self.shared.cleanups,
             &self.shared.tries,
             limits,
-            async move { acquire_row(&shared, &key, &owner, ttl_us).await },
+            async move { acquire_row(&shared, &key, &owner, ttl_us, withdrawn).await },
             |attempt| attempt.map(|(fence, _)| fence),
             move |fence| async move {
                 if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner, fence).await {
@@ -39,7 +54,12 @@ impl MysqlBackend {
             },
         )
         .await?;
-        Ok(attempt.flatten())
+        Ok(match attempt {
+            sql::Claimed::Answer(Some((fence, sent_at))) => Attempt::Granted(fence, sent_at),
+            sql::Claimed::Answer(None) => Attempt::Busy,
+            sql::Claimed::Withdrawn(fence) => Attempt::Abandoned(fence),
+            sql::Claimed::Unanswered => Attempt::Abandoned(sql::UNKNOWN_FENCE),
+        })
     }
 }
 
@@ -52,6 +72,7 @@ async fn acquire_row(
     key: &[u8],
     owner: &str,
     ttl_us: i64,
+    withdrawn: u64,
 ) -> Result<Option<(u64, Instant)>, LockError> {
     let insert = retry_transient(|| {
         execute_timed(
@@ -78,6 +99,8 @@ async fn acquire_row(
                 .bind(owner)
                 .bind(ttl_us)
                 .bind(ttl_us)
+                .bind(owner)
+                .bind(sql::withdrawn_bound(withdrawn))
                 .bind(owner)
                 .bind(key)
                 .bind(owner),

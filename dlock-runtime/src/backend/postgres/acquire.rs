@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::rows::{Attempt, Line};
 use super::waiting::{Start, Turn};
 use super::{check_key, PostgresBackend};
-use crate::backend::sql::{ttl_micros, Backoff, Limits};
+use crate::backend::sql::{ttl_micros, Backoff, Limits, UNKNOWN_FENCE};
 use crate::backend::{AcquireRequest, Acquired};
 use crate::LockError;
 
@@ -43,15 +43,15 @@ impl PostgresBackend {
             let limits = Limits::new(Some(Instant::now()), request.ttl);
             return Ok(
                 match self
-                    .try_acquire(key, &owner, ttl_us, Line::StayOut, false, limits)
+                    .try_acquire(key, &owner, ttl_us, Line::StayOut, false, 0, limits)
                     .await?
                 {
                     Attempt::Granted { fence, sent_at, .. } => granted(fence, sent_at),
-                    Attempt::Busy { .. } => None,
+                    Attempt::Busy { .. } | Attempt::Abandoned { .. } => None,
                 },
             );
         }
-        let deadline = Instant::now() + request.wait;
+        let deadline = crate::backend::wait_deadline(request.wait);
         let place = self.shared.waiting.join(key, &owner, ttl_us);
         let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF, request.owner);
         // Waited before (found the key busy, or waited behind another waiter of this backend
@@ -60,6 +60,9 @@ impl PostgresBackend {
         // a process alone at a key, whose waiters get it handed over at each release, then
         // writes nothing to the waiters table.
         let mut waited_before = false;
+        // Each grant of this acquisition that is withdrawn has its fence recorded in the place
+        // (`Place::withdrawn`), which every try sends: its undo may still be on its way, and the
+        // next grant must not keep its fence.
         loop {
             if place.hand_over_lost() {
                 return Err(LockError::backend(
@@ -92,13 +95,30 @@ impl PostgresBackend {
                         () = tokio::time::sleep_until(deadline.into()) => return Ok(None),
                     }
                 }
+                Start::Rest(until) => {
+                    // Became the head as the waiter ahead left holding the key: its lease runs
+                    // until then, unless a release (announced, or handed here) comes first.
+                    let until = until.min(deadline);
+                    tokio::select! {
+                        () = place.woken() => continue,
+                        () = tokio::time::sleep_until(until.into()) => {
+                            if Instant::now() >= deadline {
+                                return Ok(None);
+                            }
+                            continue;
+                        }
+                    }
+                }
                 Start::Handed(handed) => {
                     if handed.caller.claim() {
                         // The release recorded whether this backend keeps its place in line.
                         place.holds_until(handed.valid_from + request.ttl);
                         return Ok(granted(handed.fence, handed.valid_from));
                     }
-                    continue; // Withdrawn: the clean-up gives the key back.
+                    // Withdrawn: the clean-up gives the key back, by the grant's fence, which
+                    // dropping the grant here records (see `Handed`) before the next try.
+                    drop(handed);
+                    continue;
                 }
             }
             let listening = self.shared.waiting.listening();
@@ -113,6 +133,7 @@ impl PostgresBackend {
                         Line::JoinIfQueued
                     },
                     place.others_behind(),
+                    place.withdrawn(),
                     Limits::new(Some(deadline), request.ttl),
                 )
                 .await?
@@ -132,6 +153,19 @@ impl PostgresBackend {
                     }
                     waited_before = true;
                     remaining
+                }
+                Attempt::Abandoned { withdrawn } => {
+                    place.withdrew(withdrawn);
+                    if withdrawn == UNKNOWN_FENCE {
+                        // A try whose answer did not come may still be on its way, and would
+                        // keep the fence of a grant this acquisition claims after it: its
+                        // undo (by owner, see `sql::claimed`) is safe only once the acquisition
+                        // has ended. In real time the answer's bound ends past the deadline
+                        // anyway; under a paused tokio clock it can end at once.
+                        return Ok(None);
+                    }
+                    waited_before = true;
+                    None
                 }
             };
             let now = Instant::now();

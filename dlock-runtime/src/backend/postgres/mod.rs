@@ -105,7 +105,9 @@ pub const MAX_KEY_BYTES: usize = 2048;
 /// transaction — and all time is the database's (`clock_timestamp()`), never the client's.
 ///
 /// - **Acquire**: one `INSERT … ON CONFLICT (lock_key) DO UPDATE … WHERE` the row expired by the
-///   database's clock (or is already this owner's, which makes a retried acquire idempotent)
+///   database's clock (or is already this owner's, which makes a retried acquire idempotent: it
+///   keeps the row's fence, unless the row still carries the fence of a grant of the same
+///   acquisition that was withdrawn, whose fence-checked undo must then miss the new grant)
 ///   `RETURNING fence`; no row back means busy. The same statement checks the line across
 ///   processes (no other process's place earlier than this one's), takes or keeps this
 ///   process's place when busy and gives it up when granted, and reads the holder's time left,

@@ -42,6 +42,11 @@ pub(super) enum Attempt {
         /// statement did not say (it timed out, or its answer came too late).
         in_line: Option<bool>,
     },
+    /// Not granted to the caller: the statement's answer did not come in time, or its grant was
+    /// withdrawn before the caller came back for it. What it wrote is undone by its fence,
+    /// `withdrawn` ([`sql::UNKNOWN_FENCE`] where the answer did not come), which the acquisition
+    /// records: its next grant must not keep that fence, or that undo would take it.
+    Abandoned { withdrawn: u64 },
 }
 
 impl PostgresBackend {
@@ -49,7 +54,10 @@ impl PostgresBackend {
     /// its grant within the claim window, leaves no row behind (see [`sql::claimed`]); such a
     /// grant is busy, its holder's expiry unknown. `line`: whether a busy try may take (or keep)
     /// this backend's place in the line across processes; `others_behind`: whether other
-    /// waiters of this backend wait behind this one (granted, its place is then kept).
+    /// waiters of this backend wait behind this one (granted, its place is then kept);
+    /// `withdrawn`: the greatest fence of this acquisition's grants that were withdrawn (0 where
+    /// none was), whose undo may still be on its way (see [`sql::withdrawn_bound`]).
+    #[allow(clippy::too_many_arguments)] // One try's every input, each a plain value.
     pub(super) async fn try_acquire(
         &self,
         key: &[u8],
@@ -57,6 +65,7 @@ impl PostgresBackend {
         ttl_us: i64,
         line: Line,
         others_behind: bool,
+        withdrawn: u64,
         limits: Limits,
     ) -> Result<Attempt, LockError> {
         let (shared, undo_shared) = (self.shared.clone(), self.shared.clone());
@@ -67,10 +76,21 @@ impl PostgresBackend {
             &self.shared.cleanups,
             &self.shared.tries,
             limits,
-            async move { acquire_row(&shared, &key, &owner, ttl_us, line, others_behind).await },
+            async move {
+                acquire_row(
+                    &shared,
+                    &key,
+                    &owner,
+                    ttl_us,
+                    line,
+                    others_behind,
+                    withdrawn,
+                )
+                .await
+            },
             |attempt| match attempt {
                 Attempt::Granted { fence, .. } => Some(*fence),
-                Attempt::Busy { .. } => None,
+                Attempt::Busy { .. } | Attempt::Abandoned { .. } => None,
             },
             move |fence| async move {
                 if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner, fence).await {
@@ -79,10 +99,13 @@ impl PostgresBackend {
             },
         )
         .await?;
-        Ok(attempt.unwrap_or(Attempt::Busy {
-            remaining: None,
-            in_line: None,
-        }))
+        Ok(match attempt {
+            sql::Claimed::Answer(attempt) => attempt,
+            sql::Claimed::Withdrawn(withdrawn) => Attempt::Abandoned { withdrawn },
+            sql::Claimed::Unanswered => Attempt::Abandoned {
+                withdrawn: sql::UNKNOWN_FENCE,
+            },
+        })
     }
 }
 
@@ -95,6 +118,7 @@ async fn acquire_row(
     ttl_us: i64,
     line: Line,
     others_behind: bool,
+    withdrawn: u64,
 ) -> Result<Attempt, LockError> {
     let answer = sql::retry_transient(is_conflict, || async {
         shared.statements.fetch_add(1, Ordering::Relaxed);
@@ -115,6 +139,7 @@ async fn acquire_row(
             .bind(micros_i64(PLACE_LIFETIME))
             .bind(line == Line::Join)
             .bind(others_behind)
+            .bind(sql::withdrawn_bound(withdrawn))
             .fetch_one(&mut *connection)
             .await?;
         Ok((row, sent_at))
@@ -298,6 +323,7 @@ pub(super) async fn release_row(
         fence,
         valid_from: sent_at,
         caller,
+        withdrawn: Arc::clone(&offered.withdrawn),
     };
     // A grant that finds its waiter gone is dropped here, which withdraws it at once.
     let offered = offer.settle(Some(handed));

@@ -20,7 +20,9 @@ pub(super) struct Statements {
     /// caller waits (it may then take a place in line when busy), `$6` how long that place
     /// lasts in µs, `$7` whether to take a place whatever (the caller lost a race before),
     /// `$8` whether other waiters of this backend wait behind the caller (granted, a place of
-    /// this backend's is then kept, its ticket taken anew, rather than given up) → (fence if
+    /// this backend's is then kept, its ticket taken anew, rather than given up), `$9` the
+    /// greatest fence of this acquisition's grants that were withdrawn, 0 where none was (a
+    /// re-grant to the same owner keeps the row's fence only where it is greater) → (fence if
     /// granted; if busy: the holder's µs left, the µs until the first waiter ahead lets its
     /// place lapse; whether this backend holds a place now).
     pub(super) acquire: Statement,
@@ -75,6 +77,17 @@ impl Statements {
         // too could deadlock with another refused try, each deleting the other's old place
         // before re-taking its own.
         //
+        // A re-grant to the owner that holds the row is the same acquisition's: a copy of its
+        // statement that arrives late (re-sent after a broken connection while the first copy
+        // was held up on the server), or its next try after one of its grants was withdrawn
+        // (by a try's claim window, or a hand-over it did not claim). A withdrawn grant is
+        // undone by its fence. So the re-grant keeps the row's fence where it is greater than
+        // every fence of the acquisition withdrawn (`$9`): a late copy then does not make the
+        // undo of its grant miss, which would leave the row held by nobody until its ttl. A row
+        // that still carries a withdrawn fence takes a new one: that grant's undo, perhaps
+        // still on its way, must miss the grant the caller claims now. (Fences only grow; see
+        // `sql::withdrawn_bound`.)
+        //
         // A backend granted the key while more of its waiters wait for it keeps its place, with
         // a new ticket: it is back at the end of the line, and its next waiter need not lose a
         // race again to be in it. So processes with waiters take turns at a key.
@@ -88,7 +101,8 @@ impl Statements {
                WHERE (SELECT lapses FROM ahead) IS NULL \
                   OR EXISTS (SELECT 1 FROM {table} WHERE lock_key = $1 AND owner = $2) \
                ON CONFLICT (lock_key) DO UPDATE SET owner = excluded.owner, \
-                 fence = GREATEST(held.fence + 1, excluded.fence), \
+                 fence = CASE WHEN held.owner = excluded.owner AND held.fence > $9::bigint THEN held.fence \
+                   ELSE GREATEST(held.fence + 1, excluded.fence) END, \
                  expires_at = CASE WHEN held.owner = excluded.owner \
                    THEN GREATEST(held.expires_at, excluded.expires_at) \
                    ELSE excluded.expires_at END, \

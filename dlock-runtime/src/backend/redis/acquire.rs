@@ -19,7 +19,7 @@ impl RedisBackend {
     ) -> Result<Option<Acquired>, LockError> {
         check_key(request.key)?;
         let keys = self.inner.layout.lock_keys(request.key, request.owner);
-        let deadline = Instant::now() + request.wait;
+        let deadline = crate::backend::wait_deadline(request.wait);
         if !request.wait.is_zero() && self.inner.subscriber.has_waiters(&keys.channel()) {
             // Other waiters of this backend wait for the key: it is most likely busy, so queue
             // up in the first call, which spares a round trip. The channel is subscribed

@@ -143,6 +143,10 @@
 //!   or runs a body under `on_lost = "continue"`: the next waiter gets the key 60 s after the
 //!   grant for `ttl = "60s"`, 10 s after it for `ttl = "10s"`, as on a store that expires keys,
 //!   and the holder's own release later changes nothing.
+//! - A renewed lease whose renewals go unanswered (a stall the session survives) is lost by the
+//!   client's reckoning, and its node is deleted the same way a ttl after its last confirmed
+//!   renewal was sent, when a store that expires keys would have let it go, though its holder
+//!   keeps the `Lease` or runs a body on under `on_lost = "continue"`.
 //!
 //! The limit is reckoned with the session timeout granted when the session was opened. A
 //! session that reconnects to another server is granted that server's value, which the client

@@ -25,7 +25,7 @@ mod offer;
 mod place;
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -89,6 +89,8 @@ struct Waiter {
     wake: Arc<Notify>,
     /// See [`Place::hand_over_lost`].
     lost: Arc<AtomicBool>,
+    /// See [`Place::withdrawn`]: the place's, shared by each entry it queues as.
+    withdrawn: Arc<AtomicU64>,
     /// Who waits, for a release to hand the key to.
     owner: Arc<str>,
     ttl_us: i64,
@@ -285,6 +287,7 @@ impl Waiting {
             key: key.to_vec(),
             wake: Arc::new(Notify::new()),
             lost: Arc::default(),
+            withdrawn: Arc::default(),
             owner: Arc::from(owner),
             ttl_us,
         };
@@ -319,5 +322,81 @@ mod tests {
             .expect("the new head was not woken");
         drop(third);
         assert!(!waiting.has_waiters(b"k"));
+    }
+
+    #[tokio::test]
+    async fn the_next_head_rests_until_the_lease_of_the_waiter_that_left_holding_the_key() {
+        use std::time::{Duration, Instant};
+
+        use super::Start;
+
+        let waiting = Waiting::new("w".to_owned());
+        let first = waiting.join(b"k", "1", 1);
+        let second = waiting.join(b"k", "2", 1);
+        assert!(matches!(first.start_try(), Start::Try));
+        let expires = Instant::now() + Duration::from_secs(60);
+        first.holds_until(expires);
+        // Told at once, not when the time it read as a waiter behind comes.
+        tokio::time::timeout(Duration::from_secs(1), second.woken())
+            .await
+            .expect("the new head was not woken");
+        assert!(is_head(&second));
+        assert!(matches!(second.start_try(), Start::Rest(at) if at == expires));
+        // Resting, not lapsed: a caller that does not wait still finds it in line.
+        assert!(waiting.has_waiters(b"k"));
+        // A release announced makes it due now.
+        waiting.wake(b"k");
+        assert!(matches!(second.start_try(), Start::Try));
+    }
+
+    /// A grant handed to a head that is passed over before it claims it is withdrawn with it;
+    /// its fence is the acquisition's to record before the waiter, polled again, tries again
+    /// (the grant's undo deletes by that fence). A grant claimed records nothing.
+    #[tokio::test]
+    async fn a_head_passed_over_with_a_grant_handed_to_it_records_the_grants_fence() {
+        use std::time::{Duration, Instant};
+
+        use super::{Handed, Start, HEAD_TURN};
+        use crate::backend::claim::Caller;
+
+        let waiting = Waiting::new("w".to_owned());
+        let head = waiting.join(b"k", "1", 1);
+        let behind = waiting.join(b"k", "2", 1);
+        let hand = |fence| {
+            assert!(matches!(head.start_try(), Start::Try));
+            head.resting_until(Instant::now() + Duration::from_secs(60));
+            let offered = waiting
+                .offer(b"k")
+                .expect("a head at rest is offered the key");
+            let (caller, claim) = Caller::new();
+            let handed = Handed {
+                fence,
+                valid_from: Instant::now(),
+                caller,
+                withdrawn: offered.withdrawn.clone(),
+            };
+            assert!(waiting.settle(b"k", &offered, Some(handed)).is_ok());
+            claim
+        };
+        // Claimed: nothing withdrawn.
+        let _claimed = hand(7);
+        let Start::Handed(handed) = head.start_try() else {
+            panic!("the head was not handed the key");
+        };
+        assert!(handed.caller.claim());
+        drop(handed);
+        assert_eq!(head.withdrawn(), 0);
+        // Not claimed, and the head not polled: the waiter behind passes it over.
+        let claim = hand(42);
+        std::thread::sleep(HEAD_TURN + Duration::from_millis(50));
+        assert!(is_head(&behind));
+        assert!(
+            claim.withdraw(),
+            "the grant of a passed-over head was not withdrawn"
+        );
+        assert_eq!(head.withdrawn(), 42);
+        // Fences only grow; a smaller one recorded later changes nothing.
+        head.withdrew(5);
+        assert_eq!(head.withdrawn(), 42);
     }
 }

@@ -1,7 +1,7 @@
 //! A release's hand-off of the key to this backend's head at rest: offered before the
 //! release's statement is sent, settled by its answer.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -22,18 +22,34 @@ pub(super) enum Offer {
 
 /// A grant a release handed to a waiter of this backend: the waiter's lease once it claims it;
 /// dropped unclaimed (the waiter's future dropped, or passed over), it is withdrawn, and the
-/// release's clean-up deletes the row.
+/// release's clean-up deletes the row, by its fence.
 pub(in crate::backend::postgres) struct Handed {
     pub(in crate::backend::postgres) fence: u64,
     /// When the release's statement was sent: the lease's validity counts from then.
     pub(in crate::backend::postgres) valid_from: Instant,
     pub(in crate::backend::postgres) caller: Caller,
+    /// The waiter's acquisition's greatest withdrawn fence (see [`Place::withdrawn`](super::Place::withdrawn)).
+    pub(in crate::backend::postgres) withdrawn: Arc<AtomicU64>,
+}
+
+impl Drop for Handed {
+    /// Dropped unclaimed (withdrawn as the waiter was passed over, or found gone, or past the
+    /// claim window), the grant's fence is the acquisition's to record before its next try,
+    /// whatever dropped it: the undo deletes by that fence, and the next grant must not keep it.
+    /// (Dropped as the waiter's future is dropped, nobody reads it.)
+    fn drop(&mut self) {
+        if !self.caller.claimed() {
+            self.withdrawn.fetch_max(self.fence, Ordering::SeqCst);
+        }
+    }
 }
 
 /// The waiter a release offers the key to (see [`Waiting::offer`]).
 pub(in crate::backend::postgres) struct Offered {
     wake: Arc<Notify>,
     lost: Arc<AtomicBool>,
+    /// The waiter's acquisition's greatest withdrawn fence, for the grant handed to it.
+    pub(in crate::backend::postgres) withdrawn: Arc<AtomicU64>,
     pub(in crate::backend::postgres) owner: Arc<str>,
     pub(in crate::backend::postgres) ttl_us: i64,
     /// Whether other waiters of this backend wait behind it.
@@ -46,6 +62,8 @@ pub(in crate::backend::postgres) enum Start {
     Try,
     /// Wait: a release is handing the key to this waiter.
     Wait,
+    /// Rest until then, when it is due to try (or sooner, woken).
+    Rest(Instant),
     /// Claim the key a release handed over.
     Handed(Handed),
 }
@@ -75,6 +93,7 @@ impl Waiting {
         Some(Offered {
             wake: head.wake.clone(),
             lost: head.lost.clone(),
+            withdrawn: head.withdrawn.clone(),
             owner: head.owner.clone(),
             ttl_us: head.ttl_us,
             others_behind,
@@ -113,13 +132,18 @@ impl Waiting {
     ) -> Result<(), Option<Handed>> {
         let now = Instant::now();
         let mut state = self.shared.state();
-        let Some(waiter) = state
-            .queues
-            .get_mut(key)
-            .and_then(|queue| queue.iter_mut().find(|waiter| waiter.is(&offered.wake)))
-        else {
+        let Some(queue) = state.queues.get_mut(key) else {
             return Err(handed);
         };
+        let Some(at) = queue.iter().position(|waiter| waiter.is(&offered.wake)) else {
+            return Err(handed);
+        };
+        // The waiter behind it, told while the hand-over was on its way that the head's turn
+        // does not lapse, looks again: it lapses now from the time set below.
+        if let Some(behind) = queue.get(at + 1) {
+            behind.wake.notify_one();
+        }
+        let waiter = &mut queue[at];
         if !matches!(waiter.offer, Offer::InFlight) {
             // Passed over while the release was on its way, and queued again since: a new
             // entry, which no release offered the key to.

@@ -1,7 +1,7 @@
 //! A waiter's place in its key's queue: whose turn it is, when a head's turn lapses, and
 //! leaving.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,6 +16,7 @@ pub(super) fn enqueue(state: &mut State, place: &Place) {
     queue.push_back(Waiter {
         wake: place.wake.clone(),
         lost: place.lost.clone(),
+        withdrawn: place.withdrawn.clone(),
         owner: place.owner.clone(),
         ttl_us: place.ttl_us,
         offer: Offer::None,
@@ -30,6 +31,8 @@ pub(in crate::backend::postgres) struct Place {
     pub(super) key: Vec<u8>,
     pub(super) wake: Arc<Notify>,
     pub(super) lost: Arc<AtomicBool>,
+    /// See [`withdrawn`](Self::withdrawn).
+    pub(super) withdrawn: Arc<AtomicU64>,
     pub(super) owner: Arc<str>,
     pub(super) ttl_us: i64,
 }
@@ -58,7 +61,10 @@ impl Place {
                 "distributed_lock: a PostgreSQL waiter did not take its turn; passed over"
             );
             // Told, so that polled again it queues again at once, rather than rest (its wake-ups
-            // go to the queue's waiters only) until its own pause or deadline runs out.
+            // go to the queue's waiters only) until its own pause or deadline runs out. A grant
+            // handed to it goes with it, withdrawn: its fence is recorded for the passed-over
+            // acquisition here, under the lock, before it can queue again and try (see
+            // `Handed`'s drop).
             if let Some(passed_over) = queue.pop_front() {
                 passed_over.wake.notify_one();
             }
@@ -78,9 +84,27 @@ impl Place {
         self.lost.load(Ordering::SeqCst)
     }
 
+    /// The greatest fence of this acquisition's grants that were withdrawn, 0 where none was:
+    /// their undos, which delete by fence, may still be on their way, and a try of the
+    /// acquisition keeps the fence of a row of its own only where it is greater (see
+    /// `sql::withdrawn_bound`). Every path that withdraws a grant of the acquisition records it
+    /// before the acquisition's next try: a try's [`Attempt::Abandoned`](crate::backend::postgres::rows::Attempt::Abandoned)
+    /// (through [`withdrew`](Self::withdrew)), and a handed grant dropped unclaimed, whoever
+    /// drops it (see `Handed`).
+    pub(in crate::backend::postgres) fn withdrawn(&self) -> u64 {
+        self.withdrawn.load(Ordering::SeqCst)
+    }
+
+    /// Records that a grant of this acquisition with `fence` was withdrawn.
+    pub(in crate::backend::postgres) fn withdrew(&self, fence: u64) {
+        self.withdrawn.fetch_max(fence, Ordering::SeqCst);
+    }
+
     /// What this head is to do: claim a key a release handed it, wait while a release is
-    /// handing it over, or else try (and its try starts now).
+    /// handing it over, rest until it is due (it became the head as the waiter ahead of it left
+    /// holding the key, whose lease runs until then), or else try (and its try starts now).
     pub(in crate::backend::postgres) fn start_try(&self) -> Start {
+        let now = Instant::now();
         let mut start = Start::Try;
         self.change(
             |waiter| match std::mem::replace(&mut waiter.offer, Offer::None) {
@@ -89,10 +113,15 @@ impl Place {
                     waiter.offer = Offer::InFlight;
                     start = Start::Wait;
                 }
-                Offer::None => {
-                    waiter.due = None;
-                    waiter.trying_since = Some(Instant::now());
-                }
+                Offer::None => match waiter.due {
+                    // Every wake-up that is to make it try sets its due to then (a release
+                    // announced, or its own pause run out): anything else finds it resting.
+                    Some(due) if due > now => start = Start::Rest(due),
+                    _ => {
+                        waiter.due = None;
+                        waiter.trying_since = Some(now);
+                    }
+                },
             },
         );
         start
@@ -147,7 +176,9 @@ impl Place {
     /// Leaves the queue holding the key, its lease running out at `expires`: the next waiter
     /// rests until then rather than try now, which would only find the key busy (and, mid-try
     /// as the holder releases, miss the key the release would have handed it). A release
-    /// announced, or handed to it, wakes it sooner.
+    /// announced, or handed to it, wakes it sooner; at `expires` it tries, and a lease renewed
+    /// meanwhile has it rest again until its new expiry (so it keeps its turn while it waits
+    /// behind a lease renewed past its first ttl).
     pub(in crate::backend::postgres) fn holds_until(self, expires: Instant) {
         self.leave(Some(expires));
     }
@@ -172,7 +203,10 @@ impl Place {
             match (next_due, queue.front_mut()) {
                 (Some(due), Some(next)) => {
                     next.due = Some(due);
-                    // The waiter behind it looks again when its turn lapses.
+                    // The next head, resting as a waiter behind until a time it read before,
+                    // rests until `due` now, and tries then; the waiter behind it looks again
+                    // when the new head's turn lapses.
+                    next.wake.notify_one();
                     if let Some(behind) = queue.get(1) {
                         behind.wake.notify_one();
                     }
