@@ -390,6 +390,44 @@ impl Locker {
         Ok(keys)
     }
 
+    /// Releases `key` whoever holds it, for operators (it is what `dlock release --force` does):
+    /// a stuck holder, a process that hangs with its lease renewed. The key goes to its first
+    /// waiter, as on a release. Answers the evicted holder's fence, or `None` where nobody held
+    /// the key.
+    ///
+    /// The holder is not asked. Its next renewal is refused, so its [`Lease`] reports the loss
+    /// ([`Lease::lost`] resolves, a body under `on_lost = "cancel"` stops) within a renewal
+    /// period; until then it may still be running. What protects the data meanwhile is the
+    /// fence: the next grant's is greater than the evicted one, so a store that checks fences
+    /// rejects the evicted holder's writes.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unsupported`] for a store that cannot do it (of dlock's, memory, Redis and
+    /// ZooKeeper can); [`LockError::Backend`] where the store failed; [`LockError::ShutDown`] after
+    /// [`shutdown`](Self::shutdown).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+    /// use std::time::Duration;
+    /// use dlock::{LockOptions, Locker};
+    ///
+    /// let locker = Locker::memory();
+    /// let stuck = locker.lock("nightly-report", LockOptions::new().ttl(Duration::from_secs(3))).await?;
+    /// assert_eq!(locker.force_release("nightly-report").await?, Some(stuck.fence()));
+    /// stuck.lost().await; // at its next renewal
+    /// let next = locker.lock("nightly-report", LockOptions::new()).await?;
+    /// assert!(next.fence() > stuck.fence());
+    /// assert_eq!(locker.force_release("not-held").await?, None);
+    /// # Ok(()) }
+    /// ```
+    pub async fn force_release(&self, key: &str) -> Result<Option<u64>, LockError> {
+        if self.inner.holdings.is_closed() {
+            return Err(LockError::ShutDown);
+        }
+        self.inner.backend.force_release(key).await
+    }
+
     /// [`lock`](Self::lock) without the `Lease` around the state, for callers that own a
     /// `Locker` to put in it.
     pub(crate) async fn acquire(

@@ -154,22 +154,38 @@ impl ZookeeperBackend {
     /// # Ok(()) }
     /// ```
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
+        Ok(self.evict(key).await?.is_some())
+    }
+
+    /// Deletes the node of `key`'s holder, whoever it is: its fence (the node's `czxid`), or
+    /// `None` where nobody held the key. [`Backend::force_release`](crate::backend::Backend::force_release)
+    /// for [`Locker::force_release`](crate::Locker::force_release). The next holder's fence is
+    /// the `czxid` of a node created after the evicted one, so it is greater: zxids only grow.
+    pub(super) async fn evict(&self, key: &str) -> Result<Option<u64>, LockError> {
         let parent = self.shared.parent(key)?;
         let session = self.session().await?;
-        let queue = queue_in_creation_order(&session.client, &parent)
-            .await
-            .map_err(zk_error)?;
-        let Some(holder) = queue.into_iter().next() else {
-            return Ok(false);
-        };
-        match session
-            .client
-            .delete(&format!("{parent}/{holder}"), None)
-            .await
-        {
-            Ok(()) => Ok(true),
-            Err(ZkError::NoNode) => Ok(false),
-            Err(error) => Err(zk_error(error)),
+        // A holder that leaves between the listing and the delete hands the key on by itself:
+        // the next holder is then the one to evict. A few rounds, not a loop a busy key could
+        // keep going.
+        for _ in 0..3 {
+            let queue = queue_in_creation_order(&session.client, &parent)
+                .await
+                .map_err(zk_error)?;
+            let Some(holder) = queue.into_iter().next() else {
+                return Ok(None);
+            };
+            let path = format!("{parent}/{holder}");
+            let stat = match session.client.check_stat(&path).await {
+                Ok(Some(stat)) => stat,
+                Ok(None) => continue,
+                Err(error) => return Err(zk_error(error)),
+            };
+            match session.client.delete(&path, None).await {
+                Ok(()) => return Ok(Some(u64::try_from(stat.czxid).unwrap_or(0))),
+                Err(ZkError::NoNode) => continue,
+                Err(error) => return Err(zk_error(error)),
+            }
         }
+        Ok(None)
     }
 }
