@@ -369,8 +369,8 @@ mod tests {
         use crate::backend::claim::Caller;
 
         let waiting = Waiting::new("w".to_owned());
-        let head = waiting.join(b"k", "1", 1);
-        let behind = waiting.join(b"k", "2", 1);
+        let head = waiting.join(b"k", "1", 1, "");
+        let behind = waiting.join(b"k", "2", 1, "");
         let hand = |fence| {
             assert!(matches!(head.start_try(), Start::Try));
             head.resting_until(Instant::now() + Duration::from_secs(60));
