@@ -60,11 +60,13 @@ pub enum Command {
         #[arg(long, value_name = "SECONDS", default_value = "1", value_parser = parse_interval)]
         interval: Duration,
     },
-    /// Release KEY whoever holds it (`--force` is required). The holder's lease is lost at its
-    /// next renewal, and the next holder's fence is greater than the evicted one, so the
-    /// evicted holder's fenced writes are rejected. Asks for confirmation at a terminal unless
-    /// --yes; without --yes and without a terminal, refuses (exit 2). Exits with 3 when nobody
-    /// holds the key.
+    /// Evict KEY's holder (`--force` is required): the holder is read, shown, and only that
+    /// holder is evicted. Its lease is lost at its next renewal (a lease that does not renew
+    /// learns of it only at its ttl), and the next holder's fence is greater than the evicted
+    /// one, so the evicted holder's fenced writes are rejected. Asks for confirmation at a
+    /// terminal unless --yes; without --yes and without a terminal, refuses (exit 2). Exits
+    /// with 3 when nobody holds the key, or when the holder changed before the eviction
+    /// ("the holder changed: nothing released").
     Release(ReleaseArgs),
     /// Measure the store: sequential acquire and release pairs on distinct keys, then TASKS
     /// tasks contending for one key around a counter (lost updates, waits, per-task counts)
@@ -74,7 +76,7 @@ pub enum Command {
 /// The arguments of `release`.
 #[derive(Debug, Args)]
 pub struct ReleaseArgs {
-    /// Release without the holder's owner token: required, to say that you mean it
+    /// Evict the holder without its consent: required, to say that you mean it
     #[arg(long, required = true)]
     pub force: bool,
     /// Do not ask for confirmation

@@ -15,7 +15,9 @@ pub enum Exit {
     /// 2: a usage error: bad arguments (clap exits with 2 too), a URL that cannot be used, or
     /// `release --force` without `--yes` where nobody can confirm at a terminal.
     Usage,
-    /// 3: the key is not held (`inspect` of a free key, `release --force` of a free key).
+    /// 3: the key is not held (`inspect` of a free key, `release --force` of a free key), or
+    /// `release --force` found that the holder it was to evict no longer holds the key (it
+    /// released it, or its lease ran out: nothing was released).
     NotHeld,
     /// 4: `release --force` was declined at the prompt; nothing was released.
     Declined,
@@ -58,7 +60,8 @@ Exit codes:
   1  the store failed, could not be reached, or does not support the command
   2  usage error: bad arguments, a URL that cannot be used, or `release --force`
      without `--yes` when standard input is not a terminal (nothing is released)
-  3  the key is not held (`inspect` of a free key, `release --force` of a free key)
+  3  the key is not held (`inspect` of a free key, `release --force` of a free key),
+     or the holder changed before `release --force` evicted it (nothing is released)
   4  `release --force` declined at the prompt (nothing is released)
 
 Passwords in URLs are printed as `***`, in tables, JSON and errors alike.";

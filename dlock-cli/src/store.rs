@@ -1,7 +1,7 @@
 //! What the commands ask of the runtime, as the tool's reports: a key's state, the held keys,
 //! and a forced release.
 
-use dlock::{KeyState, LockError, Locker};
+use dlock::{Holder, KeyState, LockError, Locker, Owner};
 
 use crate::report::{HolderReport, KeyReport};
 
@@ -23,9 +23,25 @@ pub async fn list(locker: &Locker, prefix: &str) -> Result<Vec<KeyReport>, LockE
     Ok(held)
 }
 
-/// Evicts `key`'s holder: its fence, or `None` where nobody held the key.
-pub async fn force_release(locker: &Locker, key: &str) -> Result<Option<u64>, LockError> {
-    locker.force_release(key).await
+/// The state of `key`, and the owner of its holder (`None` where it is free): the holder
+/// `release --force` shows, and then evicts.
+pub async fn inspect_holder(
+    locker: &Locker,
+    key: &str,
+) -> Result<(KeyReport, Option<Owner>), LockError> {
+    let state = locker.inspect(key).await?;
+    let owner = state.holders().first().map(Holder::owner);
+    Ok((report(&state), owner))
+}
+
+/// Evicts `key`'s holder where it is `owner`: its fence, or `None` where `owner` no longer
+/// holds the key.
+pub async fn force_release(
+    locker: &Locker,
+    key: &str,
+    owner: Owner,
+) -> Result<Option<u64>, LockError> {
+    locker.force_release(key, owner).await
 }
 
 /// The report of what the store said of one key.

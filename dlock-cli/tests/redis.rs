@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use dlock::LockOptions;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use support::{
     dlock, json, labelled_locker, redis_url, stderr, stdout, until_waiters, PasswordRedis,
@@ -146,6 +146,7 @@ async fn release_force_evicts_the_holder_and_the_next_fence_is_greater() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let released = json(&output);
     assert_eq!(released["released"], true);
+    assert_eq!(released["holder_changed"], false);
     assert_eq!(released["evicted_fence"], stuck.fence());
 
     // The evicted holder learns it at its next renewal (a third of the ttl); the bound is the
@@ -261,6 +262,77 @@ async fn release_force_asks_at_a_terminal() {
     tokio::time::timeout(Duration::from_secs(10), lease.lost())
         .await
         .expect("the evicted lease is reported lost");
+    locker.shutdown().await.unwrap();
+}
+
+/// The key changes hands while the question waits (the holder shown, A, released it and B took
+/// it): answering `y` evicts nobody, B keeps the key, and `dlock` says the holder changed (exit
+/// 3).
+#[tokio::test(flavor = "multi_thread")]
+async fn release_force_keeps_a_holder_that_took_the_key_during_the_question() {
+    if std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: no `script` command to make a terminal");
+        return;
+    }
+    let url = redis_url();
+    let key = "changed-during-the-question";
+    let locker = labelled_locker(&url, "cli-test::shown").await;
+    let a = locker.lock(key, LockOptions::new().ttl(TTL)).await.unwrap();
+    let command = format!(
+        "'{}' release --force '{url}' {key}",
+        env!("CARGO_BIN_EXE_dlock")
+    );
+    let mut script = tokio::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = script.stdin.take().unwrap();
+    let mut out = script.stdout.take().unwrap();
+    let mut page = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 1024];
+        while !String::from_utf8_lossy(&page).contains("[y/N]") {
+            let n = out.read(&mut buf).await.unwrap();
+            assert!(n > 0, "ended unasked: {}", String::from_utf8_lossy(&page));
+            page.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("the question is asked");
+    assert!(
+        String::from_utf8_lossy(&page).contains(&a.fence().to_string()),
+        "{}",
+        String::from_utf8_lossy(&page)
+    );
+
+    a.release().await.unwrap();
+    let b = locker.lock(key, LockOptions::new().ttl(TTL)).await.unwrap();
+    stdin.write_all(b"y\n").await.unwrap();
+    drop(stdin);
+    out.read_to_end(&mut page).await.unwrap();
+    let status = script.wait().await.unwrap();
+    let page = String::from_utf8_lossy(&page);
+    assert_eq!(status.code(), Some(3), "{page}");
+    assert!(
+        page.contains("the holder changed: nothing released"),
+        "{page}"
+    );
+    let state = locker.inspect(key).await.unwrap();
+    assert_eq!(state.holders()[0].owner(), b.owner());
+    assert!(b.is_held());
+    let rival = locker.lock(key, LockOptions::new().ttl(TTL)).await;
+    assert!(
+        matches!(rival, Err(dlock::LockError::Busy { .. })),
+        "a rival got the key: {rival:?}"
+    );
+    b.release().await.unwrap();
     locker.shutdown().await.unwrap();
 }
 

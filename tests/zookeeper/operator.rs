@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use dlock::Locker;
+use dlock::{LockError, Locker};
 
 use crate::support::unique_key;
 use crate::{ttl, Zookeeper};
@@ -30,7 +30,7 @@ async fn force_release_evicts_the_holder_and_the_waiter_gets_a_greater_fence() {
     zk.until_queue_is(&key, 2).await;
 
     assert_eq!(
-        operator.force_release(&key).await.unwrap(),
+        operator.force_release(&key, stuck.owner()).await.unwrap(),
         Some(stuck.fence())
     );
     tokio::time::timeout(PATIENCE, stuck.lost())
@@ -49,9 +49,41 @@ async fn force_release_evicts_the_holder_and_the_waiter_gets_a_greater_fence() {
     );
     stuck.release().await.unwrap();
     assert!(next.is_held());
+    let gone = next.owner();
     next.release().await.unwrap();
     zk.until_queue_is(&key, 0).await;
-    assert_eq!(operator.force_release(&key).await.unwrap(), None);
+    assert_eq!(
+        operator.force_release(&key, gone).await.unwrap(),
+        None
+    );
+    holder.shutdown().await.unwrap();
+    operator.shutdown().await.unwrap();
+}
+
+/// The holder an operator read (A) released the key and B took it before the eviction: the
+/// eviction of A, sent once or twice, changes nothing, and B keeps the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_of_a_holder_that_left_keeps_the_next_one() {
+    let zk = Zookeeper::shared().await;
+    let holder = Locker::with_backend(zk.backend().await);
+    let operator = Locker::with_backend(zk.backend().await);
+    let key = unique_key("forced-after-a-change");
+    let a = holder.lock(&*key, ttl(6)).await.unwrap();
+    let shown = operator.inspect(&key).await.unwrap().holders()[0].owner();
+    assert_eq!(shown, a.owner());
+    a.release().await.unwrap();
+    let b = holder.lock(&*key, ttl(6)).await.unwrap();
+    assert_eq!(operator.force_release(&key, shown).await.unwrap(), None);
+    assert_eq!(operator.force_release(&key, shown).await.unwrap(), None);
+    let state = operator.inspect(&key).await.unwrap();
+    assert_eq!(state.holders()[0].owner(), b.owner());
+    assert!(b.is_held());
+    let rival = operator.lock(&*key, ttl(6)).await;
+    assert!(
+        matches!(rival, Err(LockError::Busy { .. })),
+        "a rival got the key: {rival:?}"
+    );
+    b.release().await.unwrap();
     holder.shutdown().await.unwrap();
     operator.shutdown().await.unwrap();
 }

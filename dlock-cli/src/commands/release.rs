@@ -1,8 +1,14 @@
-//! `dlock release --force URL KEY`: evicts a key's holder, whoever it is.
+//! `dlock release --force URL KEY`: evicts a key's holder.
+//!
+//! The holder is read first (`inspect`), shown at the confirmation, and it alone is evicted: the
+//! eviction names its owner, and the store evicts nobody else. So a key that changes hands while
+//! the question waits for an answer (the holder released it, another took it) keeps its new
+//! holder: the command then prints "the holder changed: nothing released" and exits with 3.
 //!
 //! The holder is not asked: its next renewal finds the key no longer its own and its lease is
-//! lost (a body under `on_lost = "cancel"` stops). The next holder's fence is greater than the
-//! evicted one, so a store that checks fences rejects the evicted holder's late writes.
+//! lost (a body under `on_lost = "cancel"` stops); a lease that does not renew learns of it only
+//! at its own ttl. The next holder's fence is greater than the evicted one, so a store that
+//! checks fences rejects the evicted holder's late writes.
 
 use std::io::{BufRead, IsTerminal, Write};
 
@@ -21,9 +27,13 @@ struct Released<'a> {
     /// The store's URL, password masked.
     store: &'a str,
     key: &'a str,
-    /// Whether a holder was evicted; `false` where nobody held the key (exit code 3).
+    /// Whether a holder was evicted; `false` where nobody held the key, or the holder changed
+    /// before the eviction (exit code 3).
     released: bool,
-    /// The evicted holder's fence; `null` where nobody held the key.
+    /// Whether the holder that was read, and shown, no longer held the key when it was to be
+    /// evicted (nothing was released).
+    holder_changed: bool,
+    /// The evicted holder's fence; `null` where nothing was released.
     evicted_fence: Option<u64>,
 }
 
@@ -48,30 +58,32 @@ async fn confirm_and_release(
     json: bool,
 ) -> Result<Exit, LockError> {
     let store = mask_password(&args.url);
+    // The holder to evict, as the store shows it now. The eviction names its owner, so a key
+    // that changes hands while the question waits keeps its new holder.
+    let (report, owner) = store::inspect_holder(locker, &args.key).await?;
+    let Some(owner) = owner else {
+        return Ok(not_held(&store, &args.key, json));
+    };
     if !args.yes {
-        // Who is about to be evicted, where the store can say.
-        let holders = match store::inspect(locker, &args.key).await {
-            Ok(report) if !report.held => return Ok(not_held(&store, &args.key, json)),
-            Ok(report) => describe(&report),
-            Err(_) => String::from("its holder"),
-        };
         let question = format!(
-            "Force-release `{}` on {store}, evicting {holders}? Its lease is lost and its \
-             fenced writes will be rejected. [y/N] ",
-            args.key
+            "Force-release `{}` on {store}, evicting {}? Its lease is lost and its fenced \
+             writes will be rejected. [y/N] ",
+            args.key,
+            describe(&report)
         );
         if !confirmed(question).await {
             eprintln!("dlock: not released");
             return Ok(Exit::Declined);
         }
     }
-    match store::force_release(locker, &args.key).await? {
+    match store::force_release(locker, &args.key, owner).await? {
         Some(fence) => {
             if json {
                 print_json(&Released {
                     store: &store,
                     key: &args.key,
                     released: true,
+                    holder_changed: false,
                     evicted_fence: Some(fence),
                 });
             } else {
@@ -82,7 +94,23 @@ async fn confirm_and_release(
             }
             Ok(Exit::Ok)
         }
-        None => Ok(not_held(&store, &args.key, json)),
+        None => {
+            if json {
+                print_json(&Released {
+                    store: &store,
+                    key: &args.key,
+                    released: false,
+                    holder_changed: true,
+                    evicted_fence: None,
+                });
+            } else {
+                eprintln!(
+                    "dlock: `{}` on {store}: the holder changed: nothing released",
+                    args.key
+                );
+            }
+            Ok(Exit::NotHeld)
+        }
     }
 }
 
@@ -93,6 +121,7 @@ fn not_held(store: &str, key: &str, json: bool) -> Exit {
             store,
             key,
             released: false,
+            holder_changed: false,
             evicted_fence: None,
         });
     } else {

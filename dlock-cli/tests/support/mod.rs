@@ -83,8 +83,8 @@ impl<B: Backend> Backend for Labelled<B> {
         self.store.list(prefix).await
     }
 
-    async fn force_release(&self, key: &str) -> Result<Option<u64>, LockError> {
-        self.store.force_release(key).await
+    async fn force_release(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
+        self.store.force_release(key, owner).await
     }
 }
 

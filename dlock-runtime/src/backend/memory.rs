@@ -255,15 +255,18 @@ impl Shared {
         true
     }
 
-    /// [`Backend::force_release`]: evicts `key`'s holder, whoever it is, and hands the key on.
-    fn force_release(&self, key: &str) -> Option<u64> {
+    /// [`Backend::force_release`]: evicts `key`'s holder where it is `owner`, and hands the key
+    /// on.
+    fn force_release(&self, key: &str, owner: Owner) -> Option<u64> {
         let mut keys = self.lock();
         let state = keys.get_mut(key)?;
         let now = Instant::now();
+        // Only `owner`'s lease: a key that changed hands since the operator read it keeps its
+        // new holder, and a call made twice leaves the waiter the first one handed it to.
         let evicted = state
             .holder
             .as_ref()
-            .filter(|holder| holder.expires_at > now)
+            .filter(|holder| holder.expires_at > now && holder.owner == owner)
             .map(|holder| holder.fence);
         if evicted.is_some() {
             state.holder = None;
@@ -486,7 +489,7 @@ impl Backend for MemoryBackend {
     /// Takes the key from its holder and hands it to the head of its queue, as a release does.
     /// Fences come from one counter for the whole store, so the next grant's is above the
     /// evicted one.
-    async fn force_release(&self, key: &str) -> Result<Option<u64>, LockError> {
-        Ok(self.shared.force_release(key))
+    async fn force_release(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
+        Ok(self.shared.force_release(key, owner))
     }
 }

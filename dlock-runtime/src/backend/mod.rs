@@ -323,8 +323,8 @@ impl<'a> AcquireRequest<'a> {
 ///         self.store.list(prefix).await
 ///     }
 ///
-///     async fn force_release(&self, key: &str) -> Result<Option<u64>, LockError> {
-///         self.store.force_release(key).await
+///     async fn force_release(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
+///         self.store.force_release(key, owner).await
 ///     }
 /// }
 ///
@@ -557,14 +557,23 @@ pub trait Backend: Send + Sync + 'static {
         }
     }
 
-    /// Releases `key` whoever holds it, for operators (`dlock release --force`, through
-    /// [`Locker::force_release`](crate::Locker::force_release)): no owner check. The key goes to
-    /// its first live waiter, as on a release, or is freed where nobody waits. Answers the
-    /// evicted holder's fence, or `None` where nobody held the key (nothing is changed then).
+    /// Releases `key` where `owner` holds it, for operators (`dlock release --force`, through
+    /// [`Locker::force_release`](crate::Locker::force_release)): the holder's owner is not
+    /// asked for its consent, but it must be the one given, as an operator read it with
+    /// [`inspect`](Self::inspect). The key goes to its first live waiter, as on a release, or is
+    /// freed where nobody waits. Answers the evicted holder's fence, or `None` where `owner`
+    /// does not hold the key (nobody does, or someone else does: nothing is changed then).
     ///
-    /// The evicted holder is not told: its next renewal is refused, so its lease is lost. A
-    /// store implementing this must make the next grant's fence greater than the evicted one,
-    /// so that the evicted holder's fenced writes are rejected.
+    /// The owner check is what makes the call safe to send again (after a timeout or a dropped
+    /// connection): a second copy finds the key no longer `owner`'s (it went to a waiter, or is
+    /// free) and changes nothing. Without it, the copy would evict the waiter the first one
+    /// handed the key to; and an operator's confirmation would evict whoever holds the key by
+    /// then, not the holder it was shown.
+    ///
+    /// The evicted holder is not told: its next renewal is refused, so its lease is lost (a
+    /// lease that does not renew learns of it only at its own ttl). A store implementing this
+    /// must make the next grant's fence greater than the evicted one, so that the evicted
+    /// holder's fenced writes are rejected.
     ///
     /// # Errors
     ///
@@ -574,8 +583,9 @@ pub trait Backend: Send + Sync + 'static {
     fn force_release(
         &self,
         key: &str,
+        owner: Owner,
     ) -> impl Future<Output = Result<Option<u64>, LockError>> + Send {
-        let _ = key;
+        let _ = (key, owner);
         async {
             Err(LockError::Unsupported {
                 what: "release a key whoever holds it".into(),
@@ -616,7 +626,11 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
     fn health(&self) -> BoxFuture<'_, Result<(), LockError>>;
     fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<KeyState, LockError>>;
     fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>>;
-    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<u64>, LockError>>;
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: Owner,
+    ) -> BoxFuture<'a, Result<Option<u64>, LockError>>;
 }
 
 impl<B: Backend> DynBackend for B {
@@ -670,7 +684,11 @@ impl<B: Backend> DynBackend for B {
         Box::pin(Backend::list(self, prefix))
     }
 
-    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<u64>, LockError>> {
-        Box::pin(Backend::force_release(self, key))
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: Owner,
+    ) -> BoxFuture<'a, Result<Option<u64>, LockError>> {
+        Box::pin(Backend::force_release(self, key, owner))
     }
 }

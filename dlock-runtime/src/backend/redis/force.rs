@@ -1,5 +1,5 @@
-//! Force release, for operators: the force script (force.lua), which releases a lock whoever
-//! holds it and hands it on like a release.
+//! Force release, for operators: the force script (force.lua), which releases a lock where the
+//! owner the operator named holds it, and hands it on like a release.
 
 use redis::Value;
 
@@ -10,15 +10,22 @@ use super::RedisBackend;
 use crate::{LockError, Owner};
 
 impl RedisBackend {
-    /// Runs the force script on `key`: the evicted holder's fence, or `None` where nobody held
-    /// the lock.
-    pub(super) async fn force_release_key(&self, key: &str) -> Result<Option<u64>, LockError> {
+    /// Runs the force script on `key`: the evicted holder's fence, or `None` where `owner` did
+    /// not hold the lock.
+    pub(super) async fn force_release_key(
+        &self,
+        key: &str,
+        owner: Owner,
+    ) -> Result<Option<u64>, LockError> {
         if check_key(key).is_err() {
             // Never acquired: an acquire refuses such a key before sending anything.
             return Ok(None);
         }
-        // An operator acts for no owner: the script is passed one nobody holds, and writes none.
-        let keys = self.inner.layout.lock_keys(key, Owner::from_u128(0));
+        // The owner to evict, compared on the server: the script changes nothing where another
+        // holds the lock. That is what makes `run` safe here, though it sends the call again
+        // after a timeout or a dropped connection (and a cluster's client does so by itself): a
+        // second copy finds the lock handed on (or free), not `owner`'s, and evicts nobody.
+        let keys = self.inner.layout.lock_keys(key, owner);
         let mut call = keys.call(&FORCE);
         call.arg(&self.inner.instance)
             .arg(self.inner.layout.prefix());
@@ -46,7 +53,8 @@ impl RedisBackend {
         };
         let counter: Option<u64> = counter.parse().ok();
         // The evicted fence as the holder's description says, else as the counter does (an older
-        // dlock's grant, or a value set from outside dlock); 0 where neither says.
+        // dlock's grant, or a value set from outside dlock); 0 where neither says (see
+        // `Locker::force_release`: evicted, fence unknown — `None` would say nothing was).
         let evicted = parse_holder(&holder, -1, counter)
             .map(|holder| holder.fence())
             .or(counter)

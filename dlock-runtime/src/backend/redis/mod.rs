@@ -381,8 +381,8 @@ impl Backend for RedisBackend {
         self.list_keys(prefix).await
     }
 
-    async fn force_release(&self, key: &str) -> Result<Option<u64>, LockError> {
-        self.force_release_key(key).await
+    async fn force_release(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
+        self.force_release_key(key, owner).await
     }
 
     /// Waits for the queues dropped waiters are leaving; the connections close when the

@@ -418,8 +418,8 @@ impl Backend for ZookeeperBackend {
 
     /// Deletes the holder's node, as [`ZookeeperBackend::force_release`] does, answering its
     /// fence.
-    async fn force_release(&self, key: &str) -> Result<Option<u64>, LockError> {
-        self.evict(key).await
+    async fn force_release(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
+        self.evict(key, Some(owner)).await
     }
 
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
