@@ -282,7 +282,10 @@ async fn redis_evicts_an_older_dlocks_holder_by_its_counter() {
         .unwrap();
     let locker = Locker::with_backend(backend.clone());
     assert_eq!(holder_of(&locker, "old").await, owner);
-    assert_eq!(locker.force_release("old", owner).await.unwrap(), Some(4242));
+    assert_eq!(
+        locker.force_release("old", owner).await.unwrap(),
+        Some(4242)
+    );
     let exists: bool = raw.exists(backend.lock_key("old")).await.unwrap();
     assert!(!exists, "the lock is deleted where nobody waits");
     let next = locker.lock("old", LockOptions::new()).await.unwrap();

@@ -62,7 +62,7 @@ pub enum Command {
     },
     /// Evict KEY's holder (`--force` is required): the holder is read, shown, and only that
     /// holder is evicted. Its lease is lost at its next renewal (a lease that does not renew
-    /// learns of it only at its ttl), and the next holder's fence is greater than the evicted
+    /// may learn of it only at its ttl), and the next holder's fence is greater than the evicted
     /// one, so the evicted holder's fenced writes are rejected. Asks for confirmation at a
     /// terminal unless --yes; without --yes and without a terminal, refuses (exit 2). Exits
     /// with 3 when nobody holds the key, or when the holder changed before the eviction

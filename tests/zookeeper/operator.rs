@@ -52,10 +52,7 @@ async fn force_release_evicts_the_holder_and_the_waiter_gets_a_greater_fence() {
     let gone = next.owner();
     next.release().await.unwrap();
     zk.until_queue_is(&key, 0).await;
-    assert_eq!(
-        operator.force_release(&key, gone).await.unwrap(),
-        None
-    );
+    assert_eq!(operator.force_release(&key, gone).await.unwrap(), None);
     holder.shutdown().await.unwrap();
     operator.shutdown().await.unwrap();
 }

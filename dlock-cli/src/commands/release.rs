@@ -6,8 +6,8 @@
 //! holder: the command then prints "the holder changed: nothing released" and exits with 3.
 //!
 //! The holder is not asked: its next renewal finds the key no longer its own and its lease is
-//! lost (a body under `on_lost = "cancel"` stops); a lease that does not renew learns of it only
-//! at its own ttl. The next holder's fence is greater than the evicted one, so a store that
+//! lost (a body under `on_lost = "cancel"` stops); a lease that does not renew may learn of it
+//! only at its own ttl. The next holder's fence is greater than the evicted one, so a store that
 //! checks fences rejects the evicted holder's late writes.
 
 use std::io::{BufRead, IsTerminal, Write};

@@ -486,7 +486,8 @@ impl Backend for MemoryBackend {
             .collect())
     }
 
-    /// Takes the key from its holder and hands it to the head of its queue, as a release does.
+    /// Takes the key from its holder where it is `owner`, and hands it to the head of its queue,
+    /// as a release does.
     /// Fences come from one counter for the whole store, so the next grant's is above the
     /// evicted one.
     async fn force_release(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {

@@ -571,7 +571,8 @@ pub trait Backend: Send + Sync + 'static {
     /// then, not the holder it was shown.
     ///
     /// The evicted holder is not told: its next renewal is refused, so its lease is lost (a
-    /// lease that does not renew learns of it only at its own ttl). A store implementing this
+    /// lease that does not renew has no renewal to tell it, and may learn of it only at its own
+    /// ttl). A store implementing this
     /// must make the next grant's fence greater than the evicted one, so that the evicted
     /// holder's fenced writes are rejected.
     ///

@@ -403,8 +403,9 @@ impl Locker {
     /// The holder is not asked. Its next renewal is refused, so its [`Lease`] reports the loss
     /// ([`Lease::lost`] resolves, a body under `on_lost = "cancel"` stops) within a renewal
     /// period; until then it may still be running. A lease that does not renew
-    /// ([`LockOptions::renew`](crate::LockOptions::renew) `false`) is told by nothing: it learns
-    /// of the loss only at its own ttl. What protects the data meanwhile is the fence: the next
+    /// ([`LockOptions::renew`](crate::LockOptions::renew) `false`) has no renewal to tell it: it
+    /// may learn of the loss only at its own ttl (on ZooKeeper its session's checks notice
+    /// sooner). What protects the data meanwhile is the fence: the next
     /// grant's is greater than the evicted one, so a store that checks fences rejects the
     /// evicted holder's writes.
     ///

@@ -134,6 +134,10 @@ impl ZookeeperBackend {
     /// would: the holder sees the loss at its next renewal, and the next waiter gets the key.
     /// Returns whether the key was held.
     ///
+    /// No owner is checked: a key that changed hands since it was looked at loses its new
+    /// holder. [`Locker::force_release`](crate::Locker::force_release) names the owner to evict
+    /// and leaves any other alone.
+    ///
     /// # Errors
     ///
     /// [`LockError::InvalidKey`] for a key too long for a ZooKeeper path;
