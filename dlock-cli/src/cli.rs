@@ -82,6 +82,10 @@ pub struct ReleaseArgs {
     /// Do not ask for confirmation
     #[arg(long, short = 'y')]
     pub yes: bool,
+    /// Evict only this holder: its owner token as `inspect` showed it (32 hex digits). Where
+    /// another holds the key by now, nothing is released (exit 3)
+    #[arg(long, value_name = "HEX", value_parser = parse_owner)]
+    pub owner: Option<String>,
     /// The store
     #[arg(value_name = "URL")]
     pub url: String,
@@ -116,6 +120,16 @@ fn parse_interval(text: &str) -> Result<Duration, String> {
         return Err("expected between 0.05 and 86400 seconds".into());
     }
     Ok(Duration::from_secs_f64(seconds))
+}
+
+/// An owner token as stores keep it and `inspect` shows it: 32 hex digits, read in lowercase.
+fn parse_owner(text: &str) -> Result<String, String> {
+    if text.len() != 32 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "`{text}` is not an owner token (32 hex digits, as `inspect` shows it)"
+        ));
+    }
+    Ok(text.to_ascii_lowercase())
 }
 
 #[cfg(test)]
@@ -163,6 +177,20 @@ mod tests {
         assert_eq!(error.kind(), ErrorKind::MissingRequiredArgument);
         assert_eq!(error.exit_code(), 2);
         assert!(error.to_string().contains("--force"), "{error}");
+    }
+
+    #[test]
+    fn owners_are_32_hex_digits() {
+        let token = "3F2A9C0D5E7B41A8B6C2D9E0F1A3B5C7";
+        assert_eq!(parse_owner(token), Ok(token.to_ascii_lowercase()));
+        for bad in [
+            "",
+            "3f2a",
+            "zz2a9c0d5e7b41a8b6c2d9e0f1a3b5c7",
+            &format!("{token}0"),
+        ] {
+            assert!(parse_owner(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -336,6 +336,47 @@ async fn release_force_keeps_a_holder_that_took_the_key_during_the_question() {
     locker.shutdown().await.unwrap();
 }
 
+/// `--owner` evicts the holder named, seen earlier; a holder that is not it keeps the key.
+#[tokio::test(flavor = "multi_thread")]
+async fn release_force_owner_evicts_only_that_owner() {
+    let url = redis_url();
+    let key = "evicted-by-owner";
+    let locker = labelled_locker(&url, "cli-test::named").await;
+    let lease = locker.lock(key, LockOptions::new().ttl(TTL)).await.unwrap();
+    let other = dlock::Owner::random().to_string();
+
+    let args = ["release", "--force", "--yes", "--owner", &other, &url, key];
+    let output = dlock(&args).await;
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("the holder changed: nothing released"),
+        "{}",
+        stderr(&output)
+    );
+    let state = locker.inspect(key).await.unwrap();
+    assert_eq!(state.holders()[0].owner(), lease.owner());
+    assert!(lease.is_held());
+
+    let named = lease.owner().to_string().to_ascii_uppercase();
+    let args = [
+        "--json", "release", "--force", "--yes", "--owner", &named, &url, key,
+    ];
+    let output = dlock(&args).await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let released = json(&output);
+    assert_eq!(released["released"], true);
+    assert_eq!(released["evicted_fence"], lease.fence());
+    tokio::time::timeout(Duration::from_secs(10), lease.lost())
+        .await
+        .expect("the evicted holder's lease is reported lost");
+
+    let args = [
+        "release", "--force", "--yes", "--owner", "not-hex", &url, key,
+    ];
+    assert_eq!(dlock(&args).await.status.code(), Some(2));
+    locker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn passwords_in_urls_are_printed_masked() {
     let server = PasswordRedis::start("s3cret-pw");

@@ -4,6 +4,8 @@
 //! eviction names its owner, and the store evicts nobody else. So a key that changes hands while
 //! the question waits for an answer (the holder released it, another took it) keeps its new
 //! holder: the command then prints "the holder changed: nothing released" and exits with 3.
+//! `--owner HEX` names the holder to evict, as `inspect` showed it earlier: the same, where
+//! another holds the key by now.
 //!
 //! The holder is not asked: its next renewal finds the key no longer its own and its lease is
 //! lost (a body under `on_lost = "cancel"` stops); a lease that does not renew may learn of it
@@ -64,6 +66,14 @@ async fn confirm_and_release(
     let Some(owner) = owner else {
         return Ok(not_held(&store, &args.key, json));
     };
+    // `--owner`: the holder seen earlier, which may have gone since.
+    if args
+        .owner
+        .as_ref()
+        .is_some_and(|seen| *seen != owner.to_string())
+    {
+        return Ok(holder_changed(&store, &args.key, json));
+    }
     if !args.yes {
         let question = format!(
             "Force-release `{}` on {store}, evicting {}? Its lease is lost and its fenced \
@@ -94,24 +104,24 @@ async fn confirm_and_release(
             }
             Ok(Exit::Ok)
         }
-        None => {
-            if json {
-                print_json(&Released {
-                    store: &store,
-                    key: &args.key,
-                    released: false,
-                    holder_changed: true,
-                    evicted_fence: None,
-                });
-            } else {
-                eprintln!(
-                    "dlock: `{}` on {store}: the holder changed: nothing released",
-                    args.key
-                );
-            }
-            Ok(Exit::NotHeld)
-        }
+        None => Ok(holder_changed(&store, &args.key, json)),
     }
+}
+
+/// Reports a key whose holder is no longer the one to evict: nothing was released.
+fn holder_changed(store: &str, key: &str, json: bool) -> Exit {
+    if json {
+        print_json(&Released {
+            store,
+            key,
+            released: false,
+            holder_changed: true,
+            evicted_fence: None,
+        });
+    } else {
+        eprintln!("dlock: `{key}` on {store}: the holder changed: nothing released");
+    }
+    Exit::NotHeld
 }
 
 /// Reports a key nobody holds: nothing was released.
