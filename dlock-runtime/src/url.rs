@@ -246,7 +246,16 @@ mod settings {
 /// `/`, `@`, `:`, `?` or `#` (which users write unescaped), or a URL with a slash too few, is
 /// masked whole; without a `:` in it, the whole user information is masked. Where that guess is
 /// wrong it masks too much, never too little.
-pub(crate) fn mask_password(url: &str) -> String {
+///
+/// Public for tools that print a locker URL (the `dlock` command-line tool does, in every
+/// header and error): the one masking every message of dlock uses.
+///
+/// ```
+/// assert_eq!(dlock::mask_password("redis://:secret@10.0.0.7:6379/0"), "redis://:***@10.0.0.7:6379/0");
+/// assert_eq!(dlock::mask_password("mysql://app:pw@db/test?password=pw"), "mysql://app:***@db/test?password=***");
+/// assert_eq!(dlock::mask_password("redis://127.0.0.1"), "redis://127.0.0.1");
+/// ```
+pub fn mask_password(url: &str) -> String {
     let mut masked = String::with_capacity(url.len());
     let mut from = 0;
     for (start, end) in secrets(url) {

@@ -16,6 +16,7 @@ mod support;
 mod abandoned;
 mod claim;
 mod inspect;
+mod operator;
 mod paths;
 mod queue;
 mod requests;

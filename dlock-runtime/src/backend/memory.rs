@@ -255,6 +255,30 @@ impl Shared {
         true
     }
 
+    /// [`Backend::force_release`]: evicts `key`'s holder where it is `owner`, and hands the key
+    /// on.
+    fn force_release(&self, key: &str, owner: Owner) -> Option<u64> {
+        let mut keys = self.lock();
+        let state = keys.get_mut(key)?;
+        let now = Instant::now();
+        // Only `owner`'s lease: a key that changed hands since the operator read it keeps its
+        // new holder, and a call made twice leaves the waiter the first one handed it to.
+        let evicted = state
+            .holder
+            .as_ref()
+            .filter(|holder| holder.expires_at > now && holder.owner == owner)
+            .map(|holder| holder.fence);
+        if evicted.is_some() {
+            state.holder = None;
+        }
+        // Even where the holder had expired: nobody else may be about to hand the key on.
+        self.hand_off(state, now);
+        if state.is_empty() {
+            keys.remove(key);
+        }
+        evicted
+    }
+
     /// Takes `waiter` out of `key`'s queue, or releases the key if it was handed to the waiter
     /// already. One critical section for both, since a hand-off sets `granted` under the lock:
     /// looking at `granted` outside it could miss a hand-off that lands just after.
@@ -460,5 +484,13 @@ impl Backend for MemoryBackend {
             .filter(|(key, state)| key.starts_with(prefix) && !state.is_free(now))
             .map(|(key, _)| key.clone())
             .collect())
+    }
+
+    /// Takes the key from its holder where it is `owner`, and hands it to the head of its queue,
+    /// as a release does.
+    /// Fences come from one counter for the whole store, so the next grant's is above the
+    /// evicted one.
+    async fn force_release(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
+        Ok(self.shared.force_release(key, owner))
     }
 }

@@ -262,8 +262,8 @@ impl<'a> AcquireRequest<'a> {
 /// defaults, `undo_acquire` would lose what a store does beyond a release (Redis's guard against
 /// a late copy of the acquisition), `renew_each` would lose a cluster's per-node answers, `ttl_limit` would lift the
 /// store's cap on the ttl, `close` would leave connections open at shutdown, `release_now`
-/// would queue releases an in-process store makes at once, and `inspect` and `list` would
-/// answer that the store cannot tell its holders.
+/// would queue releases an in-process store makes at once, `inspect` and `list` would
+/// answer that the store cannot tell its holders, and `force_release` that it cannot evict one.
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
@@ -321,6 +321,10 @@ impl<'a> AcquireRequest<'a> {
 ///
 ///     async fn list(&self, prefix: &str) -> Result<Vec<String>, LockError> {
 ///         self.store.list(prefix).await
+///     }
+///
+///     async fn force_release(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
+///         self.store.force_release(key, owner).await
 ///     }
 /// }
 ///
@@ -553,6 +557,43 @@ pub trait Backend: Send + Sync + 'static {
         }
     }
 
+    /// Releases `key` where `owner` holds it, for operators (`dlock release --force`, through
+    /// [`Locker::force_release`](crate::Locker::force_release)): the holder's owner is not
+    /// asked for its consent, but it must be the one given, as an operator read it with
+    /// [`inspect`](Self::inspect). The key goes to its first live waiter, as on a release, or is
+    /// freed where nobody waits. Answers the evicted holder's fence, or `None` where `owner`
+    /// does not hold the key (nobody does, or someone else does: nothing is changed then).
+    ///
+    /// The owner check is what makes the call safe to send again (after a timeout or a dropped
+    /// connection): a second copy finds the key no longer `owner`'s (it went to a waiter, or is
+    /// free) and changes nothing. Without it, the copy would evict the waiter the first one
+    /// handed the key to; and an operator's confirmation would evict whoever holds the key by
+    /// then, not the holder it was shown.
+    ///
+    /// The evicted holder is not told: its next renewal is refused, so its lease is lost (a
+    /// lease that does not renew has no renewal to tell it, and may learn of it only at its own
+    /// ttl). A store implementing this
+    /// must make the next grant's fence greater than the evicted one, so that the evicted
+    /// holder's fenced writes are rejected.
+    ///
+    /// # Errors
+    ///
+    /// The default answers [`LockError::Unsupported`] ("this store cannot release a key whoever
+    /// holds it"), so that a store written before this method keeps compiling.
+    /// [`LockError::Backend`] where the store failed.
+    fn force_release(
+        &self,
+        key: &str,
+        owner: Owner,
+    ) -> impl Future<Output = Result<Option<u64>, LockError>> + Send {
+        let _ = (key, owner);
+        async {
+            Err(LockError::Unsupported {
+                what: "release a key whoever holds it".into(),
+            })
+        }
+    }
+
     /// Releases at once without awaiting, where the store lives in this process. Returns `false`
     /// where a release needs I/O; the runtime then queues an async `release` instead. `Drop`
     /// calls this, so it must never block.
@@ -586,6 +627,11 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
     fn health(&self) -> BoxFuture<'_, Result<(), LockError>>;
     fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<KeyState, LockError>>;
     fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>>;
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: Owner,
+    ) -> BoxFuture<'a, Result<Option<u64>, LockError>>;
 }
 
 impl<B: Backend> DynBackend for B {
@@ -637,5 +683,13 @@ impl<B: Backend> DynBackend for B {
 
     fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>> {
         Box::pin(Backend::list(self, prefix))
+    }
+
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: Owner,
+    ) -> BoxFuture<'a, Result<Option<u64>, LockError>> {
+        Box::pin(Backend::force_release(self, key, owner))
     }
 }

@@ -390,6 +390,59 @@ impl Locker {
         Ok(keys)
     }
 
+    /// Releases `key` where `owner` holds it, for operators (it is what `dlock release --force`
+    /// does): a stuck holder, a process that hangs with its lease renewed. `owner` is the
+    /// holder's as [`inspect`](Self::inspect) showed it ([`Holder::owner`](crate::Holder::owner)):
+    /// where the key changed hands since (the holder released it, another took it), nothing is
+    /// changed and the answer is `None`, so a confirmation never evicts a holder nobody was
+    /// shown, and a call the client sends again (after a timeout or a dropped connection) never
+    /// evicts the waiter the first copy handed the key to. The key goes to its first waiter, as
+    /// on a release. Answers the evicted holder's fence, or `None` where `owner` did not hold the
+    /// key.
+    ///
+    /// The holder is not asked. Its next renewal is refused, so its [`Lease`] reports the loss
+    /// ([`Lease::lost`] resolves, a body under `on_lost = "cancel"` stops) within a renewal
+    /// period; until then it may still be running. A lease that does not renew
+    /// ([`LockOptions::renew`](crate::LockOptions::renew) `false`) has no renewal to tell it: it
+    /// may learn of the loss only at its own ttl (on ZooKeeper its session's checks notice
+    /// sooner). What protects the data meanwhile is the fence: the next
+    /// grant's is greater than the evicted one, so a store that checks fences rejects the
+    /// evicted holder's writes.
+    ///
+    /// The evicted fence is what the store recorded for the holder; a holder written into the
+    /// store by hand, with no fence that dlock can read, answers `Some(0)`: evicted, fence
+    /// unknown.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unsupported`] for a store that cannot do it (of dlock's, memory, Redis and
+    /// ZooKeeper can); [`LockError::Backend`] where the store failed; [`LockError::ShutDown`] after
+    /// [`shutdown`](Self::shutdown).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+    /// use std::time::Duration;
+    /// use dlock::{LockOptions, Locker};
+    ///
+    /// let locker = Locker::memory();
+    /// let stuck = locker.lock("nightly-report", LockOptions::new().ttl(Duration::from_secs(3))).await?;
+    /// let holder = locker.inspect("nightly-report").await?.holders()[0].owner();
+    /// assert_eq!(locker.force_release("nightly-report", holder).await?, Some(stuck.fence()));
+    /// stuck.lost().await; // at its next renewal
+    /// let next = locker.lock("nightly-report", LockOptions::new()).await?;
+    /// assert!(next.fence() > stuck.fence());
+    /// // Sent again, or confirmed late: `holder` no longer holds the key, and `next` keeps it.
+    /// assert_eq!(locker.force_release("nightly-report", holder).await?, None);
+    /// assert!(next.is_held());
+    /// # Ok(()) }
+    /// ```
+    pub async fn force_release(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
+        if self.inner.holdings.is_closed() {
+            return Err(LockError::ShutDown);
+        }
+        self.inner.backend.force_release(key, owner).await
+    }
+
     /// [`lock`](Self::lock) without the `Lease` around the state, for callers that own a
     /// `Locker` to put in it.
     pub(crate) async fn acquire(

@@ -273,6 +273,7 @@ mod builder;
 mod checks;
 mod conn;
 mod describe;
+mod force;
 mod inspect;
 mod keys;
 mod release;
@@ -378,6 +379,10 @@ impl Backend for RedisBackend {
     /// [`LockError::Unsupported`].
     async fn list(&self, prefix: &str) -> Result<Vec<String>, LockError> {
         self.list_keys(prefix).await
+    }
+
+    async fn force_release(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
+        self.force_release_key(key, owner).await
     }
 
     /// Waits for the queues dropped waiters are leaving; the connections close when the

@@ -26,6 +26,8 @@ pub(super) static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&spliced(include_str!("release.lua"))));
 pub(super) static RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("renew.lua")));
+pub(super) static FORCE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&spliced(include_str!("force.lua"))));
 pub(super) static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("inspect.lua")));
 
@@ -356,6 +358,7 @@ mod tests {
             include_str!("release.lua"),
             include_str!("common.lua"),
             include_str!("renew.lua"),
+            include_str!("force.lua"),
         ] {
             for fence_logic in ["'TIME'", "3600000", "function grant("] {
                 assert!(!file.contains(fence_logic), "{fence_logic} in {file}");

@@ -416,6 +416,12 @@ impl Backend for ZookeeperBackend {
         Some(ZookeeperBackend::ttl_limit(self))
     }
 
+    /// Deletes the holder's node, as [`ZookeeperBackend::force_release`] does, answering its
+    /// fence.
+    async fn force_release(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
+        self.evict(key, Some(owner)).await
+    }
+
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
         self.acquire_and_claim(request).await
     }

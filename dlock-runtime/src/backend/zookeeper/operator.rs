@@ -12,7 +12,7 @@ use super::queue::{list_or_empty, queue_in_creation_order, read_lock_nodes};
 use super::session::zk_error;
 use super::ZookeeperBackend;
 use crate::backend::description::Described;
-use crate::{KeyState, LockError};
+use crate::{KeyState, LockError, Owner};
 
 impl ZookeeperBackend {
     /// The lock nodes of `key` in queue order, the holder first, as
@@ -61,12 +61,7 @@ impl ZookeeperBackend {
             return Ok(KeyState::new(key, Vec::new(), 0));
         };
         let data = parse_node_data(&first.data);
-        // A node whose data is no owner (made by hand) is named by one: `{owner}-…`.
-        let owner = if data.owner.len() == 32 {
-            data.owner
-        } else {
-            first.name.split('-').next().unwrap_or_default().to_owned()
-        };
+        let owner = node_owner(&first.name, &data.owner);
         let created =
             UNIX_EPOCH + Duration::from_millis(u64::try_from(first.stat.ctime).unwrap_or(0));
         let holder = Described {
@@ -139,6 +134,10 @@ impl ZookeeperBackend {
     /// would: the holder sees the loss at its next renewal, and the next waiter gets the key.
     /// Returns whether the key was held.
     ///
+    /// No owner is checked: a key that changed hands since it was looked at loses its new
+    /// holder. [`Locker::force_release`](crate::Locker::force_release) names the owner to evict
+    /// and leaves any other alone.
+    ///
     /// # Errors
     ///
     /// [`LockError::InvalidKey`] for a key too long for a ZooKeeper path;
@@ -154,22 +153,60 @@ impl ZookeeperBackend {
     /// # Ok(()) }
     /// ```
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
+        Ok(self.evict(key, None).await?.is_some())
+    }
+
+    /// Deletes the node of `key`'s holder where it is `owner` (`None`: whoever it is): its fence
+    /// (the node's `czxid`), or `None` where nobody held the key, or another owner does.
+    /// [`Backend::force_release`](crate::backend::Backend::force_release) for
+    /// [`Locker::force_release`](crate::Locker::force_release), which names the owner that
+    /// [`inspect`](crate::backend::Backend::inspect) showed, compared as `inspect` names it: a
+    /// key that changed hands since keeps its new holder, and a call made again leaves the
+    /// waiter the first one handed the key to. The next holder's fence is the `czxid` of a
+    /// node created after the evicted one, so it is greater: zxids only grow.
+    pub(super) async fn evict(
+        &self,
+        key: &str,
+        owner: Option<Owner>,
+    ) -> Result<Option<u64>, LockError> {
         let parent = self.shared.parent(key)?;
         let session = self.session().await?;
-        let queue = queue_in_creation_order(&session.client, &parent)
-            .await
-            .map_err(zk_error)?;
-        let Some(holder) = queue.into_iter().next() else {
-            return Ok(false);
-        };
-        match session
-            .client
-            .delete(&format!("{parent}/{holder}"), None)
-            .await
-        {
-            Ok(()) => Ok(true),
-            Err(ZkError::NoNode) => Ok(false),
-            Err(error) => Err(zk_error(error)),
+        // A holder that leaves between the listing and the delete hands the key on by itself:
+        // the next holder is then the one to evict (where no owner is named). A few rounds, not
+        // a loop a busy key could keep going.
+        for _ in 0..3 {
+            let children = list_or_empty(&session.client, &parent)
+                .await
+                .map_err(zk_error)?;
+            let nodes = read_lock_nodes(&session.client, &parent, children)
+                .await
+                .map_err(zk_error)?;
+            let Some(holder) = nodes.into_iter().min_by_key(|node| node.stat.czxid) else {
+                return Ok(None);
+            };
+            if let Some(owner) = owner {
+                let data = parse_node_data(&holder.data);
+                if node_owner(&holder.name, &data.owner) != owner.to_string() {
+                    return Ok(None);
+                }
+            }
+            let path = format!("{parent}/{}", holder.name);
+            match session.client.delete(&path, None).await {
+                Ok(()) => return Ok(Some(u64::try_from(holder.stat.czxid).unwrap_or(0))),
+                Err(ZkError::NoNode) => continue,
+                Err(error) => return Err(zk_error(error)),
+            }
         }
+        Ok(None)
+    }
+}
+
+/// The owner of the lock node `name` whose data names `data_owner`: that one, or, for a node
+/// whose data is no owner (made by hand), the one its name starts with (`{owner}-…`).
+fn node_owner(name: &str, data_owner: &str) -> String {
+    if data_owner.len() == 32 {
+        data_owner.to_owned()
+    } else {
+        name.split('-').next().unwrap_or_default().to_owned()
     }
 }

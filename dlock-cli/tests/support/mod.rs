@@ -1,0 +1,178 @@
+//! What the command-line tests share: a locker on the shared Redis under a key prefix of the
+//! test's own, holders that carry a label, the built `dlock` binary run as a process, and a
+//! private Redis that requires a password.
+
+#![allow(dead_code)] // Each test file uses a part.
+
+use std::net::TcpStream;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use dlock::backend::{AcquireRequest, Acquired, Backend, RedisBackend, Renewal};
+use dlock::{KeyState, LockError, Locker, Owner};
+
+/// The shared Redis, under a key prefix no other test uses: `list` then sees this test's keys
+/// alone.
+pub fn redis_url() -> String {
+    format!(
+        "redis://127.0.0.1:6379/?key_prefix=dlock-cli-test-{}-{}:",
+        std::process::id(),
+        Owner::random()
+    )
+}
+
+/// A locker on `url` whose every acquisition is labelled `label`, as an annotated function's
+/// are, so that `inspect` has a label to show.
+pub async fn labelled_locker(url: &str, label: &'static str) -> Locker {
+    let store = RedisBackend::builder(url)
+        .expect("a valid URL")
+        .connect()
+        .await
+        .expect("the test's Redis answers");
+    Locker::with_backend(Labelled { store, label })
+}
+
+/// A store whose acquisitions all carry `label`.
+struct Labelled<B> {
+    store: B,
+    label: &'static str,
+}
+
+impl<B: Backend> Backend for Labelled<B> {
+    async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
+        self.store.acquire(&request.label(self.label)).await
+    }
+
+    async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+        self.store.release(key, owner).await
+    }
+
+    async fn undo_acquire(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+        self.store.undo_acquire(key, owner).await
+    }
+
+    async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+        self.store.renew(leases).await
+    }
+
+    async fn renew_each(&self, leases: &[Renewal<'_>]) -> Result<Vec<Option<bool>>, LockError> {
+        self.store.renew_each(leases).await
+    }
+
+    fn ttl_limit(&self) -> Option<Duration> {
+        self.store.ttl_limit()
+    }
+
+    async fn health(&self) -> Result<(), LockError> {
+        self.store.health().await
+    }
+
+    async fn close(&self) {
+        self.store.close().await
+    }
+
+    fn release_now(&self, key: &str, owner: Owner) -> bool {
+        self.store.release_now(key, owner)
+    }
+
+    async fn inspect(&self, key: &str) -> Result<KeyState, LockError> {
+        self.store.inspect(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, LockError> {
+        self.store.list(prefix).await
+    }
+
+    async fn force_release(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
+        self.store.force_release(key, owner).await
+    }
+}
+
+/// Runs the built `dlock` with `args`, standard input not a terminal (empty), and waits for it.
+pub async fn dlock(args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("cannot run dlock")
+}
+
+/// Standard output of `output`, as text.
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Standard error of `output`, as text.
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Standard output of `output` as JSON.
+pub fn json(output: &Output) -> serde_json::Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|error| {
+        panic!(
+            "not JSON ({error}): {}\nstderr: {}",
+            stdout(output),
+            stderr(output)
+        )
+    })
+}
+
+/// Waits until `key` has `waiters` waiters on `locker`'s store.
+pub async fn until_waiters(locker: &Locker, key: &str, waiters: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while locker.inspect(key).await.expect("inspect").waiters() != waiters {
+        assert!(
+            Instant::now() < deadline,
+            "never {waiters} waiters on {key}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A private `redis-server` that requires a password, on a free port, killed on drop: never the
+/// shared server, whose configuration other tests rely on.
+pub struct PasswordRedis {
+    pub port: u16,
+    child: Child,
+}
+
+impl PasswordRedis {
+    pub fn start(password: &str) -> PasswordRedis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--requirepass",
+                password,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start redis-server (apt-get install redis-server)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server never listened on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        PasswordRedis { port, child }
+    }
+}
+
+impl Drop for PasswordRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
