@@ -376,7 +376,13 @@ pub(crate) fn bounded(text: &str) -> &str {
 /// `COMPUTERNAME` environment variable) and cut by [`bounded`]; empty where none of them says.
 /// Read from files rather than asked of the C library, which would take `unsafe` code or
 /// another dependency.
-#[cfg(any(feature = "memory", feature = "redis"))]
+#[cfg(any(
+    feature = "memory",
+    feature = "redis",
+    feature = "mysql",
+    feature = "postgres",
+    feature = "zookeeper"
+))]
 pub(crate) fn this_host() -> &'static str {
     static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     HOST.get_or_init(|| {
