@@ -31,8 +31,7 @@
 //! ```
 
 use std::future::Future;
-use std::pin::Pin;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::{KeyState, LockError, Owner};
 
@@ -40,6 +39,7 @@ use crate::{KeyState, LockError, Owner};
 mod claim;
 #[cfg(any(feature = "zookeeper", feature = "mysql", feature = "postgres"))]
 mod description;
+mod dyn_backend;
 #[cfg(feature = "memory")]
 mod memory;
 #[cfg(feature = "memory")]
@@ -69,187 +69,16 @@ pub mod redis;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisBuilder, MAX_KEY_BYTES as REDIS_MAX_KEY_BYTES};
 
-/// When a wait of `wait` from now ends. A wait too long for the clock to add (`Duration::MAX`,
-/// for a store driven directly) ends in a century: no caller waits that long, and an overflow
-/// would panic.
+mod request;
+pub(crate) use dyn_backend::DynBackend;
 #[cfg(any(
     feature = "memory",
     feature = "redis",
     feature = "mysql",
     feature = "postgres"
 ))]
-pub(crate) fn wait_deadline(wait: Duration) -> Instant {
-    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-    let now = Instant::now();
-    now.checked_add(wait.min(CENTURY)).unwrap_or(now)
-}
-
-/// One acquisition asked of a backend. The runtime makes these; build one yourself to drive a
-/// backend directly, in a test of a [`Backend`] of your own, say.
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
-/// use std::time::Duration;
-/// use dlock::backend::{AcquireRequest, Backend, MemoryBackend};
-/// use dlock::Owner;
-///
-/// let store = MemoryBackend::new();
-/// let (first, second) = (Owner::random(), Owner::random());
-/// let ttl = Duration::from_secs(5);
-/// let granted = store.acquire(&AcquireRequest::new("acct:42", first, ttl, Duration::ZERO)).await?;
-/// assert!(granted.is_some());
-/// let busy = store.acquire(&AcquireRequest::new("acct:42", second, ttl, Duration::ZERO)).await?;
-/// assert!(busy.is_none(), "a busy key is Ok(None), not an error");
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone, Copy)]
-#[non_exhaustive]
-pub struct AcquireRequest<'a> {
-    /// The rendered key.
-    pub key: &'a str,
-    /// The token the key is to be stored under.
-    pub owner: Owner,
-    /// Lease length, judged by the store's clock.
-    pub ttl: Duration,
-    /// How long to wait for a busy key; zero tries once.
-    pub wait: Duration,
-    /// Whether the lease will be renewed while held (the watchdog's renewals): a store may then
-    /// grant a lease that needs its first renewal sooner than a third of the ttl (see
-    /// [`Acquired::valid_from`]). `false` unless set: a caller that renews nothing gets a lease
-    /// valid for its ttl. A `Locker` sets it from [`LockOptions::renew`](crate::LockOptions::renew),
-    /// and for a lease whose ttl it shortened to [`Backend::ttl_limit`], which it renews up to
-    /// the ttl asked whatever that option says.
-    pub renewed: bool,
-    /// The acquisition's name for operators, stored with the lease and shown by
-    /// [`Locker::inspect`](crate::Locker::inspect) as the holder's
-    /// [`label`](crate::Holder::label). Empty unless set.
-    pub label: &'a str,
-}
-
-/// A granted acquisition, as a backend answers [`Backend::acquire`].
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
-/// use std::time::{Duration, Instant};
-/// use dlock::backend::{AcquireRequest, Backend, MemoryBackend};
-/// use dlock::Owner;
-///
-/// let store = MemoryBackend::new();
-/// let asked_at = Instant::now();
-/// let request = AcquireRequest::new("acct:42", Owner::random(), Duration::from_secs(5), Duration::ZERO);
-/// let acquired = store.acquire(&request).await?.expect("the key was free");
-/// assert!(acquired.fence > 0);
-/// assert!(acquired.valid_from >= asked_at);
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Acquired {
-    /// A fencing token greater than every earlier one of this key.
-    pub fence: u64,
-    /// A client instant no later than the moment the store started the lease's ttl: the client
-    /// counts the lease's validity from here, which can only err on the safe side.
-    ///
-    /// Where the store granted less than the ttl for now (a grant that its first renewal is to
-    /// extend, for a request that is [`renewed`](AcquireRequest::renewed)), this is the start of
-    /// a ttl-long lease whose validity, less the margin the client takes off a ttl, ends no later
-    /// than the shorter grant's, less the same share of it. It may lie further back than a
-    /// third of the ttl: the first renewal then comes a third of the way into the validity left.
-    pub valid_from: Instant,
-}
-
-/// One lease to renew, as the watchdog asks [`Backend::renew`] for each lease it keeps.
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
-/// use std::time::Duration;
-/// use dlock::backend::{AcquireRequest, Backend, MemoryBackend, Renewal};
-/// use dlock::Owner;
-///
-/// let store = MemoryBackend::new();
-/// let (holder, stranger) = (Owner::random(), Owner::random());
-/// let ttl = Duration::from_secs(5);
-/// store.acquire(&AcquireRequest::new("acct:42", holder, ttl, Duration::ZERO)).await?;
-/// let held = store
-///     .renew(&[Renewal::new("acct:42", holder, ttl), Renewal::new("acct:42", stranger, ttl)])
-///     .await?;
-/// assert_eq!(held, [true, false]); // only the owner's renewal takes effect
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone, Copy)]
-#[non_exhaustive]
-pub struct Renewal<'a> {
-    /// The rendered key.
-    pub key: &'a str,
-    /// The owner the lease was acquired with.
-    pub owner: Owner,
-    /// The lease length to extend to, from now by the store's clock.
-    pub ttl: Duration,
-}
-
-impl<'a> Renewal<'a> {
-    /// A renewal of `key` for `owner` by `ttl`.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// let renewal = dlock::backend::Renewal::new("acct:42", dlock::Owner::random(), Duration::from_secs(5));
-    /// assert_eq!(renewal.key, "acct:42");
-    /// ```
-    pub fn new(key: &'a str, owner: Owner, ttl: Duration) -> Self {
-        Renewal { key, owner, ttl }
-    }
-}
-
-impl<'a> AcquireRequest<'a> {
-    /// A request for `key` by `owner`, for a lease of `ttl`, waiting up to `wait` for a busy key.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use dlock::{backend::AcquireRequest, Owner};
-    ///
-    /// let request = AcquireRequest::new("acct:42", Owner::random(), Duration::from_secs(5), Duration::ZERO);
-    /// assert!(request.wait.is_zero()); // try once
-    /// ```
-    pub fn new(key: &'a str, owner: Owner, ttl: Duration, wait: Duration) -> Self {
-        AcquireRequest {
-            key,
-            owner,
-            ttl,
-            wait,
-            renewed: false,
-            label: "",
-        }
-    }
-
-    /// The same request, under `label`, the name operators see the holder by (empty unless set).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use dlock::{backend::AcquireRequest, Owner};
-    ///
-    /// let request = AcquireRequest::new("acct:42", Owner::random(), Duration::from_secs(5), Duration::ZERO);
-    /// assert_eq!(request.label, "");
-    /// assert_eq!(request.label("billing::charge").label, "billing::charge");
-    /// ```
-    pub fn label(mut self, label: &'a str) -> Self {
-        self.label = label;
-        self
-    }
-
-    /// The same request, for a lease that is renewed while held or not (not, unless set).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use dlock::{backend::AcquireRequest, Owner};
-    ///
-    /// let request = AcquireRequest::new("acct:42", Owner::random(), Duration::from_secs(5), Duration::ZERO);
-    /// assert!(!request.renewed);
-    /// assert!(request.renewed(true).renewed);
-    /// ```
-    pub fn renewed(mut self, renewed: bool) -> Self {
-        self.renewed = renewed;
-        self
-    }
-}
+pub(crate) use request::wait_deadline;
+pub use request::{AcquireRequest, Acquired, Renewal};
 
 /// A store that can hold leases.
 ///
@@ -600,96 +429,5 @@ pub trait Backend: Send + Sync + 'static {
     fn release_now(&self, key: &str, owner: Owner) -> bool {
         let _ = (key, owner);
         false
-    }
-}
-
-pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// [`Backend`] made object-safe, so one `Locker` type serves every store.
-pub(crate) trait DynBackend: Send + Sync + 'static {
-    fn acquire<'a>(
-        &'a self,
-        request: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Option<Acquired>, LockError>>;
-    fn release<'a>(&'a self, key: &'a str, owner: Owner) -> BoxFuture<'a, Result<bool, LockError>>;
-    fn undo_acquire<'a>(
-        &'a self,
-        key: &'a str,
-        owner: Owner,
-    ) -> BoxFuture<'a, Result<bool, LockError>>;
-    fn renew_each<'a>(
-        &'a self,
-        leases: &'a [Renewal<'a>],
-    ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>>;
-    fn release_now(&self, key: &str, owner: Owner) -> bool;
-    fn ttl_limit(&self) -> Option<Duration>;
-    fn close(&self) -> BoxFuture<'_, ()>;
-    fn health(&self) -> BoxFuture<'_, Result<(), LockError>>;
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<KeyState, LockError>>;
-    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>>;
-    fn force_release<'a>(
-        &'a self,
-        key: &'a str,
-        owner: Owner,
-    ) -> BoxFuture<'a, Result<Option<u64>, LockError>>;
-}
-
-impl<B: Backend> DynBackend for B {
-    fn acquire<'a>(
-        &'a self,
-        request: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Option<Acquired>, LockError>> {
-        Box::pin(Backend::acquire(self, request))
-    }
-
-    fn release<'a>(&'a self, key: &'a str, owner: Owner) -> BoxFuture<'a, Result<bool, LockError>> {
-        Box::pin(Backend::release(self, key, owner))
-    }
-
-    fn undo_acquire<'a>(
-        &'a self,
-        key: &'a str,
-        owner: Owner,
-    ) -> BoxFuture<'a, Result<bool, LockError>> {
-        Box::pin(Backend::undo_acquire(self, key, owner))
-    }
-
-    fn renew_each<'a>(
-        &'a self,
-        leases: &'a [Renewal<'a>],
-    ) -> BoxFuture<'a, Result<Vec<Option<bool>>, LockError>> {
-        Box::pin(Backend::renew_each(self, leases))
-    }
-
-    fn release_now(&self, key: &str, owner: Owner) -> bool {
-        Backend::release_now(self, key, owner)
-    }
-
-    fn ttl_limit(&self) -> Option<Duration> {
-        Backend::ttl_limit(self)
-    }
-
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(Backend::close(self))
-    }
-
-    fn health(&self) -> BoxFuture<'_, Result<(), LockError>> {
-        Box::pin(Backend::health(self))
-    }
-
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<KeyState, LockError>> {
-        Box::pin(Backend::inspect(self, key))
-    }
-
-    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>> {
-        Box::pin(Backend::list(self, prefix))
-    }
-
-    fn force_release<'a>(
-        &'a self,
-        key: &'a str,
-        owner: Owner,
-    ) -> BoxFuture<'a, Result<Option<u64>, LockError>> {
-        Box::pin(Backend::force_release(self, key, owner))
     }
 }
