@@ -67,7 +67,7 @@ pub(super) const LIST_PAGE: usize = 1000;
 /// than `LIKE 'prefix%'`: no byte of the prefix is a pattern character (`%`, `_` and `\` match
 /// themselves), and both databases read it from the index as they read any range.
 #[cfg(any(feature = "mysql", feature = "postgres"))]
-pub(super) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {
@@ -80,10 +80,38 @@ pub(super) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 
 /// Where the page after the one that ended at `last` starts: the least key greater than `last`.
 #[cfg(any(feature = "mysql", feature = "postgres"))]
-pub(super) fn after(last: &[u8]) -> Vec<u8> {
+fn after(last: &[u8]) -> Vec<u8> {
     let mut next = last.to_vec();
     next.push(0);
     next
+}
+
+/// Every key that starts with `prefix`, read [`LIST_PAGE`] keys at a time by `read_page(from,
+/// end)`, which answers the keys from `from` up to (not including) `end` (`None`: to the last
+/// key), in key order, at most a page of them; a page that comes back short is the last.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+pub(super) async fn list_by_pages<Page>(
+    prefix: &[u8],
+    mut read_page: impl FnMut(Vec<u8>, Option<Vec<u8>>) -> Page,
+) -> Result<Vec<String>, LockError>
+where
+    Page: std::future::Future<Output = Result<Vec<Vec<u8>>, LockError>>,
+{
+    let end = prefix_end(prefix);
+    let mut from = prefix.to_vec();
+    let mut keys = Vec::new();
+    loop {
+        let page = read_page(from, end.clone()).await?;
+        let full = page.len() == LIST_PAGE;
+        from = page.last().map(|last| after(last)).unwrap_or_default();
+        keys.extend(
+            page.into_iter()
+                .map(|key| String::from_utf8_lossy(&key).into_owned()),
+        );
+        if !full {
+            return Ok(keys);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::retry::{backend_error, on_background, retry_transient};
 use super::{check_key, MysqlBackend};
-use crate::backend::description::{after, prefix_end, Described, LIST_PAGE};
+use crate::backend::description::{list_by_pages, Described};
 use crate::{KeyState, LockError};
 
 impl MysqlBackend {
@@ -52,34 +52,26 @@ impl MysqlBackend {
         let shared = self.shared.clone();
         let prefix = prefix.as_bytes().to_vec();
         on_background(async move {
-            let end = prefix_end(&prefix);
-            let mut from = prefix;
-            let mut keys = Vec::new();
-            loop {
-                let page: Vec<Vec<u8>> = retry_transient(|| {
-                    let query = match &end {
-                        Some(end) => sqlx::query_scalar(AssertSqlSafe(shared.sql.list_to.clone()))
-                            .bind(from.as_slice())
-                            .bind(end.as_slice()),
-                        None => sqlx::query_scalar(AssertSqlSafe(shared.sql.list.clone()))
-                            .bind(from.as_slice()),
-                    };
-                    query.fetch_all(&shared.pool)
-                })
-                .await
-                .map_err(backend_error)?;
-                let full = page.len() == LIST_PAGE;
-                if let Some(last) = page.last() {
-                    from = after(last);
+            list_by_pages(&prefix, |from, end| {
+                let shared = &shared;
+                async move {
+                    retry_transient(|| {
+                        let query = match &end {
+                            Some(end) => {
+                                sqlx::query_scalar(AssertSqlSafe(shared.sql.list_to.clone()))
+                                    .bind(from.as_slice())
+                                    .bind(end.as_slice())
+                            }
+                            None => sqlx::query_scalar(AssertSqlSafe(shared.sql.list.clone()))
+                                .bind(from.as_slice()),
+                        };
+                        query.fetch_all(&shared.pool)
+                    })
+                    .await
+                    .map_err(backend_error)
                 }
-                keys.extend(
-                    page.into_iter()
-                        .map(|key| String::from_utf8_lossy(&key).into_owned()),
-                );
-                if !full {
-                    return Ok(keys);
-                }
-            }
+            })
+            .await
         })
         .await
     }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use sqlx::Row;
 
 use super::{backend_error, check_key, is_conflict, on_background, PostgresBackend};
-use crate::backend::description::{after, prefix_end, Described, LIST_PAGE};
+use crate::backend::description::{list_by_pages, Described};
 use crate::backend::sql;
 use crate::{KeyState, LockError};
 
@@ -69,42 +69,31 @@ impl PostgresBackend {
         let shared = self.shared.clone();
         let prefix = prefix.as_bytes().to_vec();
         on_background(async move {
-            let end = prefix_end(&prefix);
-            let mut from = prefix;
-            let mut keys = Vec::new();
-            loop {
-                let rows = sql::retry_transient(is_conflict, || {
-                    shared.statements.fetch_add(1, Ordering::Relaxed);
-                    let query = match &end {
-                        Some(end) => shared
-                            .sql
-                            .list_to
-                            .query()
-                            .bind(from.as_slice())
-                            .bind(end.as_slice()),
-                        None => shared.sql.list.query().bind(from.as_slice()),
-                    };
-                    query.fetch_all(&shared.pool)
-                })
-                .await
-                .map_err(backend_error)?;
-                let full = rows.len() == LIST_PAGE;
-                let page = rows
-                    .iter()
-                    .map(|row| row.try_get::<Vec<u8>, _>(0))
-                    .collect::<Result<Vec<Vec<u8>>, _>>()
+            list_by_pages(&prefix, |from, end| {
+                let shared = &shared;
+                async move {
+                    let rows = sql::retry_transient(is_conflict, || {
+                        shared.statements.fetch_add(1, Ordering::Relaxed);
+                        let query = match &end {
+                            Some(end) => shared
+                                .sql
+                                .list_to
+                                .query()
+                                .bind(from.as_slice())
+                                .bind(end.as_slice()),
+                            None => shared.sql.list.query().bind(from.as_slice()),
+                        };
+                        query.fetch_all(&shared.pool)
+                    })
+                    .await
                     .map_err(backend_error)?;
-                if let Some(last) = page.last() {
-                    from = after(last);
+                    rows.iter()
+                        .map(|row| row.try_get::<Vec<u8>, _>(0))
+                        .collect::<Result<Vec<Vec<u8>>, _>>()
+                        .map_err(backend_error)
                 }
-                keys.extend(
-                    page.into_iter()
-                        .map(|key| String::from_utf8_lossy(&key).into_owned()),
-                );
-                if !full {
-                    return Ok(keys);
-                }
-            }
+            })
+            .await
         })
         .await
     }
