@@ -4,19 +4,15 @@
 //! alone: one that took the key after the named one left, and the waiter a first copy of the
 //! call handed the key to, where the call is sent again. On the memory store and on the
 //! Redis at 127.0.0.1:6379 (`DLOCK_REDIS_URL` to use another), under a key prefix of each
-//! test's own.
+//! test's own; the scenarios are `support::force`'s, which the SQL stores' tests run too.
 
-use std::time::Duration;
+mod support;
 
 use dlock::backend::{AcquireRequest, Acquired, Backend, MemoryBackend, RedisBackend, Renewal};
 use dlock::{LockError, LockOptions, Locker, Owner};
 use redis::AsyncCommands;
 
-const TTL: Duration = Duration::from_secs(3);
-
-/// How long a test waits for what must happen (a renewal comes every ttl/3): patience, not a
-/// speed requirement.
-const PATIENCE: Duration = Duration::from_secs(10);
+use support::force::{self, holder_of};
 
 fn redis_url() -> String {
     std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
@@ -35,92 +31,14 @@ async fn redis_backend(prefix: &str) -> RedisBackend {
         .unwrap()
 }
 
-/// The owner of `key`'s holder, as an operator reads it before evicting it.
-async fn holder_of(locker: &Locker, key: &str) -> Owner {
-    locker.inspect(key).await.unwrap().holders()[0].owner()
-}
-
-/// Asserts that `lease` holds `key`: the store names its owner, and a rival finds it busy.
-async fn still_holds(locker: &Locker, key: &str, lease: &dlock::Lease) {
-    let state = locker.inspect(key).await.unwrap();
-    assert_eq!(state.holders().len(), 1, "{state:?}");
-    assert_eq!(state.holders()[0].owner(), lease.owner(), "{state:?}");
-    assert!(lease.is_held());
-    let rival = locker.lock(key, LockOptions::new().ttl(TTL)).await;
-    assert!(
-        matches!(rival, Err(LockError::Busy { .. })),
-        "a rival got the key: {rival:?}"
-    );
-}
-
-/// The holder an operator read (A) released the key and B took it before the eviction: the
-/// eviction of A changes nothing, and B keeps the key.
-async fn keeps_a_holder_that_took_the_key_since(locker: Locker) {
-    let a = locker
-        .lock("shown", LockOptions::new().ttl(TTL))
-        .await
-        .unwrap();
-    let shown = holder_of(&locker, "shown").await;
-    assert_eq!(shown, a.owner());
-    a.release().await.unwrap();
-    let b = locker
-        .lock("shown", LockOptions::new().ttl(TTL))
-        .await
-        .unwrap();
-    assert_eq!(locker.force_release("shown", shown).await.unwrap(), None);
-    still_holds(&locker, "shown", &b).await;
-    b.release().await.unwrap();
-    locker.shutdown().await.unwrap();
-}
-
-/// The eviction sent twice (a client sends a call again after a timeout or a dropped
-/// connection): the first copy hands the key to the waiter W1, the second finds it no longer
-/// A's and leaves W1 holding it.
-async fn a_copy_sent_again_leaves_the_next_holder_alone(locker: Locker) {
-    let a = locker
-        .lock("twice", LockOptions::new().ttl(TTL))
-        .await
-        .unwrap();
-    let w1 = tokio::spawn({
-        let locker = locker.clone();
-        async move {
-            let options = LockOptions::new().ttl(TTL).wait(Duration::from_secs(30));
-            locker.lock("twice", options).await
-        }
-    });
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while locker.inspect("twice").await.unwrap().waiters() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the waiter never queued"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let evicted = a.owner();
-    assert_eq!(
-        locker.force_release("twice", evicted).await.unwrap(),
-        Some(a.fence())
-    );
-    assert_eq!(locker.force_release("twice", evicted).await.unwrap(), None);
-    let w1 = tokio::time::timeout(PATIENCE, w1)
-        .await
-        .expect("the waiter is handed the key")
-        .unwrap()
-        .unwrap();
-    still_holds(&locker, "twice", &w1).await;
-    drop(a);
-    w1.release().await.unwrap();
-    locker.shutdown().await.unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn memory_keeps_a_holder_that_took_the_key_since() {
-    keeps_a_holder_that_took_the_key_since(Locker::memory()).await;
+    force::keeps_a_holder_that_took_the_key_since(Locker::memory()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_keeps_a_holder_that_took_the_key_since() {
-    keeps_a_holder_that_took_the_key_since(Locker::with_backend(
+    force::keeps_a_holder_that_took_the_key_since(Locker::with_backend(
         redis_backend(&unique("changed")).await,
     ))
     .await;
@@ -128,100 +46,25 @@ async fn redis_keeps_a_holder_that_took_the_key_since() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn memory_a_copy_sent_again_leaves_the_next_holder_alone() {
-    a_copy_sent_again_leaves_the_next_holder_alone(Locker::memory()).await;
+    force::a_copy_sent_again_leaves_the_next_holder_alone(Locker::memory()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_a_copy_sent_again_leaves_the_next_holder_alone() {
-    a_copy_sent_again_leaves_the_next_holder_alone(Locker::with_backend(
+    force::a_copy_sent_again_leaves_the_next_holder_alone(Locker::with_backend(
         redis_backend(&unique("twice")).await,
     ))
     .await;
 }
 
-/// Evicts a holder while another task waits: the holder's lease is lost, the waiter gets the
-/// key with a greater fence, and the evicted holder's release leaves the new holder alone.
-async fn evicts_and_hands_on(locker: Locker) {
-    let stuck = locker
-        .lock("report", LockOptions::new().ttl(TTL))
-        .await
-        .unwrap();
-    let waiter = tokio::spawn({
-        let locker = locker.clone();
-        async move {
-            let options = LockOptions::new().ttl(TTL).wait(Duration::from_secs(30));
-            locker.lock("report", options).await
-        }
-    });
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while locker.inspect("report").await.unwrap().waiters() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the waiter never queued"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-
-    assert_eq!(
-        locker
-            .force_release("report", holder_of(&locker, "report").await)
-            .await
-            .unwrap(),
-        Some(stuck.fence())
-    );
-    tokio::time::timeout(PATIENCE, stuck.lost())
-        .await
-        .expect("the evicted lease is reported lost");
-    let next = tokio::time::timeout(PATIENCE, waiter)
-        .await
-        .expect("the waiter is handed the key")
-        .unwrap()
-        .unwrap();
-    assert!(
-        next.fence() > stuck.fence(),
-        "{} after {}",
-        next.fence(),
-        stuck.fence()
-    );
-    stuck.release().await.unwrap();
-    let state = locker.inspect("report").await.unwrap();
-    assert_eq!(state.holders().len(), 1);
-    assert_eq!(state.holders()[0].fence(), next.fence());
-    assert!(next.is_held());
-
-    // Nobody waits now: the key is freed, and the next grant's fence is greater still.
-    assert_eq!(
-        locker.force_release("report", next.owner()).await.unwrap(),
-        Some(next.fence())
-    );
-    let after = locker
-        .lock("report", LockOptions::new().ttl(TTL))
-        .await
-        .unwrap();
-    assert!(after.fence() > next.fence());
-    after.release().await.unwrap();
-    let gone = next.owner();
-    drop(next);
-
-    assert_eq!(locker.force_release("report", gone).await.unwrap(), None);
-    assert_eq!(
-        locker
-            .force_release("never-held", Owner::random())
-            .await
-            .unwrap(),
-        None
-    );
-    locker.shutdown().await.unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn memory_evicts_the_holder_and_hands_the_key_on() {
-    evicts_and_hands_on(Locker::memory()).await;
+    force::evicts_and_hands_on(Locker::memory()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_evicts_the_holder_and_hands_the_key_on() {
-    evicts_and_hands_on(Locker::with_backend(
+    force::evicts_and_hands_on(Locker::with_backend(
         redis_backend(&unique("hand-on")).await,
     ))
     .await;
@@ -232,33 +75,11 @@ async fn redis_evicts_the_holder_and_hands_the_key_on() {
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_hands_the_key_to_a_waiter_of_another_process() {
     let prefix = unique("remote");
-    let holder = Locker::with_backend(redis_backend(&prefix).await);
-    let operator = Locker::with_backend(redis_backend(&prefix).await);
-    let stuck = holder
-        .lock("job", LockOptions::new().ttl(TTL))
-        .await
-        .unwrap();
-    let waiting = holder.clone();
-    let waiter = tokio::spawn(async move {
-        let options = LockOptions::new().ttl(TTL).wait(Duration::from_secs(30));
-        waiting.lock("job", options).await
-    });
-    while operator.inspect("job").await.unwrap().waiters() == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(
-        operator.force_release("job", stuck.owner()).await.unwrap(),
-        Some(stuck.fence())
-    );
-    let next = tokio::time::timeout(PATIENCE, waiter)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert!(next.fence() > stuck.fence());
-    next.release().await.unwrap();
-    holder.shutdown().await.unwrap();
-    operator.shutdown().await.unwrap();
+    force::hands_the_key_to_a_waiter_of_another_process(
+        Locker::with_backend(redis_backend(&prefix).await),
+        Locker::with_backend(redis_backend(&prefix).await),
+    )
+    .await;
 }
 
 /// A lock an older dlock wrote holds its owner alone: the evicted fence is then the counter's.

@@ -13,6 +13,42 @@ use sqlx::mysql::MySqlPool;
 use sqlx::{AssertSqlSafe, Row};
 use support::mysql_url;
 
+/// An operator's eviction (`support::force`), each on a table of its own.
+mod force_release {
+    use crate::support::force;
+    use crate::Mysql;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn evicts_the_holder_and_hands_the_key_on() {
+        let db = Mysql::fresh().await;
+        force::evicts_and_hands_on(db.locker().await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keeps_a_holder_that_took_the_key_since() {
+        let db = Mysql::fresh().await;
+        force::keeps_a_holder_that_took_the_key_since(db.locker().await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_copy_sent_again_leaves_the_next_holder_alone() {
+        let db = Mysql::fresh().await;
+        force::a_copy_sent_again_leaves_the_next_holder_alone(db.locker().await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_eviction_keeps_the_fence_for_the_next_grant() {
+        crate::support::sql_store::an_eviction_keeps_the_fence_for_the_next_grant::<Mysql>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hands_the_key_to_a_waiter_of_another_process() {
+        let db = Mysql::fresh().await;
+        force::hands_the_key_to_a_waiter_of_another_process(db.locker().await, db.locker().await)
+            .await;
+    }
+}
+
 /// The scenarios MySQL shares with PostgreSQL (`support::sql_store`).
 mod sql_scenarios {
     use crate::support::sql_store as scenario;
@@ -183,15 +219,16 @@ impl support::sql_store::SqlStore for Mysql {
         .await;
     }
 
-    async fn insert_old_row(&self, key: &str, owner: &str) {
+    async fn insert_held_row(&self, key: &str, owner: &str, fence: u64) {
         let sql = format!(
             "INSERT INTO `{}` (lock_key, owner, fence, expires_at, created_at) \
-             VALUES (?, ?, 1, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, UTC_TIMESTAMP(6))",
+             VALUES (?, ?, ?, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, UTC_TIMESTAMP(6))",
             self.table
         );
         sqlx::query(AssertSqlSafe(sql))
             .bind(key.as_bytes())
             .bind(owner)
+            .bind(fence)
             .execute(&self.admin)
             .await
             .unwrap();

@@ -23,6 +23,43 @@ mod pgbouncer;
 #[path = "postgres/unclaimed.rs"]
 mod unclaimed;
 
+/// An operator's eviction (`support::force`), each on a table of its own.
+mod force_release {
+    use crate::support::force;
+    use crate::Postgres;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn evicts_the_holder_and_hands_the_key_on() {
+        let db = Postgres::fresh().await;
+        force::evicts_and_hands_on(db.locker().await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keeps_a_holder_that_took_the_key_since() {
+        let db = Postgres::fresh().await;
+        force::keeps_a_holder_that_took_the_key_since(db.locker().await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_copy_sent_again_leaves_the_next_holder_alone() {
+        let db = Postgres::fresh().await;
+        force::a_copy_sent_again_leaves_the_next_holder_alone(db.locker().await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_eviction_keeps_the_fence_for_the_next_grant() {
+        crate::support::sql_store::an_eviction_keeps_the_fence_for_the_next_grant::<Postgres>()
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hands_the_key_to_a_waiter_of_another_process() {
+        let db = Postgres::fresh().await;
+        force::hands_the_key_to_a_waiter_of_another_process(db.locker().await, db.locker().await)
+            .await;
+    }
+}
+
 /// The scenarios PostgreSQL shares with MySQL (`support::sql_store`).
 mod sql_scenarios {
     use crate::support::sql_store as scenario;
@@ -318,15 +355,16 @@ impl<const PREPARED: bool> support::sql_store::SqlStore for Postgres<PREPARED> {
             .unwrap();
     }
 
-    async fn insert_old_row(&self, key: &str, owner: &str) {
+    async fn insert_held_row(&self, key: &str, owner: &str, fence: u64) {
         let sql = format!(
             "INSERT INTO \"{}\" (lock_key, owner, fence, expires_at, created_at) \
-             VALUES ($1, $2, 1, clock_timestamp() + interval '1 hour', clock_timestamp())",
+             VALUES ($1, $2, $3, clock_timestamp() + interval '1 hour', clock_timestamp())",
             self.table
         );
         sqlx::query(AssertSqlSafe(sql))
             .bind(key.as_bytes())
             .bind(owner)
+            .bind(fence as i64)
             .execute(&self.admin)
             .await
             .unwrap();

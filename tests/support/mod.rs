@@ -4,6 +4,7 @@
 
 pub mod chaos;
 pub mod fault_proxy;
+pub mod force;
 pub mod history;
 pub mod pg_server;
 pub mod properties;

@@ -45,8 +45,14 @@ pub trait SqlStore: Store + Sized {
     /// Creates the lock table as an earlier version of dlock did: without the columns that
     /// describe a holder (label, host, pid).
     fn create_old_table(&self) -> impl Future<Output = ()> + Send;
-    /// Writes a live row of `key` for `owner` as an earlier version did (its columns only).
-    fn insert_old_row(&self, key: &str, owner: &str) -> impl Future<Output = ()> + Send;
+    /// Writes a live row of `key` for `owner`, held for an hour with `fence`, as an earlier
+    /// version did (its columns only).
+    fn insert_held_row(
+        &self,
+        key: &str,
+        owner: &str,
+        fence: u64,
+    ) -> impl Future<Output = ()> + Send;
     /// Writes a live row, held by a stranger for an hour, for each of `keys`, in one statement.
     fn insert_live_rows(&self, keys: &[String]) -> impl Future<Output = ()> + Send;
     /// A backend on this table that may not create or alter it (`create_table(false)`).
@@ -553,7 +559,7 @@ pub async fn a_table_of_an_earlier_version_is_upgraded_and_keeps_working<S: SqlS
     db.create_old_table().await;
     let (old, new) = (unique_key("old-row"), unique_key("new-row"));
     let stranger = Owner::random();
-    db.insert_old_row(&old, &stranger.to_string()).await;
+    db.insert_held_row(&old, &stranger.to_string(), 1).await;
 
     let (first, second) = tokio::join!(db.backend(), db.backend());
     let locker = Locker::with_backend(first);
@@ -640,7 +646,8 @@ pub async fn an_upgrade_that_cannot_lock_the_table_gives_up_and_leaves_it_workin
     let db = S::fresh().await;
     db.create_old_table().await;
     let (old, key, later) = (unique_key("old"), unique_key("during"), unique_key("after"));
-    db.insert_old_row(&old, &Owner::random().to_string()).await;
+    db.insert_held_row(&old, &Owner::random().to_string(), 1)
+        .await;
     let reader = db.lock_row(&old).await;
 
     let backend = tokio::time::timeout(Duration::from_secs(30), db.backend())
@@ -677,4 +684,29 @@ pub async fn an_upgrade_that_cannot_lock_the_table_gives_up_and_leaves_it_workin
         .unwrap();
     assert_eq!(state.holders()[0].label(), "after the upgrade");
     assert_eq!(state.holders()[0].pid(), Some(std::process::id()));
+}
+
+/// An operator evicts a holder whose fence is far ahead of the database's clock (a clock that
+/// stepped back, or fences an earlier table carried over): the next grant's fence is still
+/// greater, as a fenced resource that saw the evicted holder's needs. (A deleted row would
+/// start again from the clock, below the evicted fence.)
+pub async fn an_eviction_keeps_the_fence_for_the_next_grant<S: SqlStore>() {
+    let db = S::fresh().await;
+    let locker = db.locker().await;
+    let key = unique_key("evicted-ahead");
+    assert!(
+        !locker.inspect(&key).await.unwrap().is_held(),
+        "creates the table"
+    );
+    let (stuck, ahead) = (Owner::random(), u64::MAX / 4);
+    db.insert_held_row(&key, &stuck.to_string(), ahead).await;
+    assert_eq!(
+        locker.force_release(&key, stuck).await.unwrap(),
+        Some(ahead)
+    );
+    assert!(!locker.inspect(&key).await.unwrap().is_held());
+    let next = locker.lock(&*key, LockOptions::new()).await.unwrap();
+    assert!(next.fence() > ahead, "{} after {ahead}", next.fence());
+    next.release().await.unwrap();
+    locker.shutdown().await.unwrap();
 }

@@ -1,6 +1,6 @@
 //! What the command-line tests share: a locker on the shared Redis under a key prefix of the
-//! test's own, holders that carry a label, the built `dlock` binary run as a process, and a
-//! private Redis that requires a password.
+//! test's own, the URLs of the other stores, holders that carry a label, the built `dlock`
+//! binary run as a process, a private Redis that requires a password, and a private ZooKeeper.
 
 #![allow(dead_code)] // Each test file uses a part.
 
@@ -8,7 +8,10 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use dlock::backend::{AcquireRequest, Acquired, Backend, RedisBackend, Renewal};
+use dlock::backend::{
+    AcquireRequest, Acquired, Backend, MysqlBackend, PostgresBackend, RedisBackend, Renewal,
+    ZookeeperBackend,
+};
 use dlock::{KeyState, LockError, Locker, Owner};
 
 /// The shared Redis, under a key prefix no other test uses: `list` then sees this test's keys
@@ -21,15 +24,32 @@ pub fn redis_url() -> String {
     )
 }
 
-/// A locker on `url` whose every acquisition is labelled `label`, as an annotated function's
-/// are, so that `inspect` has a label to show.
+/// The MariaDB/MySQL the tests use: `DLOCK_MYSQL_URL`, else the machine's server as root.
+pub fn mysql_url() -> String {
+    std::env::var("DLOCK_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+/// The PostgreSQL the tests use: `DLOCK_POSTGRES_URL`, else the machine's server as `postgres`
+/// (trust authentication) in the database `test`.
+pub fn postgres_url() -> String {
+    std::env::var("DLOCK_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A locker on `url` (any store's) whose every acquisition is labelled `label`, as an annotated
+/// function's are, so that `inspect` has a label to show.
 pub async fn labelled_locker(url: &str, label: &'static str) -> Locker {
-    let store = RedisBackend::builder(url)
-        .expect("a valid URL")
-        .connect()
-        .await
-        .expect("the test's Redis answers");
-    Locker::with_backend(Labelled { store, label })
+    fn labelled<B: Backend>(store: Result<B, LockError>, label: &'static str) -> Locker {
+        let store = store.expect("the test's store answers");
+        Locker::with_backend(Labelled { store, label })
+    }
+    match url.split_once("://").map(|(scheme, _)| scheme) {
+        Some("redis") => labelled(RedisBackend::connect(url).await, label),
+        Some("mysql") => labelled(MysqlBackend::connect(url).await, label),
+        Some("postgres") => labelled(PostgresBackend::connect(url).await, label),
+        Some("zk") => labelled(ZookeeperBackend::connect(url).await, label),
+        _ => panic!("no store for {url}"),
+    }
 }
 
 /// A store whose acquisitions all carry `label`.
@@ -140,10 +160,7 @@ pub struct PasswordRedis {
 
 impl PasswordRedis {
     pub fn start(password: &str) -> PasswordRedis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("a free port")
-            .port();
+        let port = free_port();
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args([
@@ -175,4 +192,78 @@ impl Drop for PasswordRedis {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A private ZooKeeper (Debian's `zookeeper` package) on a free port with a data directory of
+/// its own, killed on drop.
+pub struct PrivateZookeeper {
+    pub port: u16,
+    dir: std::path::PathBuf,
+    child: Child,
+}
+
+impl PrivateZookeeper {
+    pub fn start() -> PrivateZookeeper {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("dlock-cli-zk-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(dir.join("data")).expect("a data directory");
+        let config = format!(
+            "tickTime=500\nminSessionTimeout=1000\nmaxSessionTimeout=120000\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
+             maxClientCnxns=0\nforceSync=no\nadmin.enableServer=false\n4lw.commands.whitelist=srvr\n",
+            dir.join("data").display()
+        );
+        std::fs::write(dir.join("zoo.cfg"), config).expect("a configuration");
+        let child = Command::new("java")
+            .args(["-cp", "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"])
+            .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
+            .arg(dir.join("zoo.cfg"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start ZooKeeper (apt-get install zookeeper)");
+        let server = PrivateZookeeper { port, dir, child };
+        // A JVM on a loaded machine is slow to serve; its port opens before it serves.
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !server.serves() {
+            assert!(
+                Instant::now() < deadline,
+                "ZooKeeper never served on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    /// Whether the server answers the `srvr` command as a serving server does.
+    fn serves(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut answer = String::new();
+        stream.write_all(b"srvr").is_ok()
+            && stream.read_to_string(&mut answer).is_ok()
+            && answer.starts_with("Zookeeper version")
+    }
+
+    pub fn url(&self) -> String {
+        format!("zk://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for PrivateZookeeper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A port of 127.0.0.1 nobody listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
 }

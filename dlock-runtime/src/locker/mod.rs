@@ -415,8 +415,8 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// [`LockError::Unsupported`] for a store that cannot do it (of dlock's, memory, Redis and
-    /// ZooKeeper can); [`LockError::Backend`] where the store failed; [`LockError::ShutDown`] after
+    /// [`LockError::Unsupported`] for a store that cannot do it (every store of dlock's can);
+    /// [`LockError::Backend`] where the store failed; [`LockError::ShutDown`] after
     /// [`shutdown`](Self::shutdown).
     ///
     /// ```

@@ -330,6 +330,14 @@ impl MysqlBuilder {
             release: Arc::from(format!(
                 "DELETE FROM {table} WHERE lock_key = ? AND owner = ? AND (? IS NULL OR fence = ?)"
             )),
+            // The row is kept, expired and owned by nobody (no owner is empty), rather than
+            // deleted: the next grant takes it over with a fence above the evicted one, which a
+            // fresh row's clock floor only nearly promises. The reply carries the evicted fence.
+            evict: Arc::from(format!(
+                "UPDATE {table} SET fence = LAST_INSERT_ID(fence), owner = '', \
+                 expires_at = UTC_TIMESTAMP(6) \
+                 WHERE lock_key = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
+            )),
             table,
         };
         let tries = crate::backend::sql::try_permits(pool.options().get_max_connections());

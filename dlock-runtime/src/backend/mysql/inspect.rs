@@ -1,12 +1,13 @@
-//! For operators: a key's live row ([`Backend::inspect`](crate::backend::Backend::inspect)) and
-//! the live rows' keys ([`Backend::list`](crate::backend::Backend::list)).
+//! For operators: a key's live row ([`Backend::inspect`](crate::backend::Backend::inspect)),
+//! the live rows' keys ([`Backend::list`](crate::backend::Backend::list)), and the eviction of a
+//! holder ([`Backend::force_release`](crate::backend::Backend::force_release)).
 
 use sqlx::{AssertSqlSafe, Row};
 
 use super::retry::{backend_error, on_background, retry_transient};
 use super::{check_key, MysqlBackend};
 use crate::backend::description::{list_by_pages, Described};
-use crate::{KeyState, LockError};
+use crate::{KeyState, LockError, Owner};
 
 impl MysqlBackend {
     /// `key`'s live row, described, and this backend's waiters for it.
@@ -72,6 +73,30 @@ impl MysqlBackend {
                 }
             })
             .await
+        })
+        .await
+    }
+
+    /// Evicts `owner`'s live row of `key`: the row stays, expired and owned by nobody, so that
+    /// the next grant takes it over with a greater fence. The evicted fence, or `None` where
+    /// `owner` holds no live row of `key`. Sent again after a lost reply, it finds the row no
+    /// longer `owner`'s and changes nothing.
+    pub(super) async fn evict(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
+        if check_key(key).is_err() {
+            return Ok(None);
+        }
+        let shared = self.shared.clone();
+        let (bytes, owner) = (key.as_bytes().to_vec(), owner.to_string());
+        on_background(async move {
+            let done = retry_transient(|| {
+                sqlx::query(AssertSqlSafe(shared.sql.evict.clone()))
+                    .bind(bytes.as_slice())
+                    .bind(owner.as_str())
+                    .execute(&shared.pool)
+            })
+            .await
+            .map_err(backend_error)?;
+            Ok((done.rows_affected() == 1).then(|| done.last_insert_id()))
         })
         .await
     }

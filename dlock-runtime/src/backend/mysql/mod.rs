@@ -159,6 +159,12 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 ///   keys are bytes, and no byte of the prefix is a pattern, so `%`, `_` and `\` match only
 ///   themselves), 1,000 keys to a statement, each page from where the last ended, until the
 ///   range is read: no statement runs long, and every held key is listed.
+/// - [`Locker::force_release`](crate::Locker::force_release) evicts the holder by `UPDATE …
+///   SET owner = '', expires_at = UTC_TIMESTAMP(6) WHERE lock_key = ? AND owner = ? AND
+///   expires_at > UTC_TIMESTAMP(6)`: the row stays, expired and owned by nobody, so the next
+///   grant takes it over with its fence + 1 or more, never a fresh row's clock floor; the
+///   evicted holder's renewals find no row of its own and its lease is lost. Waiters (which
+///   poll) find the key free at their next try.
 ///
 /// # Fences
 ///
@@ -202,6 +208,8 @@ struct Statements {
     insert: Arc<str>,
     take_over: Arc<str>,
     release: Arc<str>,
+    /// An operator's eviction of a key's live holder, by owner (`force_release`).
+    evict: Arc<str>,
     /// A key's live row, for `inspect`.
     inspect: Arc<str>,
     /// A page of the live keys from a start (`list`), and up to an end (`list_to`).
@@ -414,6 +422,12 @@ impl Backend for MysqlBackend {
     /// above).
     async fn list(&self, prefix: &str) -> Result<Vec<String>, LockError> {
         self.list_keys(prefix).await
+    }
+
+    /// Evicts `owner`'s live row of `key`, keeping the row and its fence (see "Inspecting"
+    /// above).
+    async fn force_release(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
+        self.evict(key, owner).await
     }
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {

@@ -1,6 +1,7 @@
 //! For operators: a key's live row and waiters
-//! ([`Backend::inspect`](crate::backend::Backend::inspect)) and the live rows' keys
-//! ([`Backend::list`](crate::backend::Backend::list)).
+//! ([`Backend::inspect`](crate::backend::Backend::inspect)), the live rows' keys
+//! ([`Backend::list`](crate::backend::Backend::list)), and the eviction of a holder
+//! ([`Backend::force_release`](crate::backend::Backend::force_release)).
 
 use std::sync::atomic::Ordering;
 
@@ -9,7 +10,7 @@ use sqlx::Row;
 use super::{backend_error, check_key, is_conflict, on_background, PostgresBackend};
 use crate::backend::description::{list_by_pages, Described};
 use crate::backend::sql;
-use crate::{KeyState, LockError};
+use crate::{KeyState, LockError, Owner};
 
 impl PostgresBackend {
     /// `key`'s live row, described, and its waiters: this backend's, and one for each other
@@ -96,5 +97,38 @@ impl PostgresBackend {
             .await
         })
         .await
+    }
+
+    /// Evicts `owner`'s live row of `key`, announcing it as a release is: the row stays,
+    /// expired and owned by nobody, so that the next grant takes it over with a greater fence.
+    /// The evicted fence, or `None` where `owner` holds no live row of `key`. Sent again after a
+    /// lost reply, it finds the row no longer `owner`'s and changes nothing.
+    pub(super) async fn evict(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
+        if check_key(key).is_err() {
+            return Ok(None);
+        }
+        let shared = self.shared.clone();
+        let (bytes, owner) = (key.as_bytes().to_vec(), owner.to_string());
+        let rows = on_background(async move {
+            sql::retry_transient(is_conflict, || {
+                shared.statements.fetch_add(1, Ordering::Relaxed);
+                shared
+                    .sql
+                    .evict
+                    .query()
+                    .bind(bytes.as_slice())
+                    .bind(owner.as_str())
+                    .fetch_all(&shared.pool)
+            })
+            .await
+            .map_err(backend_error)
+        })
+        .await?;
+        rows.first()
+            .map(|row| {
+                let fence: i64 = row.try_get(0).map_err(backend_error)?;
+                Ok(u64::try_from(fence).unwrap_or(0))
+            })
+            .transpose()
     }
 }

@@ -230,6 +230,12 @@ pub const MAX_KEY_BYTES: usize = 2048;
 ///   the keys are bytes, and no byte of the prefix is a pattern, so `%`, `_` and `\` match only
 ///   themselves), 1,000 keys to a statement, each page from where the last ended, until the
 ///   range is read: no statement runs long, and every held key is listed.
+/// - [`Locker::force_release`](crate::Locker::force_release) evicts the holder by `UPDATE …
+///   SET owner = '', expires_at = clock_timestamp() WHERE lock_key = $1 AND owner = $2 AND
+///   expires_at > clock_timestamp()`, and announces it as a release is: the row stays, expired
+///   and owned by nobody, so the next grant takes it over with its fence + 1 or more, never a
+///   fresh row's clock floor; the evicted holder's renewals find no row of its own and its
+///   lease is lost.
 ///
 /// # PgBouncer
 ///
@@ -456,6 +462,12 @@ impl Backend for PostgresBackend {
     /// above).
     async fn list(&self, prefix: &str) -> Result<Vec<String>, LockError> {
         self.list_keys(prefix).await
+    }
+
+    /// Evicts `owner`'s live row of `key`, keeping the row and its fence (see "Inspecting"
+    /// above).
+    async fn force_release(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
+        self.evict(key, owner).await
     }
 
     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {

@@ -33,6 +33,9 @@ pub(super) struct Statements {
     pub(super) release: Statement,
     /// `$1` key, `$2` owners → one row where it deleted the row of one of them (and notified).
     pub(super) release_any: Statement,
+    /// `$1` key, `$2` owner → one row, the evicted fence, where it evicted `owner`'s live row
+    /// (and notified), for an operator's `force_release`.
+    pub(super) evict: Statement,
     /// `$1` key, `$2` owner, `$3` the owner to hand the key to (a waiter of this backend),
     /// `$4` its ttl in µs, `$5` this backend's waiter name, `$6` whether other waiters of this
     /// backend wait behind that one, `$7` how long a place lasts in µs, `$8` whether an earlier
@@ -190,6 +193,15 @@ impl Statements {
                WHERE lock_key = $1 AND owner = ANY($2::text[]) RETURNING lock_key) \
              SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM released"
         );
+        // An operator's eviction keeps the row, expired and owned by nobody (no owner is
+        // empty), rather than deleting it: the next grant takes it over with a fence above the
+        // evicted one, which a fresh row's clock floor only nearly promises.
+        let evict = format!(
+            "WITH evicted AS (UPDATE {table} SET owner = '', expires_at = clock_timestamp() \
+               WHERE lock_key = $1 AND owner = $2 AND expires_at > clock_timestamp() \
+               RETURNING lock_key, fence) \
+             SELECT fence, pg_notify('{channel}', encode(lock_key, 'hex')) FROM evicted"
+        );
         let line_at_hand_over = line_ahead(waiters, "$5");
         let place_at_hand_over = place_after_grant(waiters, "$5", "$6", "$7", "handed");
         let hand_over = format!(
@@ -267,6 +279,7 @@ impl Statements {
             release: Statement::new(release, protocol),
             hand_over: Statement::new(hand_over, protocol),
             release_any: Statement::new(release_any, protocol),
+            evict: Statement::new(evict, protocol),
             renew: Statement::new(renew, protocol),
             keep_places: Statement::new(keep_places, protocol),
             leave: Statement::new(leave, protocol),
