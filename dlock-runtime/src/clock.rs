@@ -6,6 +6,14 @@ use std::time::{Duration, Instant};
 
 static ORIGIN: LazyLock<Instant> = LazyLock::new(Instant::now);
 
+/// Sets the origin now, if it is not set yet: every `Locker` does as it is built, so that every
+/// instant of its acquisitions comes after the origin. An instant before it would be stored as
+/// the origin itself, later than it was: a lease's last confirmed send time, and the expiry a
+/// store reckons from it, would be read late by up to the first acquisition's round trip.
+pub(crate) fn start() {
+    LazyLock::force(&ORIGIN);
+}
+
 /// `instant` as nanoseconds since the origin (saturating at both ends).
 pub(crate) fn to_nanos(instant: Instant) -> u64 {
     u64::try_from(instant.saturating_duration_since(*ORIGIN).as_nanos()).unwrap_or(u64::MAX)

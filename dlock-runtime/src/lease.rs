@@ -255,7 +255,10 @@ impl LeaseState {
         self.lost_wake.notify_waiters();
     }
 
-    /// Marks the lease released; `false` if it was already. Ends its expiry timer, if any.
+    /// Marks the lease released; `false` if it was already. Ends its expiry timer, if any, and
+    /// wakes whoever waits on [`wait_lost`](Self::wait_lost): marked before the store is asked
+    /// to release, so a task told to stop at the loss is told before the key can be the next
+    /// holder's, rather than when the lease's validity would have run out.
     pub(crate) fn mark_released(&self) -> bool {
         if self.released.swap(true, Ordering::AcqRel) {
             return false;
@@ -265,6 +268,7 @@ impl LeaseState {
             timer.abort();
         }
         self.release_at_loss().take();
+        self.lost_wake.notify_waiters();
         true
     }
 
@@ -352,15 +356,17 @@ impl LeaseState {
         }
     }
 
-    /// Resolves when the lease is lost or stopped by a shutdown: marked lost by the watchdog, or
-    /// run past its validity with no confirmation, which is judged here on the client's clock so that it is seen even when
-    /// the store cannot be reached.
+    /// Resolves when the lease is no longer held: lost, stopped by a shutdown, or released.
+    /// Lost is marked by the watchdog, or judged here on the client's clock when the lease runs
+    /// past its validity with no confirmation, so that it is seen even when the store cannot be
+    /// reached. A release counts: whatever waits for the loss (a task the body spawned, a
+    /// sibling waiting for its turn) must not work on beside the key's next holder.
     pub(crate) async fn wait_lost(&self) {
         loop {
             let woken = self.lost_wake.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            if self.is_lost() || self.is_stopping() {
+            if self.is_lost() || self.is_stopping() || self.is_released() {
                 return;
             }
             let until = self.valid_until();

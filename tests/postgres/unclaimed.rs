@@ -184,3 +184,59 @@ async fn an_undo_late_for_a_withdrawn_grant_leaves_the_next_grant_alone() {
     );
     lease.release().await.unwrap();
 }
+
+/// Callers that gave up while their tries waited for a connection (the row they want is locked
+/// by another transaction, and one try at a time may wait on it) leave nothing to do: their
+/// tries are not sent once they get one. Sent anyway, each would cost the database its
+/// statements for nobody, and keep the undo of the grant the first try may win, which queues
+/// behind them, from freeing the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tries_whose_callers_gave_up_are_not_sent() {
+    use support::sql_store::SqlStore;
+
+    let db = Postgres::fresh().await;
+    // Two connections: one for the tries, one for the rest.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&support::postgres_url())
+        .await
+        .unwrap();
+    let backend = dlock::backend::PostgresBackend::with_pool(pool)
+        .table(&db.table)
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::with_backend(backend.clone());
+    let key = support::unique_key("given-up");
+    db.insert_expired_row(&key).await;
+    let row_lock = db.lock_row(&key).await;
+    let mut callers = tokio::task::JoinSet::new();
+    for _ in 0..40 {
+        let (locker, key) = (locker.clone(), key.clone());
+        callers.spawn(async move {
+            locker
+                .lock(&*key, held(60))
+                .await
+                .map(|lease| lease.fence())
+        });
+    }
+    while let Some(answer) = callers.join_next().await {
+        let answer = answer.unwrap();
+        assert!(answer.is_err(), "a try of a locked row got it: {answer:?}");
+    }
+    let after_the_callers = backend.statements();
+    drop(row_lock);
+    // Time for whatever is still queued to be sent; 40 tries would be 40 statements or more.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let sent = backend.statements() - after_the_callers;
+    assert!(
+        sent <= 4,
+        "{sent} statements sent for callers that had all given up"
+    );
+    // And the key is free: the grant the first try may have won was undone.
+    let lease = locker
+        .lock(&*key, held(60).wait(Duration::from_secs(5)))
+        .await;
+    assert!(lease.is_ok(), "the key is still held by nobody: {lease:?}");
+    lease.unwrap().release().await.unwrap();
+}

@@ -276,3 +276,43 @@ fn a_reentered_call_moved_to_another_thread_s_block_on_runs_no_further_there() {
     );
     assert_eq!(steps.load(Ordering::SeqCst), 1);
 }
+
+/// Spawns a helper that works under the body's lease until [`LeaseInfo::lost`] resolves, and
+/// returns at once: the helper outlives the body. `stopped` is sent when it stops.
+#[distributed_lock(key = "acct:<id>", ttl = "30s", locker = locker)]
+async fn spawn_a_helper_and_return(
+    locker: &Locker,
+    id: &str,
+    stopped: oneshot::Sender<()>,
+) -> Result<(), LockError> {
+    let lease = dlock::current_lease().expect("inside a locked body");
+    tokio::spawn(async move {
+        lease.lost().await;
+        let _ = stopped.send(());
+    });
+    Ok(())
+}
+
+/// A helper task the body spawned, told to stop when the lease is lost, stops when the body ends
+/// and its lease is released: the key goes to the next holder then, and a helper that went on
+/// (up to the ttl, 30 s here) would work beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_helper_waiting_for_the_loss_stops_when_the_lease_is_released() {
+    let locker = Locker::memory();
+    let id = unique_key("helper");
+    let (stopped, helper_stopped) = oneshot::channel();
+    spawn_a_helper_and_return(&locker, &id, stopped)
+        .await
+        .unwrap();
+    let next = locker
+        .lock(format!("acct:{id}"), LockOptions::new())
+        .await
+        .expect("the key was released");
+    // Told as the lease was released, before the next holder got the key; 5 s is patience for
+    // the helper's task to run, well short of the 30 s its lease would have lasted.
+    tokio::time::timeout(std::time::Duration::from_secs(5), helper_stopped)
+        .await
+        .expect("the helper still works under a released lease, beside the next holder")
+        .unwrap();
+    next.release().await.unwrap();
+}

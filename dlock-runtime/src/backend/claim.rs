@@ -63,6 +63,12 @@ impl Claim {
         self.state.load(Ordering::Acquire) == WITHDRAWN
     }
 
+    /// Whether the grant was withdrawn: by the caller's guard, its future dropped (or its try
+    /// given up), or by the background side.
+    pub(super) fn is_withdrawn(&self) -> bool {
+        self.state.load(Ordering::Acquire) == WITHDRAWN
+    }
+
     /// Returns once the claim is settled.
     pub(super) async fn until_settled(&self) {
         // `notify_one` keeps a permit when nobody waits yet, so a settlement between the load

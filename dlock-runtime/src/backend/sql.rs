@@ -86,7 +86,8 @@ pub(super) fn withdrawn_bound(withdrawn: u64) -> i64 {
 /// for as long as another transaction keeps the row locked): the caller takes it as not
 /// granted, and the background side undoes a grant that comes later. The statement and its undo
 /// each hold a permit of `tries` while they run, so that tries stuck on locked rows never take
-/// every pooled connection: renewals and releases keep one.
+/// every pooled connection: renewals and releases keep one. A try whose caller gave up before
+/// it got its permit is not sent.
 pub(super) async fn claimed<T, Work, Undo, UndoFut>(
     store: &'static str,
     cleanups: &Arc<Cleanups>,
@@ -107,6 +108,11 @@ where
     let tries = Arc::clone(tries);
     cleanups.spawn(async move {
         let outcome = match tries.acquire().await {
+            // The caller gave up while the try waited for its turn: nothing is sent, so nothing
+            // is to be undone. Sent anyway, a queue of such tries (callers that do not wait, at
+            // a row another transaction keeps locked) would cost the database their statements
+            // for nobody, and hold up the undo of a grant behind them.
+            Ok(_permit) if claim.is_withdrawn() => return,
             Ok(_permit) => work.await,
             Err(_) => Err(LockError::backend(format!("{store} is shut down"))),
         };

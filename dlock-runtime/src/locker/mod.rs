@@ -126,6 +126,7 @@ impl Locker {
         description: String,
         store: &'static str,
     ) -> Locker {
+        crate::clock::start();
         Locker {
             inner: Arc::new(Inner {
                 watchdog: Watchdog::new(backend.clone()),
