@@ -310,13 +310,14 @@ async fn a_late_copy_of_an_acquire_call_after_the_release_takes_no_effect() {
     );
 }
 
-/// On a cluster `inspect` reads a lock on the node that owns it, wherever its slot is, while
-/// `list`, which would need a walk of every primary, says it cannot.
+/// On a cluster `inspect` reads a lock on the node that owns it, wherever its slot is, and
+/// `list` walks every primary: twelve keys spread over the three primaries are all listed,
+/// each once, and a prefix lists only its keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inspect_reads_each_node_and_list_says_it_cannot() {
+async fn inspect_reads_each_node_and_list_walks_every_primary() {
     let cluster = Cluster::start();
     let locker = Locker::connect(&cluster.cluster.url()).await.unwrap();
-    let keys: Vec<String> = (0..6)
+    let mut keys: Vec<String> = (0..12)
         .map(|i| unique_key(&format!("inspect-{i}")))
         .collect();
     let mut leases = Vec::new();
@@ -332,12 +333,11 @@ async fn inspect_reads_each_node_and_list_says_it_cannot() {
         assert_eq!(holder.fence(), lease.fence());
         assert_eq!(holder.pid(), Some(std::process::id()));
     }
-    let listed = locker.list("").await.unwrap_err();
-    assert!(
-        matches!(listed, dlock::LockError::Unsupported { .. }),
-        "{listed}"
-    );
+    keys.sort();
+    assert_eq!(locker.list("").await.unwrap(), keys);
+    assert_eq!(locker.list(&keys[5]).await.unwrap(), [keys[5].clone()]);
     for lease in leases {
         lease.release().await.unwrap();
     }
+    assert_eq!(locker.list("").await.unwrap(), Vec::<String>::new());
 }

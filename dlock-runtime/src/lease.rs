@@ -472,7 +472,8 @@ impl LeaseInfo {
         self.state.is_held()
     }
 
-    /// Resolves when the lease is lost (see [`Lease::lost`](crate::Lease::lost)). A body under
+    /// Resolves when the lease is lost (see [`Lease::lost`](crate::Lease::lost)), or released:
+    /// a task the body spawned that stops at it stops when the body ends, too. A body under
     /// `on_lost = "continue"` races it against its work, to stop at a point of its own choosing.
     ///
     /// # Errors

@@ -366,7 +366,7 @@ impl Locker {
     /// # Errors
     ///
     /// [`LockError::Unsupported`] for a store that cannot list its keys (a [`Backend`] of your
-    /// own that does not implement [`list`](crate::backend::Backend::list); a Redis Cluster);
+    /// own that does not implement [`list`](crate::backend::Backend::list));
     /// [`LockError::Backend`] where the store failed; [`LockError::ShutDown`] after
     /// [`shutdown`](Self::shutdown).
     ///

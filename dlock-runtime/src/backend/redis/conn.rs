@@ -33,6 +33,33 @@ pub(super) enum Conn {
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
+impl Conn {
+    /// Sends `cmd` to `node` of a cluster (by the host and port the cluster names it by), or to
+    /// wherever the connection sends a command without a key where `node` is `None`: for the
+    /// commands that walk or describe one server, not the keyspace.
+    pub(super) async fn query_node<T: redis::FromRedisValue>(
+        &mut self,
+        cmd: Cmd,
+        node: Option<super::inspect::Node>,
+    ) -> RedisResult<T> {
+        match (self, node) {
+            #[cfg(feature = "redis-cluster")]
+            (Conn::Cluster(conn), node) => {
+                use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+                let routing = match node {
+                    Some((host, port)) => SingleNodeRoutingInfo::ByAddress { host, port },
+                    None => SingleNodeRoutingInfo::Random,
+                };
+                let value = conn
+                    .route_command(cmd, RoutingInfo::SingleNode(routing))
+                    .await?;
+                redis::from_redis_value(value).map_err(Into::into)
+            }
+            (conn, _) => cmd.query_async(conn).await,
+        }
+    }
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {

@@ -57,19 +57,26 @@ impl RedisBackend {
         Ok(KeyState::new(key, vec![holder], waiters))
     }
 
-    /// The held keys that start with `prefix`, walked with `SCAN … MATCH … COUNT … TYPE string`.
+    /// The held keys that start with `prefix`, walked with `SCAN … MATCH … COUNT … TYPE string`
+    /// on the server, or on each primary of a cluster (whose keys are spread over them).
     pub(super) async fn list_keys(&self, prefix: &str) -> Result<Vec<String>, LockError> {
-        if self.inner.cluster {
-            // Each primary would need a walk of its own, with a cursor of its own.
-            return Err(LockError::Unsupported {
-                what: "list its held keys on a Redis Cluster (inspect a key instead, or run \
-                       `redis-cli --scan --pattern` against each primary)"
-                    .into(),
-            });
+        let mut held = Vec::new();
+        for node in self.nodes_to_walk().await? {
+            self.walk(node, prefix, &mut held).await?;
         }
+        Ok(held)
+    }
+
+    /// Adds the held keys of `node` (the server itself where `None`) that start with `prefix`
+    /// to `held`, a `SCAN` batch at a time.
+    async fn walk(
+        &self,
+        node: Option<Node>,
+        prefix: &str,
+        held: &mut Vec<String>,
+    ) -> Result<(), LockError> {
         let layout = &self.inner.layout;
         let pattern = layout.lock_pattern(prefix);
-        let mut held = Vec::new();
         let mut cursor = 0u64;
         loop {
             let mut scan = redis::cmd("SCAN");
@@ -84,8 +91,8 @@ impl RedisBackend {
                 .inner
                 .conn
                 .run("list", |mut conn| {
-                    let scan = scan.clone();
-                    async move { scan.query_async(&mut conn).await }
+                    let (scan, node) = (scan.clone(), node.clone());
+                    async move { conn.query_node(scan, node).await }
                 })
                 .await?;
             held.extend(
@@ -96,9 +103,68 @@ impl RedisBackend {
                     .map(str::to_owned),
             );
             if next == 0 {
-                return Ok(held);
+                return Ok(());
             }
             cursor = next;
         }
     }
+
+    /// The servers a listing walks: the one server (`None`), or each primary of a cluster, as
+    /// `CLUSTER SLOTS` names them now. A slot that moves during the walk may have its keys
+    /// listed twice (the locker keeps each once) or not at all, as any key taken or released
+    /// meanwhile may or may not be.
+    async fn nodes_to_walk(&self) -> Result<Vec<Option<Node>>, LockError> {
+        if !self.inner.cluster {
+            return Ok(vec![None]);
+        }
+        let slots: Value = self
+            .inner
+            .conn
+            .run("list", |mut conn| async move {
+                conn.query_node(redis::cmd("CLUSTER").arg("SLOTS").clone(), None)
+                    .await
+            })
+            .await?;
+        let mut primaries = primaries_of(&slots).ok_or_else(|| {
+            LockError::backend(format!(
+                "Redis Cluster: unexpected CLUSTER SLOTS reply {slots:?}"
+            ))
+        })?;
+        primaries.sort_unstable();
+        primaries.dedup();
+        Ok(primaries.into_iter().map(Some).collect())
+    }
+}
+
+/// A server of a cluster, by the host and port `CLUSTER SLOTS` gives it.
+pub(super) type Node = (String, u16);
+
+/// The primary of each slot range of a `CLUSTER SLOTS` reply: `[[start, end, [host, port, id,
+/// …], replica…], …]`.
+fn primaries_of(slots: &Value) -> Option<Vec<Node>> {
+    let Value::Array(ranges) = slots else {
+        return None;
+    };
+    ranges
+        .iter()
+        .map(|range| {
+            let Value::Array(range) = range else {
+                return None;
+            };
+            let Value::Array(primary) = range.get(2)? else {
+                return None;
+            };
+            let host = match primary.first()? {
+                Value::BulkString(host) => String::from_utf8(host.clone()).ok()?,
+                Value::SimpleString(host) | Value::VerbatimString { text: host, .. } => {
+                    host.clone()
+                }
+                _ => return None,
+            };
+            let Value::Int(port) = primary.get(1)? else {
+                return None;
+            };
+            Some((host, u16::try_from(*port).ok()?))
+        })
+        .collect()
 }
