@@ -49,6 +49,15 @@ const LEASES_HELD: &str = "dlock_leases_held";
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
+/// When an acquisition starts, where something will report its wait: a recorder is installed,
+/// or debug logs are on. `None` otherwise, so that without either an acquisition reads no clock
+/// for them.
+pub(crate) fn started() -> Option<Instant> {
+    let mut recording = false;
+    ::metrics::with_recorder(|recorder| recording = std::mem::size_of_val(recorder) != 0);
+    (recording || tracing::enabled!(tracing::Level::DEBUG)).then(Instant::now)
+}
+
 /// Runs `record` with the installed recorder, if there is one. The facade hands out its no-op
 /// recorder when none is installed, and that one is a zero-sized type: checking the size spares
 /// the no-op case everything `record` would do (clock reads, label look-ups).
@@ -156,14 +165,17 @@ fn count(name: &'static str, label: &'static str, store: &'static str) {
     });
 }
 
-/// An acquisition started at `started` found the key busy for its whole wait.
-pub(crate) fn busy(label: &'static str, store: &'static str, started: Instant) {
+/// An acquisition started at `started` ([`started`], so `None` where no recorder was installed
+/// then, whose wait is not known) found the key busy for its whole wait.
+pub(crate) fn busy(label: &'static str, store: &'static str, started: Option<Instant>) {
     with_recorder(|recorder| {
         describe(recorder);
         let labels = labels(label, store);
-        recorder
-            .register_histogram(&key(ACQUIRE_WAIT, &labels.busy), &METADATA)
-            .record(started.elapsed().as_secs_f64());
+        if let Some(started) = started {
+            recorder
+                .register_histogram(&key(ACQUIRE_WAIT, &labels.busy), &METADATA)
+                .record(started.elapsed().as_secs_f64());
+        }
         recorder
             .register_counter(&key(BUSY, &labels.plain), &METADATA)
             .increment(1);
@@ -197,9 +209,13 @@ impl Held {
         }
     }
 
-    /// A lease granted to an acquisition started at `started`: records the wait and counts the
-    /// lease as held.
-    pub(crate) fn granted(label: &'static str, store: &'static str, started: Instant) -> Held {
+    /// A lease granted to an acquisition started at `started` (see [`busy`]): records the wait
+    /// and counts the lease as held.
+    pub(crate) fn granted(
+        label: &'static str,
+        store: &'static str,
+        started: Option<Instant>,
+    ) -> Held {
         let mut held = Held {
             label,
             store,
@@ -210,9 +226,11 @@ impl Held {
             describe(recorder);
             let now = Instant::now();
             let labels = labels(label, store);
-            recorder
-                .register_histogram(&key(ACQUIRE_WAIT, &labels.granted), &METADATA)
-                .record(now.saturating_duration_since(started).as_secs_f64());
+            if let Some(started) = started {
+                recorder
+                    .register_histogram(&key(ACQUIRE_WAIT, &labels.granted), &METADATA)
+                    .record(now.saturating_duration_since(started).as_secs_f64());
+            }
             recorder
                 .register_gauge(&key(LEASES_HELD, &labels.plain), &METADATA)
                 .increment(1.0);

@@ -2,7 +2,6 @@
 //! the default locker.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use crate::backend::{AcquireRequest, Backend, DynBackend};
 use crate::lease::LeaseState;
@@ -482,7 +481,7 @@ impl Locker {
         }
         let watched = options.renew || full_ttl.is_some();
         let owner = Owner::random();
-        let started = Instant::now();
+        let started = metrics::started();
         // Exists before the acquisition is awaited, so a dropped future still releases.
         let acquired = {
             let mut pending = PendingAcquire {
@@ -514,12 +513,12 @@ impl Locker {
         let acquired = match acquired? {
             Some(acquired) => acquired,
             None => {
-                tracing::debug!(%key, waited = ?started.elapsed(), "distributed_lock: busy");
+                tracing::debug!(%key, waited = ?started.map(|at| at.elapsed()), "distributed_lock: busy");
                 metrics::busy(options.label, self.inner.store, started);
                 return Err(LockError::Busy { key });
             }
         };
-        tracing::debug!(%key, fence = acquired.fence, waited = ?started.elapsed(), "distributed_lock: acquired");
+        tracing::debug!(%key, fence = acquired.fence, waited = ?started.map(|at| at.elapsed()), "distributed_lock: acquired");
         let mut state = LeaseState::new(
             key,
             owner,
