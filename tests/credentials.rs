@@ -95,3 +95,38 @@ async fn a_postgres_password_never_shows_in_debug_or_errors() {
         }
     }
 }
+
+/// ZooKeeper URLs carry no credentials: one with user information is refused as it is parsed,
+/// saying why, and the password shows neither in the error nor in its `Debug`; it never gets
+/// as far as a host string that errors would print.
+#[cfg(feature = "zookeeper")]
+#[tokio::test]
+async fn a_zookeeper_url_with_user_information_is_refused_without_showing_it() {
+    use dlock::backend::ZookeeperBackend;
+    use dlock::LockError;
+    for password in PASSWORDS {
+        for url in [
+            format!("zk://app:{password}@127.0.0.1:1"),
+            format!("zk://app:{password}@127.0.0.1:1,127.0.0.1:2/chroot?root=/locks"),
+        ] {
+            let error = Locker::connect(&url)
+                .await
+                .expect_err("user information taken");
+            assert!(matches!(error, LockError::InvalidUrl { .. }), "{error:?}");
+            let message = error.to_string();
+            assert_hidden(password, &message);
+            assert_hidden(password, &format!("{error:?}"));
+            assert!(message.contains("credentials"), "{message}");
+            let error = ZookeeperBackend::builder(&url).expect_err("user information taken");
+            assert!(matches!(error, LockError::InvalidUrl { .. }), "{error:?}");
+            assert_hidden(password, &error.to_string());
+            assert_hidden(password, &format!("{error:?}"));
+        }
+    }
+    // A user name alone is refused as well.
+    let error = Locker::connect("zk://app@127.0.0.1:1").await.err();
+    assert!(
+        matches!(error, Some(LockError::InvalidUrl { .. })),
+        "{error:?}"
+    );
+}

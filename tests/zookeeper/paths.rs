@@ -70,3 +70,46 @@ async fn locker_connects_by_url_and_creates_the_chroot() {
         );
     }
 }
+
+/// ZooKeeper checks a path's UTF-16 code units and refuses surrogates, so a character above
+/// U+FFFF (an emoji, CJK Extension B) cannot stand in a node name as it is: the key is locked
+/// all the same (its parent's name escapes the character), read back by `inspect` and `list` as
+/// given, and released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_with_characters_above_u_ffff_is_locked_listed_and_released() {
+    let zk = Zookeeper::shared().await;
+    let locker = Locker::with_backend(zk.backend().await);
+    let prefix = unique_key("emoji:");
+    let key = format!("{prefix}🔒\u{20000}");
+    let lease = tokio::time::timeout(
+        Duration::from_secs(30),
+        locker.lock(&*key, LockOptions::new().wait(Duration::from_secs(1))),
+    )
+    .await
+    .expect("the lock must answer within its wait")
+    .unwrap();
+    assert_eq!(lease.key(), key);
+    assert_eq!(zk.queue(&key).await.len(), 1);
+    let state = locker.inspect(&key).await.unwrap();
+    assert!(state.is_held(), "{state:?}");
+    assert_eq!(state.holders()[0].owner(), lease.owner());
+    assert_eq!(locker.list(&prefix).await.unwrap(), vec![key.clone()]);
+    lease.release().await.unwrap();
+    assert!(!locker.inspect(&key).await.unwrap().is_held());
+    assert!(locker.list(&prefix).await.unwrap().is_empty());
+
+    // A chroot or root, which is not escaped, says which character ZooKeeper would refuse.
+    match Locker::connect(&format!("{}/apps/🔒", zk.url)).await {
+        Err(LockError::InvalidUrl { reason, .. }) => {
+            assert!(reason.contains("U+1F512"), "{reason}");
+        }
+        other => panic!("expected InvalidUrl, got {:?}", other.err()),
+    }
+    let root = ZookeeperBackend::builder(&zk.url).unwrap().root("/🔒");
+    match root.connect().await {
+        Err(LockError::InvalidOptions { reason }) => {
+            assert!(reason.contains("U+1F512"), "{reason}");
+        }
+        other => panic!("expected InvalidOptions, got {:?}", other.err()),
+    }
+}

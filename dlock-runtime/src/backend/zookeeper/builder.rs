@@ -51,13 +51,27 @@ pub struct ZookeeperBuilder {
 
 impl ZookeeperBuilder {
     /// Options for a connection to `url`: `zk://host:port[,host:port…][/chroot][?settings]`,
-    /// the chroot and the settings checked here, the chroot created on connection.
+    /// the chroot and the settings checked here, the chroot created on connection. A URL with
+    /// user information (any `@`) is refused: dlock sends ZooKeeper no credentials, and a
+    /// password kept in the host list would be printed by every connection error.
     pub(super) fn from_url(url: &str) -> Result<ZookeeperBuilder, LockError> {
         let invalid = |reason: &str| LockError::invalid_url(url, reason);
         let rest = match url.split_once("://") {
             Some((_, rest)) if Scheme::of(url) == Some(Scheme::Zookeeper) => rest,
             _ => return Err(invalid("expected zk://host:port[,host:port][/chroot]")),
         };
+        // Anywhere in the URL, not only before the first `/`: a password holding `/`, `?` or
+        // `#` would end the host list early and leave a piece of itself in the hosts, which
+        // errors print. (The masking of `InvalidUrl` hides what runs up to the last `@`.)
+        if rest.contains('@') {
+            return Err(invalid(
+                "ZooKeeper URLs carry no credentials: `user:password@` (or any `@`) has no \
+                 place in a zk:// URL, and dlock opens ZooKeeper sessions without \
+                 authentication (it has no digest or SASL option); write \
+                 zk://host:port[,host:port][/chroot], and restrict the nodes with ACLs or the \
+                 network",
+            ));
+        }
         let rest = rest.split(['?', '#']).next().unwrap_or(rest);
         let (hosts, chroot) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         if hosts.is_empty() || hosts.split(',').any(str::is_empty) {
@@ -271,6 +285,9 @@ mod tests {
             "zk://a:1?connect_timeout=soon",
             "zk://a:1?claim_window=soon",
             "zk://a:1?root=locks",
+            "zk://app:s3cret@a:1",
+            "zk://app@a:1",
+            "zk://app:pa/ss@a:1",
         ] {
             assert!(ZookeeperBackend::builder(bad).is_err(), "{bad}");
         }

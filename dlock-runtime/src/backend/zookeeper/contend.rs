@@ -109,6 +109,9 @@ impl ZookeeperBackend {
                         parent_missing = true;
                         break;
                     }
+                    Err(error @ ZkError::BadArguments(_)) => {
+                        return Err(refused_path(request.key, &parent, &error))
+                    }
                     Err(error) if retries.allow(&error) => {
                         session = self.session().await?;
                         self.check_ttl(request.ttl, &session)?;
@@ -128,6 +131,10 @@ impl ZookeeperBackend {
         loop {
             match self.contend(&mut node, deadline).await {
                 Ok(acquired) => return Ok(acquired),
+                Err(error @ ZkError::BadArguments(_)) => {
+                    // Nothing was created: the server refused the path, as it would again.
+                    return Err(refused_path(request.key, &node.parent, &error));
+                }
                 Err(error) if retries.allow(&error) => {
                     let fresh = self.session().await?;
                     if fresh.id != node.session {
@@ -248,6 +255,15 @@ impl ZookeeperBackend {
     }
 }
 
+/// The error for a key whose parent's path ZooKeeper refused (`BadArguments`): the key is
+/// escaped so that this should not happen, and it would happen again on every retry.
+fn refused_path(key: &str, parent: &str, error: &ZkError) -> LockError {
+    LockError::InvalidKey {
+        key: key.to_owned(),
+        reason: format!("ZooKeeper refused the path of its lock nodes, under {parent}: {error}"),
+    }
+}
+
 /// The stage after a create whose answer was lost: it may have landed, so the node is looked
 /// for by its owner prefix. [`Queued`](Stage::Queued) when it is there, else
 /// [`NotCreated`](Stage::NotCreated). An error leaves the question open.
@@ -267,7 +283,8 @@ async fn find_unanswered_create(client: &Client, node: &LockNode) -> Result<Stag
 /// [`Queued`](Stage::Queued) with the listing and the create's send time when it was created;
 /// `NotCreated` again, with `None`, when the parent was missing (it is made now, and the create
 /// is to be sent again); an error otherwise, `CreateUnanswered` unless the answer said the
-/// parent kept vanishing.
+/// parent kept vanishing or the server refused the path (`BadArguments`, for the parent's
+/// create or the node's: nothing was created, and a retry would meet the same answer).
 async fn create(
     client: &Client,
     node: &mut LockNode,
@@ -290,6 +307,12 @@ async fn create(
         }
     };
     let (made, created, children) = tokio::join!(make_parent, create, list);
+    // A refused parent fails its node's create with `NoNode`, which is not the parent
+    // vanishing: say what the server said.
+    if let Err(error @ ZkError::BadArguments(_)) = made {
+        node.stage = Stage::NotCreated;
+        return Err(error);
+    }
     match created {
         Ok((stat, sequence)) => {
             let name = format!("{}{sequence}", node.own_prefix);
@@ -306,6 +329,10 @@ async fn create(
             }
             node.parent_missing = true;
             Ok(None)
+        }
+        Err(error @ ZkError::BadArguments(_)) => {
+            node.stage = Stage::NotCreated;
+            Err(error)
         }
         Err(ZkError::NoNode) => {
             node.stage = Stage::NotCreated;

@@ -12,8 +12,10 @@
 //! ```
 //!
 //! - **Parent**: named by the rendered key, with `/`, `%` and every character a znode name
-//!   cannot hold (controls, `U+007F`–`U+009F`, `U+D800`–`U+F8FF`, `U+FFF0`–`U+FFFF`)
-//!   percent-encoded as UTF-8 bytes, and the names `.` and `..` written `%2E` and `%2E%2E`. `%`
+//!   cannot hold (controls, `U+007F`–`U+009F`, `U+D800`–`U+F8FF`, `U+FFF0`–`U+FFFF`, and every
+//!   character above `U+FFFF`, such as `🔒` or CJK Extension B: the server checks a path's
+//!   UTF-16 code units and refuses surrogates) percent-encoded as UTF-8 bytes (`emoji:🔒` is
+//!   `emoji:%F0%9F%94%92`), and the names `.` and `..` written `%2E` and `%2E%2E`. `%`
 //!   is always an escape, so the mapping is injective: two keys never share a parent. Keys
 //!   rendered by `#[distributed_lock]` are already escaped, so they appear as they are. A key
 //!   whose lock node path would pass [`MAX_PATH_BYTES`] is refused with `InvalidKey`, whole.
@@ -327,7 +329,8 @@ impl ZookeeperBackend {
     ///
     /// # Errors
     ///
-    /// [`LockError::InvalidUrl`] for a URL that is not `zk://`, names no host, has a chroot or
+    /// [`LockError::InvalidUrl`] for a URL that is not `zk://`, names no host, carries user
+    /// information (`user:password@`: dlock sends ZooKeeper no credentials), has a chroot or
     /// `root` that is not a ZooKeeper path, or a setting that does not parse.
     ///
     /// ```

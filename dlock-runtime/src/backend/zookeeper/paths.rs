@@ -61,7 +61,8 @@ fn parent_path_within(base: &str, key: &str, max_path_bytes: usize) -> Result<St
 }
 
 /// The parent's name for `key`: the key with `/`, `%` and what a znode name cannot hold
-/// percent-encoded, and `.` / `..` escaped.
+/// (characters above `U+FFFF` among them) percent-encoded as UTF-8 bytes, and `.` / `..`
+/// escaped.
 fn node_name(key: &str) -> Result<String, LockError> {
     if key.is_empty() {
         return Err(LockError::InvalidKey {
@@ -106,17 +107,20 @@ pub(super) fn key_of(name: &str) -> Option<String> {
     (node_name(&key).ok()? == name).then_some(key)
 }
 
-/// Whether ZooKeeper accepts `c` in a node name (its `PathUtils.validatePath`).
+/// Whether ZooKeeper accepts `c` in a node name (its `PathUtils.validatePath`). The server
+/// checks the path's UTF-16 code units, refusing `U+D800`–`U+F8FF` among others, so a character
+/// above `U+FFFF`, which Java holds as a surrogate pair (`U+D800`–`U+DFFF`), is refused too.
 fn allowed_in_znode(c: char) -> bool {
     let c = u32::from(c);
-    ![
-        0x0000..=0x001f,
-        0x007f..=0x009f,
-        0xd800..=0xf8ff,
-        0xfff0..=0xffff,
-    ]
-    .iter()
-    .any(|range| range.contains(&c))
+    c <= 0xffff
+        && ![
+            0x0000..=0x001f,
+            0x007f..=0x009f,
+            0xd800..=0xf8ff,
+            0xfff0..=0xffff,
+        ]
+        .iter()
+        .any(|range| range.contains(&c))
 }
 
 /// Checks an absolute node path given as an option: `/a/b`, no empty, `.` or `..` segment, no
@@ -131,8 +135,18 @@ pub(super) fn check_path(path: &str) -> Result<(), String> {
                 "`{path}` must be `/`-separated names, none empty, `.` or `..`"
             ));
         }
-        if !segment.chars().all(allowed_in_znode) {
-            return Err(format!("`{path}` has a character ZooKeeper refuses"));
+        if let Some(c) = segment.chars().find(|&c| !allowed_in_znode(c)) {
+            let why = if u32::from(c) > 0xffff {
+                " (ZooKeeper refuses every character above U+FFFF: Java holds it as a surrogate \
+                 pair, and a path may hold no surrogate)"
+            } else {
+                ""
+            };
+            return Err(format!(
+                "`{}` has a character ZooKeeper refuses, {c:?} (U+{:04X}){why}",
+                path.escape_debug(),
+                u32::from(c)
+            ));
         }
     }
     Ok(())
@@ -166,7 +180,17 @@ mod tests {
 
     #[test]
     fn a_parent_name_reads_back_as_its_key() {
-        for key in ["acct:a%3Ab", "a/b", ".", "..", "a.b", "é\u{1}x", "%"] {
+        for key in [
+            "acct:a%3Ab",
+            "a/b",
+            ".",
+            "..",
+            "a.b",
+            "é\u{1}x",
+            "%",
+            "emoji:🔒",
+            "\u{20000}\u{10FFFF}",
+        ] {
             assert_eq!(
                 key_of(&node_name(key).unwrap()).as_deref(),
                 Some(key),
@@ -190,6 +214,13 @@ mod tests {
         assert_eq!(node_name("\u{fff0}").unwrap(), "%EF%BF%B0");
         assert_eq!(node_name("zookeeper").unwrap(), "zookeeper");
         assert_eq!(node_name("ключ").unwrap(), "ключ");
+        // ZooKeeper checks UTF-16 code units and refuses surrogates: a character above U+FFFF
+        // (an emoji, CJK Extension B) is two of them, so it is escaped, as its UTF-8 bytes.
+        assert_eq!(node_name("🔒").unwrap(), "%F0%9F%94%92");
+        assert_eq!(node_name("emoji:🔒").unwrap(), "emoji:%F0%9F%94%92");
+        assert_eq!(node_name("\u{20000}").unwrap(), "%F0%A0%80%80");
+        assert_eq!(node_name("\u{10000}").unwrap(), "%F0%90%80%80");
+        assert_eq!(node_name("\u{ffef}").unwrap(), "\u{ffef}");
         assert!(node_name("").is_err());
         // Injective: `%` is always an escape.
         assert_ne!(node_name("a/b").unwrap(), node_name("a%2Fb").unwrap());
@@ -227,6 +258,15 @@ mod tests {
         for bad in ["dlock", "/", "/a/../b", "/a/"] {
             assert!(check_path(bad).is_err(), "{bad}");
         }
+        // A character ZooKeeper refuses is named, and one above U+FFFF is said to be refused
+        // for its surrogate pair.
+        let refused = check_path("/locks/🔒").unwrap_err();
+        assert!(
+            refused.contains("U+1F512") && refused.contains("surrogate"),
+            "{refused}"
+        );
+        let refused = check_path("/a\u{7f}").unwrap_err();
+        assert!(refused.contains("U+007F"), "{refused}");
     }
 
     proptest! {
@@ -236,7 +276,7 @@ mod tests {
         #[test]
         fn keys_near_the_path_limit_are_taken_whole_or_refused(
             base in "(/[a-z]{1,8}){1,3}",
-            key in "[k/é\u{1}%.]{1,60}",
+            key in "[k/é\u{1}%.🔒]{1,60}",
         ) {
             const LIMIT: usize = 120;
             let len = base.len() + 1 + node_name(&key).unwrap().len() + 66;
