@@ -42,13 +42,15 @@
 //! | `on_lost = "cancel" \| "continue"` | `"cancel"` | what happens when the lease is lost mid-body |
 //! | `locker = EXPR` | the default locker | a `&Locker` (`&self.locker`, `&LOCKS` for a `static LazyLock<Locker>`) |
 //! | `label = "…"` | the function's path | the holder's name for operators: the `label` of the [metrics](#metrics) |
+//! | `hold_at_least = "…"` | none | the key stays held until this long after the grant, however soon the body ends, then expires by itself: a job scheduled on every replica runs once per window ([`LockOptions::hold_at_least`]) |
 //! | `crate = "path"` | `::dlock` | where dlock is, for crates that re-export it |
 //!
 //! Mistakes are compile errors on the offending token: a placeholder naming no parameter (the
 //! message lists those that exist), `<>`, an unclosed `<` or stray `>`, a placeholder on a
 //! destructured parameter or on a value that is not `Display`, two placeholders with no separator
 //! between them, a non-literal or empty key, a malformed, zero or overflowing duration, an unknown
-//! or repeated argument, an empty label, a function that is not `async`, and a return type that
+//! or repeated argument, an empty label, a `hold_at_least` longer than the ttl of a lease with
+//! `renew = false`, a function that is not `async`, and a return type that
 //! cannot carry a lock failure.
 //!
 //! **Keys.** Each placeholder's value is rendered with `Display` and percent-encoded except for

@@ -11,7 +11,7 @@ use syn::{Expr, ExprLit, ExprPath, Ident, Lit, LitStr, Token};
 use crate::duration;
 
 /// The argument names, in the order the messages list them.
-const VALID: &str = "key, ttl, wait, renew, on_lost, locker, label, crate";
+const VALID: &str = "key, ttl, wait, renew, on_lost, locker, label, hold_at_least, crate";
 
 /// What `on_lost = "…"` selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +48,8 @@ pub(crate) struct Args {
     pub on_lost: OnLost,
     pub locker: Option<LockerArg>,
     pub label: Option<LitStr>,
+    /// `hold_at_least`, where given.
+    pub hold_at_least: Option<DurationArg>,
     pub krate: syn::Path,
 }
 
@@ -100,6 +102,7 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
     let mut on_lost = OnLost::Cancel;
     let mut locker = None;
     let mut label = None;
+    let mut hold_at_least = None;
     let mut krate: syn::Path = syn::parse_quote!(::dlock);
 
     for RawArg { name, value } in raw {
@@ -161,6 +164,10 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
                     Ok(())
                 }
             }),
+            "hold_at_least" => {
+                let value_span = value.span();
+                duration(&name, value, Bounds::HOLD).map(|d| hold_at_least = Some((d, value_span)))
+            }
             "crate" => string_literal(&value, "crate = \"::dlock\"").and_then(|lit| {
                 krate = lit.parse().map_err(|_| {
                     syn::Error::new(lit.span(), "`crate` takes a path to the dlock crate, e.g. crate = \"::my_app::dlock\"")
@@ -188,6 +195,18 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
         }
         None => None,
     };
+    // A lease that is not renewed ends at its ttl: a longer hold could not be kept.
+    if let (false, DurationArg::Millis(ttl), Some((DurationArg::Millis(hold), span))) =
+        (renew, &ttl, &hold_at_least)
+    {
+        if hold > ttl {
+            errors.push(syn::Error::new(
+                *span,
+                "`hold_at_least` is longer than the `ttl` of a lease with `renew = false`, which \
+                 ends at its ttl; drop `renew = false`, or make the ttl at least as long as the hold",
+            ));
+        }
+    }
     errors.finish()?;
     Ok(Args {
         key: key.expect("a missing key is reported above"),
@@ -197,6 +216,7 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
         on_lost,
         locker,
         label,
+        hold_at_least: hold_at_least.map(|(hold, _)| hold),
         krate,
     })
 }
@@ -266,7 +286,11 @@ pub(crate) fn duration_paths(args: TokenStream) -> Vec<ExprPath> {
         return Vec::new();
     };
     raw.into_iter()
-        .filter(|arg| arg.name == "ttl" || arg.name == "wait")
+        .filter(|arg| {
+            ["ttl", "wait", "hold_at_least"]
+                .iter()
+                .any(|name| arg.name == name)
+        })
         .filter_map(|arg| match ungroup(arg.value) {
             Expr::Path(path) => Some(path),
             _ => None,
@@ -292,6 +316,11 @@ impl Bounds {
     /// A lease lasts from 1 ms up to `i64::MAX` ms: the bounds `Locker::lock` checks at every
     /// call (`LockOptions`), here so that a literal out of them is a compile error.
     const TTL: Bounds = Bounds {
+        zero_allowed: false,
+        max_millis: i64::MAX as u64,
+    };
+    /// A hold of zero holds nothing (leave it out instead); the longest is a ttl's.
+    const HOLD: Bounds = Bounds {
         zero_allowed: false,
         max_millis: i64::MAX as u64,
     };

@@ -256,7 +256,14 @@ fn lock_spec(args: &Args, sig: &Signature) -> TokenStream {
         Some(label) => quote!(#label),
         None => quote!(::core::concat!(::core::module_path!(), "::", #name)),
     };
-    quote!(#krate::__private::LockSpec::new(#name, #ttl, #wait, #renew, #on_lost).label(#label))
+    let spec = quote!(#krate::__private::LockSpec::new(#name, #ttl, #wait, #renew, #on_lost).label(#label));
+    match &args.hold_at_least {
+        Some(hold) => {
+            let hold = duration(hold, None);
+            quote!(#spec.hold_at_least(#hold))
+        }
+        None => spec,
+    }
 }
 
 /// A `Duration` expression. A constant is read in a `const` block, through a `let` typed

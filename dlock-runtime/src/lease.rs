@@ -63,6 +63,10 @@ pub(crate) struct LeaseState {
     release_at_loss: Mutex<Option<ReleaseAt>>,
     /// Its labels and grant time, for the metrics; set by the acquisition that granted it.
     pub(crate) held: metrics::Held,
+    /// Until when the key stays held however soon the lease is released
+    /// ([`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)): a release before
+    /// then sets the store to expire the key then instead.
+    pub(crate) hold_until: Option<Instant>,
 }
 
 /// Releases a lease on the store at the instant given, unless it was released before.
@@ -131,7 +135,15 @@ impl LeaseState {
             expiry: Mutex::new(None),
             release_at_loss: Mutex::new(None),
             held: metrics::Held::uncounted(),
+            hold_until: None,
         }
+    }
+
+    /// How long the key must stay held yet, where its release comes before the end of its hold
+    /// (see [`hold_until`](Self::hold_until)); `None` where a release may free it now.
+    pub(crate) fn hold_left(&self) -> Option<Duration> {
+        let left = self.hold_until?.checked_duration_since(Instant::now())?;
+        (!left.is_zero()).then_some(left)
     }
 
     /// The same lease, never valid past its full ttl, `full_ttl`, counted from `valid_from`:

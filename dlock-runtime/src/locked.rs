@@ -49,6 +49,13 @@ impl LockSpec {
         self.options = self.options.label(label);
         self
     }
+
+    /// The same spec holding the key at least `hold` after its grant (the attribute's
+    /// `hold_at_least`).
+    pub const fn hold_at_least(mut self, hold: Duration) -> Self {
+        self.options = self.options.hold_at_least(hold);
+        self
+    }
 }
 
 /// Takes the `&Locker` of `locker = EXPR`, ends its borrow at once so the body may move what it

@@ -55,7 +55,9 @@ static METADATA: Metadata<'static> =
 pub(crate) fn started() -> Option<Instant> {
     let mut recording = false;
     ::metrics::with_recorder(|recorder| recording = std::mem::size_of_val(recorder) != 0);
-    (recording || tracing::enabled!(tracing::Level::DEBUG)).then(Instant::now)
+    // The logs that report the wait are the locker's, filtered by its module.
+    let logged = tracing::enabled!(target: "dlock_runtime::locker", tracing::Level::DEBUG);
+    (recording || logged).then(Instant::now)
 }
 
 /// Runs `record` with the installed recorder, if there is one. The facade hands out its no-op

@@ -28,6 +28,11 @@ pub struct LockOptions {
     /// "Metrics" in the crate docs). Default [`UNLABELLED`](Self::UNLABELLED); under
     /// `#[distributed_lock]`, the attribute's `label`, else the function's path.
     pub label: &'static str,
+    /// How long after its grant the key stays held at least, whenever the holder ends (zero, the
+    /// default: no such hold). A lease released sooner is kept instead, unrenewed, and expires
+    /// by itself at that time on the store, even if this process ends meanwhile: a job
+    /// scheduled on every replica runs once per window. The attribute's `hold_at_least`.
+    pub hold_at_least: Duration,
 }
 
 impl LockOptions {
@@ -47,6 +52,7 @@ impl LockOptions {
             wait: Duration::ZERO,
             renew: true,
             label: Self::UNLABELLED,
+            hold_at_least: Duration::ZERO,
         }
     }
 
@@ -115,6 +121,40 @@ impl LockOptions {
         self
     }
 
+    /// Keeps the key held until `hold` after the grant, however soon the holder releases it: the
+    /// lease is then kept, no longer renewed, and the store expires it at that time by itself
+    /// (so it outlives a holder that ends, or whose process exits). A lease released later than
+    /// that is released at once. For a job every replica runs on a schedule that must run once
+    /// per window: each replica tries with no wait, and those after the first find the key
+    /// busy for the whole window (ShedLock's `lockAtLeastFor`).
+    ///
+    /// A call that re-enters a lease its task holds adds no hold of its own: the outer call's
+    /// options decide how the lease ends. A holder whose process dies before it releases keeps
+    /// the key only until its lease expires, as without a hold. A store that cannot expire a key
+    /// by itself at a set time (ZooKeeper, whose lock nodes live as long as their holder's
+    /// session) answers [`LockError::Unsupported`] before acquiring. A lease without renewal whose ttl is shorter than `hold` would end before
+    /// the hold does: [`LockError::InvalidOptions`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+    /// use std::time::Duration;
+    /// use dlock::{LockError, LockOptions, Locker};
+    ///
+    /// let locker = Locker::memory();
+    /// let nightly = LockOptions::new().hold_at_least(Duration::from_secs(60));
+    /// let first = locker.lock("nightly-cleanup", nightly).await?;
+    /// // … the clean-up, done in a second …
+    /// first.release().await?;
+    /// // Another replica, a moment later: the window is still the first one's.
+    /// let second = locker.lock("nightly-cleanup", nightly).await;
+    /// assert!(matches!(second, Err(LockError::Busy { .. })));
+    /// # Ok(()) }
+    /// ```
+    pub const fn hold_at_least(mut self, hold: Duration) -> Self {
+        self.hold_at_least = hold;
+        self
+    }
+
     /// The longest wait honoured: a century, which is forever for a lock, and far enough from
     /// the end of `Instant`'s range that adding it to the present never overflows.
     ///
@@ -145,6 +185,15 @@ impl LockOptions {
         if ttl_is_too_long(self.ttl) {
             return Err(LockError::InvalidOptions {
                 reason: format!("ttl {:?} is too long", self.ttl),
+            });
+        }
+        if !self.renew && self.ttl < self.hold_at_least {
+            return Err(LockError::InvalidOptions {
+                reason: format!(
+                    "a lease without renewal ends at its ttl {:?}, before hold_at_least {:?}: \
+                     turn renewal on, or make the ttl at least as long as the hold",
+                    self.ttl, self.hold_at_least
+                ),
             });
         }
         Ok(())

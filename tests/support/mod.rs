@@ -267,6 +267,7 @@ macro_rules! lock_properties {
             manual_lease_excludes_and_releases,
             renewals_are_batched,
             a_wait_without_end_grants_a_free_key,
+            a_hold_keeps_the_key_to_its_end_and_no_longer,
         );
     };
     (@tests $store:expr; $($name:ident),* $(,)?) => {

@@ -501,3 +501,71 @@ pub async fn renewals_are_batched<S: Store>(store: &S) {
         "{calls} renewal calls for {renewed} renewals"
     );
 }
+
+/// `hold_at_least`: a scheduled job done in a moment keeps the key until the end of its hold,
+/// when the store lets it go by itself. Another replica that does not wait finds it busy in the
+/// window; one that waits gets it at the end of the hold, not before and not much later (a
+/// store whose waiters poll, MySQL, within its poll). A lease released after its hold is over
+/// frees the key at once. A store that cannot expire a key at a set time says so before
+/// acquiring anything.
+pub async fn a_hold_keeps_the_key_to_its_end_and_no_longer<S: Store>(store: &S) {
+    use dlock::backend::Backend;
+
+    let key = unique_key("hold");
+    let (first, second) = (locker(store).await, locker(store).await);
+    let hold = Duration::from_secs(2);
+    let job = ttl(30_000).hold_at_least(hold);
+    if !store.backend().await.expires_at_a_set_time() {
+        let refused = first.lock(&*key, job).await;
+        assert!(
+            matches!(refused, Err(LockError::Unsupported { .. })),
+            "{refused:?}"
+        );
+        return;
+    }
+    let asked = Instant::now();
+    let done_at_once = first.lock(&*key, job).await.unwrap();
+    let granted = Instant::now();
+    let first_fence = done_at_once.fence();
+    done_at_once.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let in_the_window = second.lock(&*key, job).await;
+    assert!(
+        matches!(in_the_window, Err(LockError::Busy { .. })),
+        "another replica ran in the window: {:?}",
+        in_the_window.map(|lease| lease.fence())
+    );
+    let next = second
+        .lock(&*key, ttl(30_000).wait(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let got = Instant::now();
+    // The store's clock and this one tick apart by a few milliseconds at most.
+    assert!(
+        got + Duration::from_millis(20) >= asked + hold,
+        "the key came free {:?} into a hold of {hold:?}",
+        got - asked
+    );
+    assert!(
+        got <= granted + hold + Duration::from_millis(1500),
+        "the key was held {:?} past the end of its hold",
+        got - (granted + hold)
+    );
+    assert!(next.fence() > first_fence);
+    next.release().await.unwrap();
+
+    // A hold that is over by the release: the key is free at once.
+    let long_job = first
+        .lock(&*key, ttl(30_000).hold_at_least(Duration::from_millis(100)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    long_job.release().await.unwrap();
+    second
+        .lock(&*key, ttl(30_000))
+        .await
+        .expect("a lease released after its hold frees the key")
+        .release()
+        .await
+        .unwrap();
+}

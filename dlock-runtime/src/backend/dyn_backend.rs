@@ -36,6 +36,13 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         key: &'a str,
         owner: Owner,
     ) -> BoxFuture<'a, Result<Option<u64>, LockError>>;
+    fn expires_at_a_set_time(&self) -> bool;
+    fn expire_after<'a>(
+        &'a self,
+        key: &'a str,
+        owner: Owner,
+        after: Duration,
+    ) -> BoxFuture<'a, Result<bool, LockError>>;
 }
 
 impl<B: Backend> DynBackend for B {
@@ -95,5 +102,18 @@ impl<B: Backend> DynBackend for B {
         owner: Owner,
     ) -> BoxFuture<'a, Result<Option<u64>, LockError>> {
         Box::pin(Backend::force_release(self, key, owner))
+    }
+
+    fn expires_at_a_set_time(&self) -> bool {
+        Backend::expires_at_a_set_time(self)
+    }
+
+    fn expire_after<'a>(
+        &'a self,
+        key: &'a str,
+        owner: Owner,
+        after: Duration,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(Backend::expire_after(self, key, owner, after))
     }
 }

@@ -255,6 +255,24 @@ impl Shared {
         true
     }
 
+    /// [`Backend::expire_after`]: `key`'s holder, where it is `owner`, expires `after` from
+    /// now; its waiters are woken to wait for that expiry rather than the one before.
+    fn expire_after(&self, key: &str, owner: Owner, after: Duration) -> bool {
+        let mut keys = self.lock();
+        let now = Instant::now();
+        let Some(state) = keys.get_mut(key) else {
+            return false;
+        };
+        match state.holder.as_mut() {
+            Some(holder) if holder.owner == owner && holder.expires_at > now => {
+                holder.expires_at = now.checked_add(after).unwrap_or(holder.expires_at);
+                state.wake_waiters();
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// [`Backend::force_release`]: evicts `key`'s holder where it is `owner`, and hands the key
     /// on.
     fn force_release(&self, key: &str, owner: Owner) -> Option<u64> {
@@ -492,5 +510,18 @@ impl Backend for MemoryBackend {
     /// evicted one.
     async fn force_release(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
         Ok(self.shared.force_release(key, owner))
+    }
+
+    fn expires_at_a_set_time(&self) -> bool {
+        true
+    }
+
+    async fn expire_after(
+        &self,
+        key: &str,
+        owner: Owner,
+        after: Duration,
+    ) -> Result<bool, LockError> {
+        Ok(self.shared.expire_after(key, owner, after))
     }
 }

@@ -423,6 +423,55 @@ pub trait Backend: Send + Sync + 'static {
         }
     }
 
+    /// Whether [`expire_after`](Self::expire_after) keeps its promise: the store expires a key by
+    /// itself at the time it sets, whatever becomes of this process. `false` (the default)
+    /// makes a [`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least) acquisition
+    /// fail with [`LockError::Unsupported`] before it asks the store anything.
+    fn expires_at_a_set_time(&self) -> bool {
+        false
+    }
+
+    /// Makes `owner`'s lease of `key` expire `after` from now by the store's clock, exactly:
+    /// sooner or later than it would have. It is not renewed again: this is how a lease held
+    /// [`at least`](crate::LockOptions::hold_at_least) some time after its grant ends, when its
+    /// holder is done sooner. `false` where `owner` no longer holds the key (nothing is changed
+    /// then).
+    ///
+    /// # Errors
+    ///
+    /// The default answers [`LockError::Unsupported`]; a store that implements it says so with
+    /// [`expires_at_a_set_time`](Self::expires_at_a_set_time). [`LockError::Backend`] where the
+    /// store failed.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+    /// use std::time::Duration;
+    /// use dlock::backend::{AcquireRequest, Backend, MemoryBackend};
+    /// use dlock::Owner;
+    ///
+    /// let store = MemoryBackend::new();
+    /// let owner = Owner::random();
+    /// let request = AcquireRequest::new("job", owner, Duration::from_secs(30), Duration::ZERO);
+    /// store.acquire(&request).await?.expect("free");
+    /// assert!(store.expire_after("job", owner, Duration::from_millis(20)).await?);
+    /// tokio::time::sleep(Duration::from_millis(30)).await;
+    /// assert!(!store.inspect("job").await?.is_held());
+    /// # Ok(()) }
+    /// ```
+    fn expire_after(
+        &self,
+        key: &str,
+        owner: Owner,
+        after: Duration,
+    ) -> impl Future<Output = Result<bool, LockError>> + Send {
+        let _ = (key, owner, after);
+        async {
+            Err(LockError::Unsupported {
+                what: "expire a key by itself at a set time".into(),
+            })
+        }
+    }
+
     /// Releases at once without awaiting, where the store lives in this process. Returns `false`
     /// where a release needs I/O; the runtime then queues an async `release` instead. `Drop`
     /// calls this, so it must never block.

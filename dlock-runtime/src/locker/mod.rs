@@ -452,6 +452,13 @@ impl Locker {
     ) -> Result<Arc<LeaseState>, LockError> {
         let mut options = options.checked()?;
         check_key_length(&key)?;
+        if !options.hold_at_least.is_zero() && !self.inner.backend.expires_at_a_set_time() {
+            return Err(LockError::Unsupported {
+                what: "keep a key held until a set time after its release (hold_at_least): \
+                       its keys do not expire by themselves"
+                    .into(),
+            });
+        }
         let Ok(_acquiring) = self.inner.holdings.acquisition() else {
             return Err(LockError::ShutDown);
         };
@@ -529,6 +536,9 @@ impl Locker {
         );
         if let Some(full_ttl) = full_ttl {
             state = state.ending_after(acquired.valid_from, full_ttl);
+        }
+        if !options.hold_at_least.is_zero() {
+            state.hold_until = acquired.valid_from.checked_add(options.hold_at_least);
         }
         state.held = metrics::Held::granted(options.label, self.inner.store, started);
         let state = Arc::new(state);

@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::holdings::QueuedRelease;
 use super::pending::PendingRelease;
 use super::Locker;
+use crate::backend::DynBackend;
 use crate::background;
 use crate::lease::LeaseState;
 use crate::{LockError, Owner};
@@ -32,7 +33,7 @@ impl Locker {
         };
         let result = tokio::time::timeout(
             RELEASE_PATIENCE,
-            self.inner.backend.release(&state.key, state.owner),
+            Ending::of(state).send(&*self.inner.backend, &state.key, state.owner),
         )
         .await
         .unwrap_or_else(|_| Err(release_timed_out()));
@@ -56,7 +57,7 @@ impl Locker {
         self.inner.holdings.forget(state);
         let result = tokio::time::timeout(
             RELEASE_PATIENCE,
-            self.inner.backend.release(&state.key, state.owner),
+            Ending::of(state).send(&*self.inner.backend, &state.key, state.owner),
         )
         .await
         .unwrap_or_else(|_| Err(release_timed_out()));
@@ -83,14 +84,14 @@ impl Locker {
         }
         self.inner.watchdog.forget(state);
         self.inner.holdings.forget(state);
-        self.send_release(state.key.clone(), state.owner, queued, Undo::No);
+        self.send_release(state.key.clone(), state.owner, queued, Ending::of(state));
         true
     }
 
     /// Releases `key` for `owner` without waiting, counted by a fresh queued-release guard.
     pub(super) fn queue_release(&self, key: String, owner: Owner) {
         let queued = self.inner.holdings.queued_release();
-        self.send_release(key, owner, queued, Undo::No);
+        self.send_release(key, owner, queued, Ending::Release);
     }
 
     /// Undoes an acquisition of `key` for `owner` that went unanswered, without waiting, counted
@@ -98,7 +99,7 @@ impl Locker {
     /// still on its way from taking effect ([`Backend::undo_acquire`](crate::backend::Backend::undo_acquire)).
     pub(super) fn queue_undo(&self, key: String, owner: Owner) {
         let queued = self.inner.holdings.queued_release();
-        self.send_release(key, owner, queued, Undo::Yes);
+        self.send_release(key, owner, queued, Ending::Undo);
     }
 
     /// Releases `key` for `owner` without waiting: at once where the store is in-process (it
@@ -109,20 +110,15 @@ impl Locker {
         key: String,
         owner: Owner,
         queued: QueuedRelease,
-        undo: Undo,
+        ending: Ending,
     ) {
-        if self.inner.backend.release_now(&key, owner) {
+        if ending == Ending::Release && self.inner.backend.release_now(&key, owner) {
             return;
         }
         let backend = self.inner.backend.clone();
         background::spawn(async move {
             let _queued = queued;
-            let release = async {
-                match undo {
-                    Undo::Yes => backend.undo_acquire(&key, owner).await,
-                    Undo::No => backend.release(&key, owner).await,
-                }
-            };
+            let release = ending.send(&*backend, &key, owner);
             // Bounded, so a store that never answers cannot hold a shutdown up for good.
             let result = tokio::time::timeout(RELEASE_PATIENCE, release)
                 .await
@@ -134,14 +130,41 @@ impl Locker {
     }
 }
 
-/// Whether a release sent from the background undoes an acquisition that went unanswered, or
-/// releases a lease.
+/// How a lease's hold of its key ends on the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Undo {
-    /// An acquisition dropped or failed unanswered: a copy of it may still reach the store.
-    Yes,
-    /// A lease, whose acquisition was answered.
-    No,
+pub(super) enum Ending {
+    /// A lease, whose acquisition was answered: released.
+    Release,
+    /// An acquisition dropped or failed unanswered, a copy of which may still reach the store:
+    /// undone ([`Backend::undo_acquire`](crate::backend::Backend::undo_acquire)).
+    Undo,
+    /// A lease released before the end of its hold
+    /// ([`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)): left to expire by
+    /// itself when that much more time has passed.
+    ExpireAfter(Duration),
+}
+
+impl Ending {
+    /// How `state`, released now, ends: released, or left to expire at the end of its hold.
+    pub(super) fn of(state: &LeaseState) -> Ending {
+        state
+            .hold_left()
+            .map_or(Ending::Release, Ending::ExpireAfter)
+    }
+
+    /// Sends the ending for `owner`'s lease of `key` to `backend`; whether `owner` held it.
+    async fn send(
+        self,
+        backend: &dyn DynBackend,
+        key: &str,
+        owner: Owner,
+    ) -> Result<bool, LockError> {
+        match self {
+            Ending::Release => backend.release(key, owner).await,
+            Ending::Undo => backend.undo_acquire(key, owner).await,
+            Ending::ExpireAfter(left) => backend.expire_after(key, owner, left).await,
+        }
+    }
 }
 
 /// How long a release may take before it is given up (the lease then expires with its ttl): a

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::release::Undo;
+use super::release::Ending;
 use super::Locker;
 use crate::background;
 use crate::lease::LossCause;
@@ -98,7 +98,7 @@ impl Locker {
         for (state, queued) in held {
             if state.is_released() {
                 // Its caller is releasing it, and may be parked or slow: again, from here.
-                self.send_release(state.key.clone(), state.owner, queued, Undo::No);
+                self.send_release(state.key.clone(), state.owner, queued, Ending::of(&state));
                 continue;
             }
             state.stop();

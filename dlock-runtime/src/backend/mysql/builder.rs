@@ -333,6 +333,10 @@ impl MysqlBuilder {
             // The row is kept, expired and owned by nobody (no owner is empty), rather than
             // deleted: the next grant takes it over with a fence above the evicted one, which a
             // fresh row's clock floor only nearly promises. The reply carries the evicted fence.
+            expire: Arc::from(format!(
+                "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                 WHERE lock_key = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
+            )),
             evict: Arc::from(format!(
                 "UPDATE {table} SET fence = LAST_INSERT_ID(fence), owner = '', \
                  expires_at = UTC_TIMESTAMP(6) \

@@ -28,7 +28,7 @@ mod waiters;
 
 use builder::quote_table;
 pub use builder::MysqlBuilder;
-use renew::renew_chunk;
+use renew::{expire_row, renew_chunk};
 use retry::on_background;
 use rows::{delete_row, Attempt};
 
@@ -210,6 +210,8 @@ struct Statements {
     release: Arc<str>,
     /// An operator's eviction of a key's live holder, by owner (`force_release`).
     evict: Arc<str>,
+    /// A live lease's expiry set exactly, sooner or later (`expire_after`).
+    expire: Arc<str>,
     /// A key's live row, for `inspect`.
     inspect: Arc<str>,
     /// A page of the live keys from a start (`list`), and up to an end (`list_to`).
@@ -428,6 +430,24 @@ impl Backend for MysqlBackend {
     /// above).
     async fn force_release(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
         self.evict(key, owner).await
+    }
+
+    fn expires_at_a_set_time(&self) -> bool {
+        true
+    }
+
+    /// `UPDATE … SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND`, owner-checked on a
+    /// live row: exactly, where a renewal never moves an expiry back.
+    async fn expire_after(
+        &self,
+        key: &str,
+        owner: Owner,
+        after: Duration,
+    ) -> Result<bool, LockError> {
+        let after_us = ttl_micros("MySQL", after.min(TTL_LIMIT))?;
+        let shared = self.shared.clone();
+        let (key, owner) = (key.as_bytes().to_vec(), owner.to_string());
+        on_background(async move { expire_row(&shared, &key, &owner, after_us).await }).await
     }
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {

@@ -1,8 +1,8 @@
-//! Renewal: every lease of a tick in one `UPDATE` per chunk.
+//! Renewal: every lease of a tick in one `UPDATE` per chunk; and one lease's expiry set exactly.
 
 use sqlx::{AssertSqlSafe, Row};
 
-use super::retry::backend_error;
+use super::retry::{backend_error, retry_transient};
 use super::Shared;
 use crate::LockError;
 
@@ -61,4 +61,24 @@ pub(super) async fn renew_chunk(
         .iter()
         .map(|(key, owner, _)| ours.iter().any(|(k, o)| k == key && o == owner))
         .collect())
+}
+
+/// Sets the expiry of `owner`'s live row of `key` to `after_us` from now by the database's
+/// clock, sooner or later than it was; whether `owner` held it.
+pub(super) async fn expire_row(
+    shared: &Shared,
+    key: &[u8],
+    owner: &str,
+    after_us: i64,
+) -> Result<bool, LockError> {
+    let done = retry_transient(|| {
+        sqlx::query(AssertSqlSafe(shared.sql.expire.clone()))
+            .bind(after_us)
+            .bind(key)
+            .bind(owner)
+            .execute(&shared.pool)
+    })
+    .await
+    .map_err(backend_error)?;
+    Ok(done.rows_affected() == 1)
 }

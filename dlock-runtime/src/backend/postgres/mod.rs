@@ -485,6 +485,25 @@ impl Backend for PostgresBackend {
             .map_err(|_| LockError::backend("PostgreSQL: the release's task failed"))?
     }
 
+    fn expires_at_a_set_time(&self) -> bool {
+        true
+    }
+
+    /// `UPDATE … SET expires_at = clock_timestamp() + …`, owner-checked on a live row, and
+    /// announced as a release is: waiters resting until the expiry they read wake to read the
+    /// new one, which may be sooner.
+    async fn expire_after(
+        &self,
+        key: &str,
+        owner: Owner,
+        after: Duration,
+    ) -> Result<bool, LockError> {
+        let after_us = ttl_micros("PostgreSQL", after.min(TTL_LIMIT))?;
+        let shared = self.shared.clone();
+        let (key, owner) = (key.as_bytes().to_vec(), owner.to_string());
+        on_background(async move { renew::expire_row(&shared, &key, &owner, after_us).await }).await
+    }
+
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
         let shared = self.shared.clone();
         // A longer ttl than the limit renews to the limit (a `Locker` never asks for one).

@@ -1,4 +1,5 @@
-//! Renewal: every lease of a tick in one `UPDATE … FROM unnest(…)`.
+//! Renewal: every lease of a tick in one `UPDATE … FROM unnest(…)`; and one lease's expiry set
+//! exactly.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -40,4 +41,28 @@ pub(super) async fn renew_all(
         .iter()
         .map(|(key, owner, _)| renewed.contains(&(key.clone(), owner.clone())))
         .collect())
+}
+
+/// Sets the expiry of `owner`'s live row of `key` to `after_us` from now by the database's
+/// clock, sooner or later than it was, and announces it; whether `owner` held it.
+pub(super) async fn expire_row(
+    shared: &Shared,
+    key: &[u8],
+    owner: &str,
+    after_us: i64,
+) -> Result<bool, LockError> {
+    let rows = retry_transient(is_conflict, || {
+        shared.statements.fetch_add(1, Ordering::Relaxed);
+        shared
+            .sql
+            .expire
+            .query()
+            .bind(key)
+            .bind(owner)
+            .bind(after_us)
+            .fetch_all(&shared.pool)
+    })
+    .await
+    .map_err(backend_error)?;
+    Ok(!rows.is_empty())
 }

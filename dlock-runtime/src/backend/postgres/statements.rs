@@ -33,6 +33,9 @@ pub(super) struct Statements {
     pub(super) release: Statement,
     /// `$1` key, `$2` owners → one row where it deleted the row of one of them (and notified).
     pub(super) release_any: Statement,
+    /// `$1` key, `$2` owner, `$3` µs → one row where it set `owner`'s live row to expire `$3`
+    /// from now (and notified), for a lease held at least until then (`expire_after`).
+    pub(super) expire: Statement,
     /// `$1` key, `$2` owner → one row, the evicted fence, where it evicted `owner`'s live row
     /// (and notified), for an operator's `force_release`.
     pub(super) evict: Statement,
@@ -202,6 +205,15 @@ impl Statements {
                RETURNING lock_key, fence) \
              SELECT fence, pg_notify('{channel}', encode(lock_key, 'hex')) FROM evicted"
         );
+        // An expiry set exactly, sooner or later, unlike a renewal's; announced, so that waiters
+        // resting until the expiry they read wake to read this one.
+        let expire = format!(
+            "WITH expiring AS (UPDATE {table} \
+               SET expires_at = clock_timestamp() + $3 * interval '1 microsecond' \
+               WHERE lock_key = $1 AND owner = $2 AND expires_at > clock_timestamp() \
+               RETURNING lock_key) \
+             SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM expiring"
+        );
         let line_at_hand_over = line_ahead(waiters, "$5");
         let place_at_hand_over = place_after_grant(waiters, "$5", "$6", "$7", "handed");
         let hand_over = format!(
@@ -280,6 +292,7 @@ impl Statements {
             hand_over: Statement::new(hand_over, protocol),
             release_any: Statement::new(release_any, protocol),
             evict: Statement::new(evict, protocol),
+            expire: Statement::new(expire, protocol),
             renew: Statement::new(renew, protocol),
             keep_places: Statement::new(keep_places, protocol),
             leave: Statement::new(leave, protocol),

@@ -127,7 +127,9 @@ impl RedisBackend {
             .await?;
         let mut primaries = primaries_of(&slots).ok_or_else(|| {
             LockError::backend(format!(
-                "Redis Cluster: unexpected CLUSTER SLOTS reply {slots:?}"
+                "Redis Cluster: CLUSTER SLOTS names a primary without an address to walk its keys \
+                 at (cluster-announce-ip, or a cluster-preferred-endpoint-type other than \
+                 unknown-endpoint, gives every node one): {slots:?}"
             ))
         })?;
         primaries.sort_unstable();
@@ -140,7 +142,7 @@ impl RedisBackend {
 pub(super) type Node = (String, u16);
 
 /// The primary of each slot range of a `CLUSTER SLOTS` reply: `[[start, end, [host, port, id,
-/// …], replica…], …]`.
+/// …], replica…], …]`; `None` where the reply is not such, or a primary has no address.
 fn primaries_of(slots: &Value) -> Option<Vec<Node>> {
     let Value::Array(ranges) = slots else {
         return None;
@@ -164,6 +166,11 @@ fn primaries_of(slots: &Value) -> Option<Vec<Node>> {
             let Value::Int(port) = primary.get(1)? else {
                 return None;
             };
+            // A primary that announces no address of its own (empty, unknown, or a wildcard,
+            // which mean "the node that answered"): no walk can be routed to it by address.
+            if host.is_empty() || host == "?" || host == "0.0.0.0" || host == "::" {
+                return None;
+            }
             Some((host, u16::try_from(*port).ok()?))
         })
         .collect()

@@ -385,6 +385,22 @@ impl Backend for RedisBackend {
         self.force_release_key(key, owner).await
     }
 
+    fn expires_at_a_set_time(&self) -> bool {
+        true
+    }
+
+    /// The renewal script with `after` for a ttl: its `PEXPIRE` sets the lock's expiry exactly,
+    /// sooner or later than it was.
+    async fn expire_after(
+        &self,
+        key: &str,
+        owner: Owner,
+        after: Duration,
+    ) -> Result<bool, LockError> {
+        let renewed = self.renew(&[Renewal::new(key, owner, after)]).await?;
+        Ok(renewed.first() == Some(&true))
+    }
+
     /// Waits for the queues dropped waiters are leaving; the connections close when the
     /// backend is dropped.
     async fn close(&self) {
