@@ -355,6 +355,87 @@ fn a_copy_of_a_failed_acquisition_that_lands_after_its_undo_grants_nothing() {
     caller.shutdown_background();
 }
 
+/// An acquisition granted on the server whose reply was lost, while the server could not be
+/// reached at all: its undo fails too (no connection can be made), and is tried again, backing
+/// off, until one lands. Tried once only, it left the key granted to nobody for its whole ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_undo_of_an_unanswered_acquisition_is_retried_until_the_server_is_back() {
+    let server = RedisServer::start();
+    let (proxy, url) = FaultProxy::in_front_of(&server.url());
+    let backend = RedisBackend::builder(&url)
+        .unwrap()
+        .response_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let locker = Locker::with_backend(backend.clone());
+    let key = unique_key("undo-retried");
+    let lock_key = backend.lock_key(&key);
+    let mut raw = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    // The background connection exists (a dropped lease is released from there), and the
+    // scripts are loaded.
+    drop(locker.lock(&*key, LockOptions::new()).await.unwrap());
+    wait_until_gone(&mut raw, &lock_key).await;
+
+    // The grant's reply is held; then every connection drops and none can be made.
+    proxy.stall(Direction::ToClient);
+    let lock = tokio::spawn({
+        let (locker, key) = (locker.clone(), key.clone());
+        async move {
+            locker
+                .lock(&*key, LockOptions::new().ttl(Duration::from_secs(30)))
+                .await
+                .map(drop)
+        }
+    });
+    let started = Instant::now();
+    while raw
+        .get::<_, Option<String>>(&lock_key)
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the acquisition never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    proxy.refuse_connections(true);
+    proxy.cut_all();
+    proxy.resume(Direction::ToClient);
+    let result = lock.await.unwrap();
+    assert!(
+        matches!(result, Err(LockError::Backend(_))),
+        "the acquisition did not fail: {result:?}"
+    );
+    // The undo was sent, and could not reach the server.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let pttl: i64 = raw.pttl(&lock_key).await.unwrap();
+    assert!(
+        pttl > 0,
+        "the key was freed while the server was unreachable: PTTL {pttl}"
+    );
+
+    proxy.refuse_connections(false);
+    let back = Instant::now();
+    loop {
+        let pttl: i64 = raw.pttl(&lock_key).await.unwrap();
+        if pttl == -2 {
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(8),
+            "the key is still granted to nobody {:?} after the server came back (PTTL {pttl} ms): its undo was not tried again",
+            back.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// An acquisition whose first copy is held up in the network while its connection is reported
 /// dropped is sent again on a fresh connection, granted, and becomes a lease; the lease is
 /// released. The first copy, landing after that release, takes no effect: the release of a

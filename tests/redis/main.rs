@@ -2,8 +2,9 @@
 //! runs its own `redis-server` on a free port. By topic: [`leases`] (lost updates, losses seen
 //! in time, cancelled calls), [`fencing`] (fences across restarts and expired counters),
 //! [`queue`] (waiters queueing, giving up, woken), [`handoff`] (a release handing the key to a
-//! waiter), [`connection`] (restarts, AUTH, TLS, runtimes, a server that hangs) and [`cost`]
-//! (round trips and commands a call costs the server).
+//! waiter), [`oom`] (releases on a server out of memory), [`connection`] (restarts, AUTH, TLS,
+//! runtimes, a server that hangs) and [`cost`] (round trips and commands a call costs the
+//! server).
 
 // The support every test crate shares, one directory up.
 #[path = "../support/mod.rs"]
@@ -14,6 +15,7 @@ mod cost;
 mod fencing;
 mod handoff;
 mod leases;
+mod oom;
 mod queue;
 
 use std::time::{Duration, Instant};

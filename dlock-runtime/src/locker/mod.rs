@@ -495,6 +495,7 @@ impl Locker {
                 locker: self,
                 key: &key,
                 owner,
+                ttl: options.ttl,
                 armed: true,
             };
             let request = AcquireRequest::new(&key, owner, options.ttl, options.wait)

@@ -1,6 +1,8 @@
 //! Guards that finish what a dropped future started: an acquisition the store may have granted,
 //! a release the caller stopped waiting for. Either is queued on the background runtime.
 
+use std::time::Duration;
+
 use super::Locker;
 use crate::lease::LeaseState;
 use crate::Owner;
@@ -11,13 +13,16 @@ pub(super) struct PendingAcquire<'a> {
     pub(super) locker: &'a Locker,
     pub(super) key: &'a str,
     pub(super) owner: Owner,
+    /// The ttl the acquisition asked for: how long a grant it got may hold the key.
+    pub(super) ttl: Duration,
     pub(super) armed: bool,
 }
 
 impl Drop for PendingAcquire<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.locker.queue_undo(self.key.to_owned(), self.owner);
+            self.locker
+                .queue_undo(self.key.to_owned(), self.owner, self.ttl);
         }
     }
 }

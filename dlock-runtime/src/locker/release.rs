@@ -5,9 +5,9 @@
 //! and changes nothing.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::holdings::QueuedRelease;
+use super::holdings::{Holdings, QueuedRelease};
 use super::pending::PendingRelease;
 use super::Locker;
 use crate::backend::DynBackend;
@@ -94,17 +94,21 @@ impl Locker {
         self.send_release(key, owner, queued, Ending::Release);
     }
 
-    /// Undoes an acquisition of `key` for `owner` that went unanswered, without waiting, counted
-    /// by a fresh queued-release guard: a release that also keeps a copy of the acquisition
-    /// still on its way from taking effect ([`Backend::undo_acquire`](crate::backend::Backend::undo_acquire)).
-    pub(super) fn queue_undo(&self, key: String, owner: Owner) {
+    /// Undoes an acquisition of `key` for `owner` with time to live `ttl` that went unanswered,
+    /// without waiting, counted by a fresh queued-release guard: a release that also keeps a copy
+    /// of the acquisition still on its way from taking effect
+    /// ([`Backend::undo_acquire`](crate::backend::Backend::undo_acquire)). Tried again until it
+    /// lands (see [`retry_undo`]).
+    pub(super) fn queue_undo(&self, key: String, owner: Owner, ttl: Duration) {
         let queued = self.inner.holdings.queued_release();
-        self.send_release(key, owner, queued, Ending::Undo);
+        self.send_release(key, owner, queued, Ending::Undo { ttl });
     }
 
     /// Releases `key` for `owner` without waiting: at once where the store is in-process (it
     /// applies calls in order, so no copy of an acquisition can come after), else on the
-    /// background runtime, counted by `queued` until it is done.
+    /// background runtime, counted by `queued` until it is done (an undo, tried again until it
+    /// lands: for as long as a release is at most, [`RELEASE_PATIENCE`], then uncounted, so that
+    /// a shutdown waits no longer for it than for any queued release).
     pub(super) fn send_release(
         &self,
         key: String,
@@ -116,17 +120,67 @@ impl Locker {
             return;
         }
         let backend = self.inner.backend.clone();
+        let Ending::Undo { ttl } = ending else {
+            background::spawn(async move {
+                let _queued = queued;
+                let ending = ending.send(&*backend, &key, owner);
+                // Bounded, so a store that never answers cannot hold a shutdown up for good.
+                let result = tokio::time::timeout(RELEASE_PATIENCE, ending)
+                    .await
+                    .unwrap_or_else(|_| Err(release_timed_out()));
+                if let Err(error) = result {
+                    tracing::warn!(%key, %error, "distributed_lock: queued release failed; the lease will expire");
+                }
+            });
+            return;
+        };
+        let holdings = self.inner.holdings.clone();
         background::spawn(async move {
-            let _queued = queued;
-            let release = ending.send(&*backend, &key, owner);
-            // Bounded, so a store that never answers cannot hold a shutdown up for good.
-            let result = tokio::time::timeout(RELEASE_PATIENCE, release)
-                .await
-                .unwrap_or_else(|_| Err(release_timed_out()));
-            if let Err(error) = result {
-                tracing::warn!(%key, %error, "distributed_lock: queued release failed; the lease will expire");
+            let started = Instant::now();
+            let retries = retry_undo(&backend, &key, owner, ttl, &holdings, started);
+            tokio::pin!(retries);
+            // A shutdown waits for it as long as for any queued release, and no longer.
+            tokio::select! {
+                () = &mut retries => return,
+                () = tokio::time::sleep_until((started + RELEASE_PATIENCE).into()) => {}
             }
+            drop(queued);
+            retries.await;
         });
+    }
+}
+
+/// Sends the undo of `owner`'s acquisition of `key` (time to live `ttl`) until the store
+/// answers it. One that fails (the store unreachable, a connection that cannot be made) is
+/// tried again, backing off, for as long as a copy of the acquisition could still take effect
+/// or a grant it got could still hold the key: its ttl, and the minute a store's cancel marker
+/// lasts (Redis), from `started`. A shutdown ends the retries: the undo is tried once more at
+/// once, and given up if that fails too, as a release is (the shutdown closes the store).
+async fn retry_undo(
+    backend: &Arc<dyn DynBackend>,
+    key: &str,
+    owner: Owner,
+    ttl: Duration,
+    holdings: &Holdings,
+    started: Instant,
+) {
+    let give_up_at = started + ttl + UNDO_AFTERLIFE;
+    let mut pause = FIRST_UNDO_RETRY;
+    loop {
+        let result = tokio::time::timeout(RELEASE_PATIENCE, backend.undo_acquire(key, owner))
+            .await
+            .unwrap_or_else(|_| Err(release_timed_out()));
+        let Err(error) = result else { return };
+        if holdings.is_closed() || Instant::now() + pause >= give_up_at {
+            tracing::warn!(%key, %error, "distributed_lock: undo of an unanswered acquisition failed; if the store granted it, the key stays held until its ttl runs out");
+            return;
+        }
+        tracing::debug!(%key, %error, retry_in = ?pause, "distributed_lock: undo of an unanswered acquisition failed; trying again");
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = holdings.closed() => {}
+        }
+        pause = (pause * 2).min(LAST_UNDO_RETRY);
     }
 }
 
@@ -135,9 +189,10 @@ impl Locker {
 pub(super) enum Ending {
     /// A lease, whose acquisition was answered: released.
     Release,
-    /// An acquisition dropped or failed unanswered, a copy of which may still reach the store:
-    /// undone ([`Backend::undo_acquire`](crate::backend::Backend::undo_acquire)).
-    Undo,
+    /// An acquisition dropped or failed unanswered, asked for `ttl`, a copy of which may still
+    /// reach the store: undone ([`Backend::undo_acquire`](crate::backend::Backend::undo_acquire)),
+    /// and tried again until it lands (see [`retry_undo`]).
+    Undo { ttl: Duration },
     /// A lease released before the end of its hold
     /// ([`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)): left to expire by
     /// itself when that much more time has passed.
@@ -161,7 +216,7 @@ impl Ending {
     ) -> Result<bool, LockError> {
         match self {
             Ending::Release => backend.release(key, owner).await,
-            Ending::Undo => backend.undo_acquire(key, owner).await,
+            Ending::Undo { .. } => backend.undo_acquire(key, owner).await,
             Ending::ExpireAfter(left) => backend.expire_after(key, owner, left).await,
         }
     }
@@ -170,6 +225,17 @@ impl Ending {
 /// How long a release may take before it is given up (the lease then expires with its ttl): a
 /// store's own time-outs end it sooner, this bounds one that has none.
 const RELEASE_PATIENCE: Duration = Duration::from_secs(10);
+
+/// The first pause before an undo that failed is tried again; it doubles up to
+/// [`LAST_UNDO_RETRY`].
+const FIRST_UNDO_RETRY: Duration = Duration::from_millis(200);
+
+/// The longest pause between two tries of an undo.
+const LAST_UNDO_RETRY: Duration = Duration::from_secs(5);
+
+/// How long past an acquisition's ttl its undo is still tried: as long as the cancel marker an
+/// undo leaves on Redis lives, which turns away a copy of the acquisition landing meanwhile.
+const UNDO_AFTERLIFE: Duration = Duration::from_secs(60);
 
 fn release_timed_out() -> LockError {
     LockError::backend(format!(

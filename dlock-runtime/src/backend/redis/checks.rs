@@ -13,7 +13,8 @@ impl RedisBackend {
     /// a `maxmemory-policy` other than `noeviction`, as managed Redis services set by default):
     /// every key dlock writes has an expiry, so a `volatile-*` policy may drop a held lock, and
     /// the next caller gets the key while its holder is still at work. A server that does not
-    /// let the client read `INFO` passes.
+    /// let the client read its policy (`INFO` refused, as to an ACL user with `-@dangerous`, or
+    /// a reply without the policy) passes, with a warning: dlock cannot tell that risk apart.
     pub(super) async fn refuse_eviction(&self) -> Result<(), LockError> {
         let info = self
             .inner
@@ -24,9 +25,19 @@ impl RedisBackend {
                     .and_then(Value::extract_error)
             })
             .await;
-        let Ok(info) = info else { return Ok(()) };
+        let info = match info {
+            Ok(info) => info,
+            Err(error) => {
+                warn_policy_unread(&error.to_string());
+                return Ok(());
+            }
+        };
         let mut texts = Vec::new();
         conn::collect_text(&info, &mut texts);
+        if !texts.iter().any(|text| conn::states_policy(text)) {
+            warn_policy_unread("INFO memory names no maxmemory_policy");
+            return Ok(());
+        }
         match texts.iter().find_map(|text| conn::evicting_policy(text)) {
             None => Ok(()),
             Some(policy) => Err(LockError::InvalidOptions {
@@ -89,4 +100,16 @@ impl RedisBackend {
             .await
             .map(drop)
     }
+}
+
+/// Warns that `connect` could not read the server's eviction policy (`why`), and what that
+/// leaves: a server that evicts keys under memory pressure may drop a held lock.
+fn warn_policy_unread(why: &str) {
+    tracing::warn!(
+        reason = why,
+        "distributed_lock: could not read the Redis server's maxmemory-policy, so cannot tell whether it evicts keys when its memory is full: \
+         an evicted lock lets a second holder in while the first is still at work. Make sure the policy is `noeviction` (or let the user read \
+         `INFO`, e.g. `ACL SETUSER <user> +info`); `allow_eviction=true` in the URL or `RedisBuilder::allow_eviction(true)` accepts the risk \
+         and silences this warning"
+    );
 }

@@ -454,6 +454,11 @@ pub(super) fn evicting_policy(info: &str) -> Option<String> {
     (limit > 0 && policy != "noeviction").then(|| policy.to_owned())
 }
 
+/// Whether an `INFO memory` reply's text (one node's) states the eviction policy.
+pub(super) fn states_policy(info: &str) -> bool {
+    info_field(info, "maxmemory_policy").is_some()
+}
+
 /// The value of the field `name` in an `INFO` reply's text (`name:value` lines).
 fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
     info.lines()

@@ -193,6 +193,11 @@
 //! the first copy may still be on its way; so is an acquisition not granted after such a
 //! resend, and, on a cluster, every lease (see *Redis Cluster*). Checking for the marker
 //! costs the uncontended acquire one more key in its `EXISTS`, no command and no round trip.
+//! An undo that fails (the server unreachable, a connection that cannot be made) is tried again
+//! by the locker, backing off up to 5 s, until it lands or the acquisition's ttl and the
+//! marker's minute have passed, or the locker shuts down. The release script frees the lock
+//! before it writes the marker, so that a server out of memory (`noeviction`) runs it: it refuses
+//! a script only at a first write that may grow memory.
 //!
 //! # Connections
 //!
