@@ -66,6 +66,12 @@ mod sql_scenarios {
     use crate::Postgres;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_held_row_locked_by_another_transaction_costs_the_other_leases_nothing() {
+        scenario::a_held_row_locked_by_another_transaction_costs_the_other_leases_nothing::<Postgres>()
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_row_locked_by_another_transaction_neither_holds_up_tries_nor_starves_renewals() {
         scenario::a_row_locked_by_another_transaction_neither_holds_up_tries_nor_starves_renewals::<
             Postgres,

@@ -139,13 +139,6 @@ impl LeaseState {
         }
     }
 
-    /// How long the key must stay held yet, where its release comes before the end of its hold
-    /// (see [`hold_until`](Self::hold_until)); `None` where a release may free it now.
-    pub(crate) fn hold_left(&self) -> Option<Duration> {
-        let left = self.hold_until?.checked_duration_since(Instant::now())?;
-        (!left.is_zero()).then_some(left)
-    }
-
     /// The same lease, never valid past its full ttl, `full_ttl`, counted from `valid_from`:
     /// for a lease without renewal whose ttl the store shortened to `self.ttl`. Its
     /// confirmations, which come at the shorter ttl's pace, keep it until then and no longer,

@@ -187,6 +187,11 @@ impl LockOptions {
                 reason: format!("ttl {:?} is too long", self.ttl),
             });
         }
+        if ttl_is_too_long(self.hold_at_least) {
+            return Err(LockError::InvalidOptions {
+                reason: format!("hold_at_least {:?} is too long", self.hold_at_least),
+            });
+        }
         if !self.renew && self.ttl < self.hold_at_least {
             return Err(LockError::InvalidOptions {
                 reason: format!(

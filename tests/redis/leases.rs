@@ -243,3 +243,50 @@ async fn a_ttl_with_a_fraction_of_a_millisecond_is_never_trusted_past_the_server
         );
     }
 }
+
+/// A lease's hold sets the lock's expiry exactly, sooner or later; a renewal after it (one held
+/// up on its way while the lease was released) never shortens it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_never_shortens_the_expiry_a_hold_set() {
+    use dlock::backend::{AcquireRequest, Backend, Renewal};
+
+    let redis = Redis::start();
+    let backend = crate::support::Store::backend(&redis).await;
+    let mut raw = redis.raw().await;
+    let (key, owner) = (unique_key("held-on"), Owner::random());
+    let ttl = Duration::from_secs(30);
+    let request = AcquireRequest::new(&key, owner, ttl, Duration::ZERO);
+    backend.acquire(&request).await.unwrap().expect("free");
+    let pttl = |raw: &mut redis::aio::MultiplexedConnection| {
+        let lock = redis.names.lock_key(&key);
+        let mut raw = raw.clone();
+        async move { raw.pttl::<_, i64>(lock).await.unwrap() }
+    };
+    assert!(backend
+        .expire_after(&key, owner, Duration::from_secs(120))
+        .await
+        .unwrap());
+    assert!(pttl(&mut raw).await > 110_000);
+    assert_eq!(
+        backend
+            .renew(&[Renewal::new(&key, owner, ttl)])
+            .await
+            .unwrap(),
+        [true]
+    );
+    let after_renewal = pttl(&mut raw).await;
+    assert!(
+        after_renewal > 110_000,
+        "a renewal cut the hold's expiry to {after_renewal} ms"
+    );
+    // Sooner: the hold's expiry is exact.
+    assert!(backend
+        .expire_after(&key, owner, Duration::from_secs(5))
+        .await
+        .unwrap());
+    assert!(pttl(&mut raw).await <= 5_000);
+    assert!(!backend
+        .expire_after(&key, Owner::random(), Duration::from_secs(60))
+        .await
+        .unwrap());
+}

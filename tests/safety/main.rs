@@ -6,14 +6,15 @@
 //! By rule: [`validity`] (no body runs on a lease known to be invalid), [`siblings`] (calls
 //! joined inside a body take turns on its lease), [`tasks`] (no other task runs under a body's
 //! lease), [`moved`] (a started call is inside the bodies it is polled in now), [`deadlines`]
-//! (each lease judged against its own deadline) and [`waiting`] (no key held by nobody when a
-//! waiter leaves).
+//! (each lease judged against its own deadline), [`waiting`] (no key held by nobody when a
+//! waiter leaves) and [`holds`] (a lease's hold lasts to its end whatever follows its release).
 
 // The support every test crate shares, one directory up.
 #[path = "../support/mod.rs"]
 mod support;
 
 mod deadlines;
+mod holds;
 mod moved;
 mod siblings;
 mod tasks;

@@ -554,6 +554,49 @@ pub async fn a_hold_keeps_the_key_to_its_end_and_no_longer<S: Store>(store: &S) 
     assert!(next.fence() > first_fence);
     next.release().await.unwrap();
 
+    // A holder handed the key by a release (it waited) keeps it for its whole hold too, counted
+    // from when it got it, however long it waited.
+    let before = first.lock(&*key, ttl(30_000)).await.unwrap();
+    let waiting = tokio::spawn({
+        let (second, key) = (second.clone(), key.clone());
+        async move { second.lock(&*key, job.wait(Duration::from_secs(10))).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    before.release().await.unwrap();
+    let handed = waiting.await.unwrap().unwrap();
+    handed.release().await.unwrap();
+    let in_its_window = first.lock(&*key, job).await;
+    assert!(
+        matches!(in_its_window, Err(LockError::Busy { .. })),
+        "another replica ran in the window of a holder that waited for the key: {:?}",
+        in_its_window.map(|lease| lease.fence())
+    );
+    first
+        .lock(&*key, ttl(30_000).wait(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    // A release its caller stopped waiting for still keeps the hold.
+    let abandoned = first.lock(&*key, job).await.unwrap();
+    let _ = tokio::time::timeout(Duration::ZERO, abandoned.release()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after_abandoned = second.lock(&*key, job).await;
+    assert!(
+        matches!(after_abandoned, Err(LockError::Busy { .. })),
+        "another replica ran in the window of a holder whose release was dropped: {:?}",
+        after_abandoned.map(|lease| lease.fence())
+    );
+    second
+        .lock(&*key, ttl(30_000).wait(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
     // A hold that is over by the release: the key is free at once.
     let long_job = first
         .lock(&*key, ttl(30_000).hold_at_least(Duration::from_millis(100)))

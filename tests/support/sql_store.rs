@@ -78,6 +78,32 @@ const TRY_BOUND: Duration = Duration::from_secs(2);
 /// How long the backend's own connections wait for another transaction's row lock.
 const ROW_LOCK_PATIENCE: Duration = Duration::from_secs(2);
 
+/// A held lease whose row another transaction locks (a `SELECT … FOR UPDATE` left open in a
+/// client) cannot be renewed while it is locked; the other leases of the same locker, renewed
+/// in the same batch, are renewed all the same, and stay held. (PostgreSQL only: MySQL's batch
+/// waits for the row, a limit its backend's documentation states.)
+pub async fn a_held_row_locked_by_another_transaction_costs_the_other_leases_nothing<
+    S: SqlStore,
+>() {
+    let db = S::fresh().await;
+    let locker = db.locker().await;
+    let (locked, other) = (unique_key("held-locked"), unique_key("held-free"));
+    let ttl = LockOptions::new().ttl(Duration::from_secs(3));
+    let stuck = locker.lock(&*locked, ttl).await.unwrap();
+    let kept = locker.lock(&*other, ttl).await.unwrap();
+    let row_lock = db.lock_row(&locked).await;
+    // Past the ttl: every renewal of the batch came while the row was locked.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let held = kept.is_held();
+    drop(row_lock);
+    assert!(
+        held,
+        "a lease was lost because another lease's row was locked by someone else"
+    );
+    kept.release().await.unwrap();
+    drop(stuck);
+}
+
 /// Tries on a row another transaction locks end with the caller's wait, and never take the
 /// connection renewals need: a lease on another key stays held meanwhile.
 pub async fn a_row_locked_by_another_transaction_neither_holds_up_tries_nor_starves_renewals<

@@ -452,7 +452,9 @@ impl Backend for MemoryBackend {
             .map(
                 |lease| match keys.get_mut(lease.key).and_then(|s| s.holder.as_mut()) {
                     Some(holder) if holder.owner == lease.owner && holder.expires_at > now => {
-                        holder.expires_at = now + lease.ttl;
+                        // Never shortens: a renewal that lands after the lease's hold set a
+                        // later expiry (`expire_after`) must not cut the hold short.
+                        holder.expires_at = holder.expires_at.max(now + lease.ttl);
                         true
                     }
                     _ => false,

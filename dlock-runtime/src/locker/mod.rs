@@ -2,6 +2,7 @@
 //! the default locker.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::backend::{AcquireRequest, Backend, DynBackend};
 use crate::lease::LeaseState;
@@ -539,13 +540,17 @@ impl Locker {
             state = state.ending_after(acquired.valid_from, full_ttl);
         }
         if !options.hold_at_least.is_zero() {
-            state.hold_until = acquired.valid_from.checked_add(options.hold_at_least);
+            // Counted from now, when the grant is known: `valid_from` may be an instant made up
+            // to schedule the first renewal (a Redis hand-off), long before the grant.
+            state.hold_until = Instant::now().checked_add(options.hold_at_least);
         }
         state.held = metrics::Held::granted(options.label, self.inner.store, started);
         let state = Arc::new(state);
         if self.inner.holdings.register(&state).is_err() {
-            // Shut down while the acquisition was in flight: give the key back at once.
-            self.release_in_background(&state);
+            // Shut down while the acquisition was in flight: give the key back at once, whatever
+            // its hold (nothing ran under it).
+            state.mark_released();
+            self.queue_ending(state.key.clone(), state.owner, release::Ending::Release);
             return Err(LockError::ShutDown);
         }
         if expires_when_lost {

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::release::Ending;
 use super::Locker;
 use crate::lease::LeaseState;
 use crate::Owner;
@@ -37,8 +38,10 @@ pub(super) struct PendingRelease<'a> {
 impl Drop for PendingRelease<'_> {
     fn drop(&mut self) {
         if self.armed {
+            // As the release would have ended it: a lease within its hold is left to expire.
+            let ending = Ending::of(self.state);
             self.locker
-                .queue_release(self.state.key.clone(), self.state.owner);
+                .queue_ending(self.state.key.clone(), self.state.owner, ending);
             self.locker.inner.holdings.forget(self.state);
         }
     }

@@ -31,14 +31,20 @@ impl Locker {
             state,
             armed: true,
         };
+        let ending = Ending::of(state);
         let result = tokio::time::timeout(
             RELEASE_PATIENCE,
-            Ending::of(state).send(&*self.inner.backend, &state.key, state.owner),
+            ending.send(&*self.inner.backend, &state.key, state.owner),
         )
         .await
         .unwrap_or_else(|_| Err(release_timed_out()));
         pending.armed = false;
         self.inner.holdings.forget(state);
+        if result.is_err() && matches!(ending, Ending::ExpireAt(_)) {
+            // The hold must not end with this failure: tried again from the background until
+            // it lands, or the hold is over.
+            self.queue_ending(state.key.clone(), state.owner, ending);
+        }
         let held = result?;
         tracing::debug!(key = %state.key, fence = state.fence, held, "distributed_lock: released");
         Ok(())
@@ -88,10 +94,11 @@ impl Locker {
         true
     }
 
-    /// Releases `key` for `owner` without waiting, counted by a fresh queued-release guard.
-    pub(super) fn queue_release(&self, key: String, owner: Owner) {
+    /// Ends `owner`'s hold of `key` as `ending` says without waiting, counted by a fresh
+    /// queued-release guard.
+    pub(super) fn queue_ending(&self, key: String, owner: Owner, ending: Ending) {
         let queued = self.inner.holdings.queued_release();
-        self.send_release(key, owner, queued, Ending::Release);
+        self.send_release(key, owner, queued, ending);
     }
 
     /// Undoes an acquisition of `key` for `owner` with time to live `ttl` that went unanswered,
@@ -120,7 +127,8 @@ impl Locker {
             return;
         }
         let backend = self.inner.backend.clone();
-        let Ending::Undo { ttl } = ending else {
+        let started = Instant::now();
+        let Some(give_up_at) = ending.retried_until(started) else {
             background::spawn(async move {
                 let _queued = queued;
                 let ending = ending.send(&*backend, &key, owner);
@@ -136,8 +144,7 @@ impl Locker {
         };
         let holdings = self.inner.holdings.clone();
         background::spawn(async move {
-            let started = Instant::now();
-            let retries = retry_undo(&backend, &key, owner, ttl, &holdings, started);
+            let retries = retry(&backend, &key, owner, ending, give_up_at, &holdings);
             tokio::pin!(retries);
             // A shutdown waits for it as long as for any queued release, and no longer.
             tokio::select! {
@@ -150,37 +157,35 @@ impl Locker {
     }
 }
 
-/// Sends the undo of `owner`'s acquisition of `key` (time to live `ttl`) until the store
-/// answers it. One that fails (the store unreachable, a connection that cannot be made) is
-/// tried again, backing off, for as long as a copy of the acquisition could still take effect
-/// or a grant it got could still hold the key: its ttl, and the minute a store's cancel marker
-/// lasts (Redis), from `started`. A shutdown ends the retries: the undo is tried once more at
-/// once, and given up if that fails too, as a release is (the shutdown closes the store).
-async fn retry_undo(
+/// Sends `ending` for `owner`'s hold of `key` until the store answers it. One that fails (the
+/// store unreachable, a connection that cannot be made) is tried again, backing off, until
+/// `give_up_at` (see [`Ending::retried_until`]). A shutdown ends the retries: the ending is
+/// tried once more at once, and given up if that fails too, as a release is (the shutdown
+/// closes the store).
+async fn retry(
     backend: &Arc<dyn DynBackend>,
     key: &str,
     owner: Owner,
-    ttl: Duration,
+    ending: Ending,
+    give_up_at: Instant,
     holdings: &Holdings,
-    started: Instant,
 ) {
-    let give_up_at = started + ttl + UNDO_AFTERLIFE;
-    let mut pause = FIRST_UNDO_RETRY;
+    let mut pause = FIRST_RETRY;
     loop {
-        let result = tokio::time::timeout(RELEASE_PATIENCE, backend.undo_acquire(key, owner))
+        let result = tokio::time::timeout(RELEASE_PATIENCE, ending.send(&**backend, key, owner))
             .await
             .unwrap_or_else(|_| Err(release_timed_out()));
         let Err(error) = result else { return };
         if holdings.is_closed() || Instant::now() + pause >= give_up_at {
-            tracing::warn!(%key, %error, "distributed_lock: undo of an unanswered acquisition failed; if the store granted it, the key stays held until its ttl runs out");
+            tracing::warn!(%key, %error, ?ending, "distributed_lock: giving up on a lease's ending; the key is held until its lease expires");
             return;
         }
-        tracing::debug!(%key, %error, retry_in = ?pause, "distributed_lock: undo of an unanswered acquisition failed; trying again");
+        tracing::debug!(%key, %error, ?ending, retry_in = ?pause, "distributed_lock: a lease's ending failed; trying again");
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
             () = holdings.closed() => {}
         }
-        pause = (pause * 2).min(LAST_UNDO_RETRY);
+        pause = (pause * 2).min(LAST_RETRY);
     }
 }
 
@@ -191,20 +196,36 @@ pub(super) enum Ending {
     Release,
     /// An acquisition dropped or failed unanswered, asked for `ttl`, a copy of which may still
     /// reach the store: undone ([`Backend::undo_acquire`](crate::backend::Backend::undo_acquire)),
-    /// and tried again until it lands (see [`retry_undo`]).
+    /// and tried again until it lands (see [`retry`]).
     Undo { ttl: Duration },
     /// A lease released before the end of its hold
     /// ([`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)): left to expire by
-    /// itself when that much more time has passed.
-    ExpireAfter(Duration),
+    /// itself at that instant (released, where it has passed by the time this is sent), and
+    /// tried again until it lands: a hold that ended with a failure would let the next replica
+    /// in as soon as the lease's last renewal ran out.
+    ExpireAt(Instant),
 }
 
 impl Ending {
     /// How `state`, released now, ends: released, or left to expire at the end of its hold.
     pub(super) fn of(state: &LeaseState) -> Ending {
-        state
-            .hold_left()
-            .map_or(Ending::Release, Ending::ExpireAfter)
+        match state.hold_until {
+            Some(until) if until > Instant::now() => Ending::ExpireAt(until),
+            _ => Ending::Release,
+        }
+    }
+
+    /// Until when an ending that fails is tried again, counted from `started`, when it was first
+    /// sent; `None` for a release, which is sent once (a lease not released expires by itself).
+    /// An undo, for as long as a copy of the acquisition could still take effect or a grant it
+    /// got could still hold the key: its ttl, and the minute a store's cancel marker lasts
+    /// (Redis). A hold, until its end.
+    fn retried_until(self, started: Instant) -> Option<Instant> {
+        match self {
+            Ending::Release => None,
+            Ending::Undo { ttl } => started.checked_add(ttl.saturating_add(UNDO_AFTERLIFE)),
+            Ending::ExpireAt(until) => Some(until),
+        }
     }
 
     /// Sends the ending for `owner`'s lease of `key` to `backend`; whether `owner` held it.
@@ -217,7 +238,10 @@ impl Ending {
         match self {
             Ending::Release => backend.release(key, owner).await,
             Ending::Undo { .. } => backend.undo_acquire(key, owner).await,
-            Ending::ExpireAfter(left) => backend.expire_after(key, owner, left).await,
+            Ending::ExpireAt(until) => match until.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => backend.expire_after(key, owner, left).await,
+                _ => backend.release(key, owner).await,
+            },
         }
     }
 }
@@ -226,12 +250,12 @@ impl Ending {
 /// store's own time-outs end it sooner, this bounds one that has none.
 const RELEASE_PATIENCE: Duration = Duration::from_secs(10);
 
-/// The first pause before an undo that failed is tried again; it doubles up to
-/// [`LAST_UNDO_RETRY`].
-const FIRST_UNDO_RETRY: Duration = Duration::from_millis(200);
+/// The first pause before an ending that failed (an undo, a hold's expiry) is tried again; it
+/// doubles up to [`LAST_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_millis(200);
 
-/// The longest pause between two tries of an undo.
-const LAST_UNDO_RETRY: Duration = Duration::from_secs(5);
+/// The longest pause between two tries of an ending.
+const LAST_RETRY: Duration = Duration::from_secs(5);
 
 /// How long past an acquisition's ttl its undo is still tried: as long as the cancel marker an
 /// undo leaves on Redis lives, which turns away a copy of the acquisition landing meanwhile.

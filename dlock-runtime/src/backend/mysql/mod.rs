@@ -143,7 +143,11 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// - **Renewal**: one `UPDATE … WHERE lock_key IN (…) AND (lock_key, owner) IN (…)` for every
 ///   lease of the tick (in chunks of 1,000), to `GREATEST(expires_at, …)` (a late copy of an
 ///   earlier renewal never moves an expiry back); only when fewer rows changed than leases were
-///   sent does a `SELECT` find out which were lost.
+///   sent does a `SELECT` find out which were lost. A held row that another transaction keeps
+///   locked (a `SELECT … FOR UPDATE` left open in a client on the lock table) holds the whole
+///   batch up until the lock wait times out (2 s), and the batch is not renewed that time: a
+///   lease whose ttl is that short may be lost with it. Keep other transactions off the lock
+///   table. (PostgreSQL's renewal passes such rows over.)
 /// - **Waiting**: MySQL cannot say when a row goes, so a waiter polls with jittered exponential
 ///   back-off, 5 ms doubling to 250 ms, within `wait`; between tries it holds no connection.
 ///

@@ -163,7 +163,10 @@ pub const MAX_KEY_BYTES: usize = 2048;
 ///   `search_path`) shares it.
 /// - **Renewal**: one `UPDATE … FROM unnest($1::bytea[], $2::text[], $3::bigint[])` for every
 ///   lease of the tick, each by its own ttl (never moving an expiry back: a late copy of an
-///   earlier renewal lands harmlessly), `RETURNING` the (key, owner) pairs it renewed.
+///   earlier renewal lands harmlessly), `RETURNING` the (key, owner) pairs it renewed. A held
+///   row another transaction keeps locked (a `SELECT … FOR UPDATE` left open in a client) is
+///   passed over (`FOR UPDATE SKIP LOCKED`), not waited for: that lease is not renewed this
+///   time, and tried again at the next tick, while the others are renewed as usual.
 ///
 /// # Fences
 ///
@@ -505,6 +508,19 @@ impl Backend for PostgresBackend {
     }
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+        let answers = self.renew_each(leases).await?;
+        if answers.iter().any(Option::is_none) {
+            return Err(LockError::backend(
+                "PostgreSQL: the row of a lease to renew is locked by another transaction; \
+                 not renewed this time",
+            ));
+        }
+        Ok(answers.into_iter().map(|held| held == Some(true)).collect())
+    }
+
+    /// One statement for every lease, which passes over the rows another transaction keeps
+    /// locked: those leases are answered `None` (not renewed this time), the others as usual.
+    async fn renew_each(&self, leases: &[Renewal<'_>]) -> Result<Vec<Option<bool>>, LockError> {
         let shared = self.shared.clone();
         // A longer ttl than the limit renews to the limit (a `Locker` never asks for one).
         let leases = leases

@@ -1,7 +1,7 @@
 //! Renewal: every lease of a tick in one `UPDATE … FROM unnest(…)`; and one lease's expiry set
 //! exactly.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use sqlx::Row;
@@ -11,11 +11,14 @@ use crate::backend::sql::retry_transient;
 use crate::LockError;
 
 /// Renews `leases` (key, owner, ttl in µs) with one statement, which answers the (key, owner)
-/// pairs it renewed: a lease is held where its pair came back.
+/// pairs it renewed, and those it passed over, their rows locked by another transaction: a
+/// lease is renewed (`Some(true)`) where its pair came back renewed, not known to be
+/// (`None`, tried again) where it came back passed over, and not held where it did not come
+/// back.
 pub(super) async fn renew_all(
     shared: &Shared,
     leases: &[(Vec<u8>, String, i64)],
-) -> Result<Vec<bool>, LockError> {
+) -> Result<Vec<Option<bool>>, LockError> {
     let keys: Vec<Vec<u8>> = leases.iter().map(|(key, _, _)| key.clone()).collect();
     let owners: Vec<String> = leases.iter().map(|(_, owner, _)| owner.clone()).collect();
     let ttls: Vec<i64> = leases.iter().map(|(_, _, ttl)| *ttl).collect();
@@ -32,14 +35,23 @@ pub(super) async fn renew_all(
     })
     .await
     .map_err(backend_error)?;
-    let renewed = rows
+    let answered = rows
         .iter()
-        .map(|row| Ok((row.try_get::<Vec<u8>, _>(0)?, row.try_get::<String, _>(1)?)))
-        .collect::<Result<HashSet<(Vec<u8>, String)>, sqlx::Error>>()
+        .map(|row| {
+            let pair = (row.try_get::<Vec<u8>, _>(0)?, row.try_get::<String, _>(1)?);
+            Ok((pair, row.try_get::<bool, _>(2)?))
+        })
+        .collect::<Result<HashMap<(Vec<u8>, String), bool>, sqlx::Error>>()
         .map_err(backend_error)?;
     Ok(leases
         .iter()
-        .map(|(key, owner, _)| renewed.contains(&(key.clone(), owner.clone())))
+        .map(
+            |(key, owner, _)| match answered.get(&(key.clone(), owner.clone())) {
+                Some(true) => Some(true),
+                Some(false) => None,
+                None => Some(false),
+            },
+        )
         .collect())
 }
 

@@ -46,7 +46,8 @@ pub(super) struct Statements {
     /// `$9` the waiter's label (where `described`) → (the new fence where it handed the key over; whether it released it instead, another
     /// process's waiter being ahead in line; whether this backend holds a place now).
     pub(super) hand_over: Statement,
-    /// `$1` keys, `$2` owners, `$3` ttls in µs → the (key, owner) pairs renewed.
+    /// `$1` keys, `$2` owners, `$3` ttls in µs → the (key, owner) pairs renewed (`true`), and
+    /// those still held but passed over, their rows locked by another transaction (`false`).
     pub(super) renew: Statement,
     /// `$1` waiter name, `$2` keys, `$3` how long the places last in µs, `$4` the keys this
     /// backend's heads wait for: keeps this backend's places in line for `$2` (those not lapsed
@@ -242,13 +243,33 @@ impl Statements {
         // Never moving an expiry back, as the acquire's take-over: a renewal is sent again
         // when its answer is late, and the first copy can land last (its backend stalled
         // before it committed) with the time it read; the client counts from the later copy.
+        // A row another transaction keeps locked (a `SELECT … FOR UPDATE` left open in a
+        // client) is passed over rather than waited for: waiting would fail the whole batch at
+        // the lock timeout (or never end, where none is set), and every lease of the batch would
+        // go unrenewed. A live row of the owner passed over so is answered as not renewed yet
+        // (`false`), which the watchdog tries again; one renewed, `true`; none, not held.
         let renew = format!(
-            "UPDATE {table} AS held SET expires_at = GREATEST(held.expires_at, \
-               clock_timestamp() + lease.ttl_us * interval '1 microsecond') \
-             FROM unnest($1::bytea[], $2::text[], $3::bigint[]) AS lease(lock_key, owner, ttl_us) \
-             WHERE held.lock_key = lease.lock_key AND held.owner = lease.owner \
-               AND held.expires_at > clock_timestamp() \
-             RETURNING held.lock_key, held.owner"
+            "WITH lease AS ( \
+               SELECT * FROM unnest($1::bytea[], $2::text[], $3::bigint[]) \
+                 AS lease(lock_key, owner, ttl_us)), \
+             free AS ( \
+               SELECT held.lock_key FROM {table} AS held \
+               JOIN lease ON held.lock_key = lease.lock_key AND held.owner = lease.owner \
+               FOR UPDATE OF held SKIP LOCKED), \
+             renewed AS ( \
+               UPDATE {table} AS held SET expires_at = GREATEST(held.expires_at, \
+                 clock_timestamp() + lease.ttl_us * interval '1 microsecond') \
+               FROM lease \
+               WHERE held.lock_key = lease.lock_key AND held.owner = lease.owner \
+                 AND held.expires_at > clock_timestamp() \
+                 AND held.lock_key IN (SELECT lock_key FROM free) \
+               RETURNING held.lock_key, held.owner) \
+             SELECT lock_key, owner, true FROM renewed \
+             UNION ALL \
+             SELECT held.lock_key, held.owner, false FROM {table} AS held \
+             JOIN lease ON held.lock_key = lease.lock_key AND held.owner = lease.owner \
+             WHERE held.expires_at > clock_timestamp() \
+               AND held.lock_key NOT IN (SELECT lock_key FROM free)"
         );
         let keep_places = format!(
             "WITH kept AS ( \

@@ -81,7 +81,9 @@
 //!   A waiter handed the lock starts on the release's word: the release's message (or, in the
 //!   releasing process, its reply) carries the grant, and a contended hand-off costs the
 //!   release's round trip alone (see *Waiting*, step 4).
-//! - Renewal is one compare-and-`PEXPIRE` script per lease, all leases of a `renew` call in one
+//! - Renewal is one compare-and-`PEXPIRE` script per lease (`GT`: a renewal never shortens a
+//!   lock's life, so one that lands after a lease's hold set a later expiry cannot cut the
+//!   hold short; `expire_after` sets it exactly), all leases of a `renew` call in one
 //!   pipeline: one round trip per watchdog tick, whatever the number of leases. (On a cluster,
 //!   one pipeline per hash slot, sent concurrently, each awaited for a third of the shortest
 //!   ttl at most: a slot that fails — its primary down — leaves its own leases unconfirmed that
@@ -394,16 +396,14 @@ impl Backend for RedisBackend {
         true
     }
 
-    /// The renewal script with `after` for a ttl: its `PEXPIRE` sets the lock's expiry exactly,
-    /// sooner or later than it was.
+    /// The renewal script, told to set the lock's expiry exactly, sooner or later than it was.
     async fn expire_after(
         &self,
         key: &str,
         owner: Owner,
         after: Duration,
     ) -> Result<bool, LockError> {
-        let renewed = self.renew(&[Renewal::new(key, owner, after)]).await?;
-        Ok(renewed.first() == Some(&true))
+        self.expire_lease(key, owner, after).await
     }
 
     /// Waits for the queues dropped waiters are leaving; the connections close when the

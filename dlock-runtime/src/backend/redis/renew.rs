@@ -1,14 +1,16 @@
 //! Renewal: every lease of a watchdog tick in one pipeline (on a cluster, one per hash slot), and
 //! what its replies confirm.
 
+use std::time::Duration;
+
 use redis::{RedisResult, ScriptInvocation, Value};
 
 use super::conn::Conn;
 use super::replicas::{parse_acknowledged, ReplicaWait};
-use super::scripts::{invoke_pipelined, unexpected, RENEW};
+use super::scripts::{invoke, invoke_pipelined, unexpected, RENEW};
 use super::{lease_millis, RedisBackend};
 use crate::backend::Renewal;
-use crate::LockError;
+use crate::{LockError, Owner};
 
 impl RedisBackend {
     /// Renews `leases`, answering per lease (see [`Renewed::judged`]), with the first failure
@@ -135,6 +137,29 @@ impl RedisBackend {
 
 /// The renew script's call for `lease`, whose lock is named `lock`: extend it by the lease's ttl
 /// where its owner still holds it.
+impl RedisBackend {
+    /// Sets the expiry of `owner`'s lock of `key` to `after` from now, exactly (the renewal
+    /// script, told so): whether `owner` held it.
+    pub(super) async fn expire_lease(
+        &self,
+        key: &str,
+        owner: Owner,
+        after: Duration,
+    ) -> Result<bool, LockError> {
+        let mut call = renew_call(self.lock_key(key), &Renewal::new(key, owner, after));
+        call.arg("exactly");
+        let reply = self
+            .inner
+            .conn
+            .run("expire", |conn| invoke(conn, &RENEW, &call))
+            .await?;
+        match reply {
+            Value::Int(held) => Ok(held == 1),
+            other => Err(self.inner.conn.error("expire", unexpected(&other))),
+        }
+    }
+}
+
 fn renew_call(lock: String, lease: &Renewal<'_>) -> ScriptInvocation<'static> {
     let owner = lease.owner.hex();
     let mut call = RENEW.key(lock);

@@ -1,0 +1,113 @@
+//! A lease held at least some time after its grant (`hold_at_least`) keeps the key to the end of
+//! its hold whatever comes after its release: a renewal of the watchdog's that was on its way
+//! and lands after the hold's expiry was set, or a first try at setting it that fails.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock::backend::{AcquireRequest, Acquired, Backend, MemoryBackend, Renewal};
+use dlock::{LockError, LockOptions, Locker, Owner};
+
+use crate::support::unique_key;
+
+/// The in-process store, whose renewals wait `renew_delay` before they reach it (a request held
+/// up on its way), and whose first `failing_expiries` expiries set at a time fail.
+#[derive(Clone, Default)]
+struct Slow {
+    store: MemoryBackend,
+    renew_delay: Duration,
+    failing_expiries: Arc<AtomicUsize>,
+}
+
+impl Backend for Slow {
+    async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
+        self.store.acquire(request).await
+    }
+
+    async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+        self.store.release(key, owner).await
+    }
+
+    async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+        tokio::time::sleep(self.renew_delay).await;
+        self.store.renew(leases).await
+    }
+
+    fn expires_at_a_set_time(&self) -> bool {
+        true
+    }
+
+    async fn expire_after(
+        &self,
+        key: &str,
+        owner: Owner,
+        after: Duration,
+    ) -> Result<bool, LockError> {
+        let failing = &self.failing_expiries;
+        if failing
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(LockError::backend("the store did not answer"));
+        }
+        self.store.expire_after(key, owner, after).await
+    }
+}
+
+/// A renewal sent just before the release lands after the hold's expiry was set: it must not
+/// cut the hold down to a ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_lands_after_the_release_does_not_cut_the_hold_short() {
+    let store = Slow {
+        renew_delay: Duration::from_millis(150),
+        ..Slow::default()
+    };
+    let (holder, rival) = (
+        Locker::with_backend(store.clone()),
+        Locker::with_backend(store.clone()),
+    );
+    let key = unique_key("renewed-late");
+    let job = LockOptions::new()
+        .ttl(Duration::from_millis(300))
+        .hold_at_least(Duration::from_secs(3));
+    let lease = holder.lock(&*key, job).await.unwrap();
+    // The first renewal leaves at 100 ms and reaches the store at 250 ms.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    lease.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let in_the_window = rival.lock(&*key, job).await;
+    assert!(
+        matches!(in_the_window, Err(LockError::Busy { .. })),
+        "a late renewal cut the hold short: another replica ran in the window ({:?})",
+        in_the_window.map(|lease| lease.fence())
+    );
+}
+
+/// The hold's expiry fails to reach the store at the release: it is tried again, and the key
+/// stays held to the end of the hold rather than to the end of the lease's last renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_whose_expiry_fails_once_is_set_all_the_same() {
+    let store = Slow {
+        failing_expiries: Arc::new(AtomicUsize::new(1)),
+        ..Slow::default()
+    };
+    let (holder, rival) = (
+        Locker::with_backend(store.clone()),
+        Locker::with_backend(store.clone()),
+    );
+    let key = unique_key("expiry-failed");
+    let job = LockOptions::new()
+        .ttl(Duration::from_millis(300))
+        .hold_at_least(Duration::from_secs(3));
+    let lease = holder.lock(&*key, job).await.unwrap();
+    let released = lease.release().await;
+    assert!(released.is_err(), "the first expiry was to fail");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let in_the_window = rival.lock(&*key, job).await;
+    assert!(
+        matches!(in_the_window, Err(LockError::Busy { .. })),
+        "the hold ended with the failure of its expiry: another replica ran in the window ({:?})",
+        in_the_window.map(|lease| lease.fence())
+    );
+}
