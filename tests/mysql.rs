@@ -55,6 +55,11 @@ mod sql_scenarios {
     use crate::Mysql;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_contended_holder_keeps_its_lease() {
+        scenario::a_contended_holder_keeps_its_lease::<Mysql>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_row_locked_by_another_transaction_neither_holds_up_tries_nor_starves_renewals() {
         scenario::a_row_locked_by_another_transaction_neither_holds_up_tries_nor_starves_renewals::<
             Mysql,

@@ -66,6 +66,11 @@ mod sql_scenarios {
     use crate::Postgres;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_contended_holder_keeps_its_lease() {
+        scenario::a_contended_holder_keeps_its_lease::<Postgres>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_held_row_locked_by_another_transaction_costs_the_other_leases_nothing() {
         scenario::a_held_row_locked_by_another_transaction_costs_the_other_leases_nothing::<Postgres>()
             .await;

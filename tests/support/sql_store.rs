@@ -78,6 +78,43 @@ const TRY_BOUND: Duration = Duration::from_secs(2);
 /// How long the backend's own connections wait for another transaction's row lock.
 const ROW_LOCK_PATIENCE: Duration = Duration::from_secs(2);
 
+/// A holder of a contended key (rivals try it without waiting, again and again: each try's
+/// statement locks the row for its own short run) keeps its lease: its renewals get through.
+pub async fn a_contended_holder_keeps_its_lease<S: SqlStore>() {
+    let db = S::fresh().await;
+    let locker = db.locker().await;
+    let key = unique_key("contended");
+    let holder = locker
+        .lock(&*key, LockOptions::new().ttl(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut rivals = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let (rival, key, stop) = (db.locker().await, key.clone(), stop.clone());
+        rivals.spawn(async move {
+            let mut granted = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(lease) = rival.lock(&*key, LockOptions::new()).await {
+                    granted += 1;
+                    lease.release().await.unwrap();
+                }
+            }
+            granted
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let held = holder.is_held();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut granted = 0;
+    while let Some(rival) = rivals.join_next().await {
+        granted += rival.unwrap();
+    }
+    assert!(held, "the holder of a contended key lost its lease");
+    assert_eq!(granted, 0, "a rival got a held key");
+    holder.release().await.unwrap();
+}
+
 /// A held lease whose row another transaction locks (a `SELECT … FOR UPDATE` left open in a
 /// client) cannot be renewed while it is locked; the other leases of the same locker, renewed
 /// in the same batch, are renewed all the same, and stay held. (PostgreSQL only: MySQL's batch

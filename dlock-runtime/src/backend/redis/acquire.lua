@@ -36,8 +36,14 @@ if who == owner or who == owner .. '-' then
   -- and answer the same fence. No undo of this owner came since that grant: an undo finding the
   -- lock its owner's releases it, and after an undo nothing grants to that owner again (it left
   -- the queue, and the cancel marker turns its later calls away). Nor is this owner still
-  -- queued: whatever granted it took it off the queue, with its waiter key.
-  redis.call('PEXPIRE', lock, ttl)
+  -- queued: whatever granted it took it off the queue, with its waiter key. Never shortening
+  -- (`GT`; Redis 6.2 reads the time left instead): this may be a late copy of the call landing
+  -- after the lease's hold set a later expiry (see renew.lua).
+  if type(redis.pcall('PEXPIRE', lock, ttl, 'GT')) == 'table' then
+    if redis.call('PTTL', lock) < tonumber(ttl) then
+      redis.call('PEXPIRE', lock, ttl)
+    end
+  end
   local fence = redis.call('GET', counter)
   if fence then
     return tonumber(fence)

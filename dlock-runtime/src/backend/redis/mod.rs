@@ -413,7 +413,7 @@ impl Backend for RedisBackend {
     }
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
-        let (held, error) = self.renew_judged(leases).await;
+        let (held, error) = self.renew_judged(leases, false).await;
         // All or nothing: a lease not confirmed makes the whole answer an error.
         match error {
             Some(error) if held.iter().any(Option::is_none) => Err(error),
@@ -422,7 +422,7 @@ impl Backend for RedisBackend {
     }
 
     async fn renew_each(&self, leases: &[Renewal<'_>]) -> Result<Vec<Option<bool>>, LockError> {
-        let (held, error) = self.renew_judged(leases).await;
+        let (held, error) = self.renew_judged(leases, false).await;
         match error {
             Some(error) if held.iter().all(Option::is_none) => Err(error),
             Some(error) => {

@@ -7,7 +7,7 @@ use redis::{RedisResult, ScriptInvocation, Value};
 
 use super::conn::Conn;
 use super::replicas::{parse_acknowledged, ReplicaWait};
-use super::scripts::{invoke, invoke_pipelined, unexpected, RENEW};
+use super::scripts::{invoke_pipelined, unexpected, RENEW};
 use super::{lease_millis, RedisBackend};
 use crate::backend::Renewal;
 use crate::{LockError, Owner};
@@ -15,10 +15,13 @@ use crate::{LockError, Owner};
 impl RedisBackend {
     /// Renews `leases`, answering per lease (see [`Renewed::judged`]), with the first failure
     /// where some lease was not confirmed: a call that failed, or renewals that fewer replicas
-    /// acknowledged than `min_replicas` asks for.
+    /// acknowledged than `min_replicas` asks for. `exactly` sets each lock's expiry to its
+    /// lease's ttl from now, sooner or later, where a renewal never shortens it (a lease's hold:
+    /// [`expire_lease`](Self::expire_lease)).
     pub(super) async fn renew_judged(
         &self,
         leases: &[Renewal<'_>],
+        exactly: bool,
     ) -> (Vec<Option<bool>>, Option<LockError>) {
         if leases.is_empty() {
             return (Vec::new(), None);
@@ -29,13 +32,13 @@ impl RedisBackend {
         });
         if self.inner.cluster {
             #[cfg(feature = "redis-cluster")]
-            return self.renew_by_slot(leases, replicas).await;
+            return self.renew_by_slot(leases, replicas, exactly).await;
             #[cfg(not(feature = "redis-cluster"))]
             unreachable!("a cluster backend needs the redis-cluster feature")
         }
         let calls: Vec<_> = leases
             .iter()
-            .map(|lease| renew_call(self.lock_key(lease.key), lease))
+            .map(|lease| renew_call(self.lock_key(lease.key), lease, exactly))
             .collect();
         let renewed = self
             .inner
@@ -76,6 +79,7 @@ impl RedisBackend {
         &self,
         leases: &[Renewal<'_>],
         replicas: Option<ReplicaWait>,
+        exactly: bool,
     ) -> (Vec<Option<bool>>, Option<LockError>) {
         // Per slot, the indices of its leases and their calls.
         type Batch = (Vec<usize>, Vec<ScriptInvocation<'static>>);
@@ -86,7 +90,7 @@ impl RedisBackend {
                 .entry(super::keys::cluster_slot(lock.as_bytes()))
                 .or_default();
             indices.push(index);
-            calls.push(renew_call(lock, lease));
+            calls.push(renew_call(lock, lease, exactly));
         }
         // A node that went down can keep its slots' calls waiting (the cluster client retries);
         // the others' answers must not wait for it past the point where their leases could use
@@ -139,32 +143,36 @@ impl RedisBackend {
 /// where its owner still holds it.
 impl RedisBackend {
     /// Sets the expiry of `owner`'s lock of `key` to `after` from now, exactly (the renewal
-    /// script, told so): whether `owner` held it.
+    /// script, told so), acknowledged by the replicas `min_replicas` asks for as a renewal is:
+    /// whether `owner` held it.
     pub(super) async fn expire_lease(
         &self,
         key: &str,
         owner: Owner,
         after: Duration,
     ) -> Result<bool, LockError> {
-        let mut call = renew_call(self.lock_key(key), &Renewal::new(key, owner, after));
-        call.arg("exactly");
-        let reply = self
-            .inner
-            .conn
-            .run("expire", |conn| invoke(conn, &RENEW, &call))
-            .await?;
-        match reply {
-            Value::Int(held) => Ok(held == 1),
-            other => Err(self.inner.conn.error("expire", unexpected(&other))),
+        let (held, error) = self
+            .renew_judged(&[Renewal::new(key, owner, after)], true)
+            .await;
+        match (held.first(), error) {
+            (_, Some(error)) => Err(error),
+            (Some(Some(held)), None) => Ok(*held),
+            _ => Err(LockError::backend(format!(
+                "redis at {}: expire: no answer",
+                self.inner.conn.description()
+            ))),
         }
     }
 }
 
-fn renew_call(lock: String, lease: &Renewal<'_>) -> ScriptInvocation<'static> {
+fn renew_call(lock: String, lease: &Renewal<'_>, exactly: bool) -> ScriptInvocation<'static> {
     let owner = lease.owner.hex();
     let mut call = RENEW.key(lock);
     call.arg(std::str::from_utf8(&owner).expect("hex digits are ASCII"))
         .arg(lease_millis(lease.ttl));
+    if exactly {
+        call.arg("exactly");
+    }
     call
 }
 
