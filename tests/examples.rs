@@ -130,6 +130,17 @@ fn check_dedupe_messages(url: Option<&str>) {
 
 /// The metrics example runs on the in-memory store only: its story needs the store's hand to
 /// take a key away.
+fn check_nightly_cleanup(url: Option<&str>, holds: bool) {
+    let out = run("nightly_cleanup", url);
+    assert!(out.contains("(more than once a window)"), "{out}");
+    let expected = if holds {
+        "hold_at_least = \"700ms\": the job ran 4 times"
+    } else {
+        "hold_at_least: this store cannot keep a key held after its release"
+    };
+    assert!(out.contains(expected), "{out}");
+}
+
 fn check_metrics() {
     let out = run("metrics", None);
     assert!(out.contains("reindex: Err(Lost"), "{out}");
@@ -153,6 +164,7 @@ fn examples_on_the_in_memory_default() {
     check_account_sync(None);
     check_stock_deduction(None);
     check_dedupe_messages(None);
+    check_nightly_cleanup(None, true);
     check_metrics();
 }
 
@@ -163,6 +175,7 @@ fn examples_on_mysql() {
     check_account_sync(Some(&url));
     check_stock_deduction(Some(&url));
     check_dedupe_messages(Some(&url));
+    check_nightly_cleanup(Some(&url), true);
 }
 
 #[cfg(feature = "postgres")]
@@ -172,6 +185,7 @@ fn examples_on_postgres() {
     check_account_sync(Some(&url));
     check_stock_deduction(Some(&url));
     check_dedupe_messages(Some(&url));
+    check_nightly_cleanup(Some(&url), true);
 }
 
 #[cfg(feature = "redis")]
@@ -183,6 +197,7 @@ fn examples_on_redis() {
     check_account_sync(Some(&url));
     check_stock_deduction(Some(&url));
     check_dedupe_messages(Some(&url));
+    check_nightly_cleanup(Some(&url), true);
 }
 
 #[cfg(feature = "zookeeper")]
@@ -194,6 +209,7 @@ fn examples_on_zookeeper() {
     check_account_sync(Some(&url));
     check_stock_deduction(Some(&url));
     check_dedupe_messages(Some(&url));
+    check_nightly_cleanup(Some(&url), false);
 }
 
 /// The web service example as two processes on one Redis and one MariaDB: concurrent requests

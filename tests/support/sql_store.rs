@@ -125,19 +125,38 @@ pub async fn a_held_row_locked_by_another_transaction_costs_the_other_leases_not
     let db = S::fresh().await;
     let locker = db.locker().await;
     let (locked, other) = (unique_key("held-locked"), unique_key("held-free"));
-    let ttl = LockOptions::new().ttl(Duration::from_secs(3));
+    let contended = unique_key("held-contended");
+    let ttl = LockOptions::new().ttl(Duration::from_secs(1));
     let stuck = locker.lock(&*locked, ttl).await.unwrap();
     let kept = locker.lock(&*other, ttl).await.unwrap();
+    // A third lease of the batch whose row rivals' tries lock for a moment, again and again.
+    let busy = locker.lock(&*contended, ttl).await.unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut rivals = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (rival, key, stop) = (db.locker().await, contended.clone(), stop.clone());
+        rivals.spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(lease) = rival.lock(&*key, LockOptions::new()).await {
+                    lease.release().await.unwrap();
+                }
+            }
+        });
+    }
     let row_lock = db.lock_row(&locked).await;
     // Past the ttl: every renewal of the batch came while the row was locked.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let held = kept.is_held();
+    let (held, contended_held) = (kept.is_held(), busy.is_held());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    while rivals.join_next().await.is_some() {}
     drop(row_lock);
     assert!(
-        held,
-        "a lease was lost because another lease's row was locked by someone else"
+        held && contended_held,
+        "a lease was lost because another lease's row was locked by someone else \
+         (the free key's held: {held}, the contended key's: {contended_held})"
     );
     kept.release().await.unwrap();
+    busy.release().await.unwrap();
     drop(stuck);
 }
 

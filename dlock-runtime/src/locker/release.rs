@@ -219,12 +219,13 @@ impl Ending {
     /// sent; `None` for a release, which is sent once (a lease not released expires by itself).
     /// An undo, for as long as a copy of the acquisition could still take effect or a grant it
     /// got could still hold the key: its ttl, and the minute a store's cancel marker lasts
-    /// (Redis). A hold, until its end.
+    /// (Redis). A hold, until its end, and a while longer: past its end, a try releases the key
+    /// instead (see [`send`](Self::send)), rather than leave it to the lease's last renewal.
     fn retried_until(self, started: Instant) -> Option<Instant> {
         match self {
             Ending::Release => None,
             Ending::Undo { ttl } => started.checked_add(ttl.saturating_add(UNDO_AFTERLIFE)),
-            Ending::ExpireAt(until) => Some(until),
+            Ending::ExpireAt(until) => Some(until.checked_add(UNDO_AFTERLIFE).unwrap_or(until)),
         }
     }
 

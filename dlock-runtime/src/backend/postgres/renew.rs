@@ -12,78 +12,80 @@ use super::{backend_error, is_conflict, Shared};
 use crate::backend::sql::retry_transient;
 use crate::LockError;
 
-/// Renews `leases` (key, owner, ttl in µs): one statement that passes over the rows another
-/// transaction keeps locked, then, where it passed some over, one for those that waits for them,
-/// for a sixth of their shortest ttl at most (a rival's try locks a row for a moment; a
-/// transaction left open keeps it locked: the rest of the batch, renewed already, is not held up
-/// for it, and the next tick comes in time). A lease is renewed (`Some(true)`) where either
-/// renewed it, not known to be (`None`, tried again at the next tick) where the second failed,
-/// and not held (`Some(false)`) where neither found it.
+/// Renews `leases` (key, owner, ttl in µs) with one statement that passes over the rows another
+/// transaction keeps locked; those passed over are tried again, a few milliseconds apart, for a
+/// sixth of their shortest ttl at most. A rival's try locks a contended key's row for its own
+/// short run (an `INSERT … ON CONFLICT` locks the row it conflicts with, granted or not), so a
+/// second or third try renews it; a transaction left open keeps a row locked, and its lease is
+/// answered `None` (not renewed this time, tried at the next tick) without holding up the rest
+/// of the batch, or leaving a statement waiting on the server. A lease is renewed
+/// (`Some(true)`) where a try renewed it, and not held (`Some(false)`) where a try found it
+/// no longer its owner's.
 pub(super) async fn renew_all(
     shared: &Shared,
     leases: &[(Vec<u8>, String, i64)],
 ) -> Result<Vec<Option<bool>>, LockError> {
-    let rows = send_renewal(shared, &shared.sql.renew, leases).await?;
-    let answered = rows
-        .iter()
-        .map(|row| {
-            let pair = (row.try_get::<Vec<u8>, _>(0)?, row.try_get::<String, _>(1)?);
-            Ok((pair, row.try_get::<bool, _>(2)?))
-        })
-        .collect::<Result<HashMap<(Vec<u8>, String), bool>, sqlx::Error>>()
-        .map_err(backend_error)?;
-    let passed_over: Vec<(Vec<u8>, String, i64)> = leases
-        .iter()
-        .filter(|(key, owner, _)| answered.get(&(key.clone(), owner.clone())) == Some(&false))
-        .cloned()
-        .collect();
-    let renewed_late = if passed_over.is_empty() {
-        Some(HashMap::new())
-    } else {
-        let shortest_us = passed_over
-            .iter()
-            .map(|(_, _, ttl)| *ttl)
-            .min()
-            .unwrap_or(0);
-        let patience = Duration::from_micros(u64::try_from(shortest_us / 6).unwrap_or(0))
-            .clamp(Duration::from_millis(20), Duration::from_secs(2));
-        // Dropped at the bound, the statement is left to the server, where a renewal that lands
-        // late never moves an expiry back; its connection is closed rather than reused.
-        let waited = tokio::time::timeout(
-            patience,
-            send_renewal(shared, &shared.sql.renew_waiting, &passed_over),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(LockError::backend(
-                "PostgreSQL: a renewal waited too long for a locked row",
-            ))
-        });
-        match waited {
-            Ok(rows) => Some(
-                rows.iter()
-                    .map(|row| Ok(((row.try_get(0)?, row.try_get(1)?), true)))
-                    .collect::<Result<HashMap<(Vec<u8>, String), bool>, sqlx::Error>>()
-                    .map_err(backend_error)?,
-            ),
-            Err(error) => {
-                tracing::debug!(%error, leases = passed_over.len(), "distributed_lock: renewals of rows another transaction keeps locked failed; tried again at the next tick");
-                None
+    let mut answers: HashMap<(Vec<u8>, String), Option<bool>> = HashMap::new();
+    let mut pending: Vec<(Vec<u8>, String, i64)> = leases.to_vec();
+    let shortest_us = leases.iter().map(|(_, _, ttl)| *ttl).min().unwrap_or(0);
+    let patience = Duration::from_micros(u64::try_from(shortest_us / 6).unwrap_or(0))
+        .clamp(Duration::from_millis(20), Duration::from_secs(2));
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut first = true;
+    while !pending.is_empty() {
+        if !first {
+            if tokio::time::Instant::now() + RETRY_PASSED_OVER >= deadline {
+                break;
             }
+            tokio::time::sleep(RETRY_PASSED_OVER).await;
         }
-    };
+        let rows = match send_renewal(shared, &shared.sql.renew, &pending).await {
+            Ok(rows) => rows,
+            // The batch itself failed: the store's error, as before.
+            Err(error) if first => return Err(error),
+            // A try of rows passed over failed: they are not renewed this time.
+            Err(error) => {
+                tracing::debug!(%error, leases = pending.len(), "distributed_lock: renewals of rows another transaction kept locked failed; tried at the next tick");
+                break;
+            }
+        };
+        first = false;
+        let answered = rows
+            .iter()
+            .map(|row| {
+                let pair = (row.try_get::<Vec<u8>, _>(0)?, row.try_get::<String, _>(1)?);
+                Ok((pair, row.try_get::<bool, _>(2)?))
+            })
+            .collect::<Result<HashMap<(Vec<u8>, String), bool>, sqlx::Error>>()
+            .map_err(backend_error)?;
+        pending.retain(|(key, owner, _)| {
+            let pair = (key.clone(), owner.clone());
+            match answered.get(&pair) {
+                Some(true) => {
+                    answers.insert(pair, Some(true));
+                    false
+                }
+                Some(false) => true,
+                None => {
+                    answers.insert(pair, Some(false));
+                    false
+                }
+            }
+        });
+    }
     Ok(leases
         .iter()
         .map(|(key, owner, _)| {
-            let pair = (key.clone(), owner.clone());
-            match answered.get(&pair) {
-                Some(true) => Some(true),
-                Some(false) => renewed_late.as_ref().map(|late| late.contains_key(&pair)),
-                None => Some(false),
-            }
+            answers
+                .get(&(key.clone(), owner.clone()))
+                .copied()
+                .unwrap_or(None)
         })
         .collect())
 }
+
+/// The pause before rows a renewal passed over are tried again.
+const RETRY_PASSED_OVER: Duration = Duration::from_millis(3);
 
 /// Sends `statement` (a renewal) for `leases`: its rows.
 async fn send_renewal(

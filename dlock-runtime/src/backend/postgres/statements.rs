@@ -49,9 +49,6 @@ pub(super) struct Statements {
     /// `$1` keys, `$2` owners, `$3` ttls in µs → the (key, owner) pairs renewed (`true`), and
     /// those still held but passed over, their rows locked by another transaction (`false`).
     pub(super) renew: Statement,
-    /// As `renew`, waiting for locked rows → the (key, owner) pairs renewed: for the leases
-    /// `renew` passed over.
-    pub(super) renew_waiting: Statement,
     /// `$1` waiter name, `$2` keys, `$3` how long the places last in µs, `$4` the keys this
     /// backend's heads wait for: keeps this backend's places in line for `$2` (those not lapsed
     /// meanwhile) → the keys of `$4` nobody holds now.
@@ -250,18 +247,8 @@ impl Statements {
         // on a `SELECT … FOR UPDATE` left open in a client would fail the whole batch at the lock
         // timeout (or never end, where none is set), and every lease of the batch would go
         // unrenewed. A live row of the owner passed over so is answered as not renewed yet
-        // (`false`); one renewed, `true`; none, not held. The rows passed over are then renewed
-        // by `renew_waiting`, which waits: most are locked for a moment only, by a rival's try
-        // (an `INSERT … ON CONFLICT` locks the row it conflicts with, granted or not), and a
-        // holder of a contended key would otherwise never be renewed.
-        let renew_waiting = format!(
-            "UPDATE {table} AS held SET expires_at = GREATEST(held.expires_at, \
-               clock_timestamp() + lease.ttl_us * interval '1 microsecond') \
-             FROM unnest($1::bytea[], $2::text[], $3::bigint[]) AS lease(lock_key, owner, ttl_us) \
-             WHERE held.lock_key = lease.lock_key AND held.owner = lease.owner \
-               AND held.expires_at > clock_timestamp() \
-             RETURNING held.lock_key, held.owner"
-        );
+        // (`false`); one renewed, `true`; none, not held. The rows passed over are tried again
+        // (see `renew::renew_all`): most are locked for a moment only, by a rival's try.
         let renew = format!(
             "WITH lease AS ( \
                SELECT * FROM unnest($1::bytea[], $2::text[], $3::bigint[]) \
@@ -329,7 +316,6 @@ impl Statements {
             evict: Statement::new(evict, protocol),
             expire: Statement::new(expire, protocol),
             renew: Statement::new(renew, protocol),
-            renew_waiting: Statement::new(renew_waiting, protocol),
             keep_places: Statement::new(keep_places, protocol),
             leave: Statement::new(leave, protocol),
             table,

@@ -103,6 +103,13 @@ impl RedisBackend {
                 .unwrap_or(1)
                 / 3,
         );
+        // A hold's expiry carries what is left of the hold, which may be milliseconds: not a
+        // renewal period, and no reason to give up on a call sooner than a round trip takes.
+        let bound = if exactly {
+            bound.max(EXACT_EXPIRY_PATIENCE)
+        } else {
+            bound
+        };
         let batches = by_slot.into_values().map(|(indices, calls)| async move {
             let renewed = self
                 .inner
@@ -175,6 +182,10 @@ fn renew_call(lock: String, lease: &Renewal<'_>, exactly: bool) -> ScriptInvocat
     }
     call
 }
+
+/// The least time a cluster's call setting a hold's expiry is awaited.
+#[cfg(feature = "redis-cluster")]
+const EXACT_EXPIRY_PATIENCE: Duration = Duration::from_secs(1);
 
 /// What one renewal pipeline said.
 struct Renewed {
