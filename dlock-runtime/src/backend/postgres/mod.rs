@@ -165,10 +165,8 @@ pub const MAX_KEY_BYTES: usize = 2048;
 ///   lease of the tick, each by its own ttl (never moving an expiry back: a late copy of an
 ///   earlier renewal lands harmlessly), `RETURNING` the (key, owner) pairs it renewed. A held
 ///   row another transaction keeps locked (a `SELECT … FOR UPDATE` left open in a client) is
-///   passed over (`FOR UPDATE SKIP LOCKED`), not waited for: the rows passed over are tried
-///   again a few milliseconds apart, for up to 100 ms (a rival's try locks a contended key's
-///   row for a moment), and one still locked then is not renewed this time, and tried again at
-///   the next tick, while the others are renewed as usual.
+///   passed over (`FOR UPDATE SKIP LOCKED`), not waited for: that lease is not renewed this
+///   time, and tried again at the next tick, while the others are renewed as usual.
 ///
 /// # Fences
 ///

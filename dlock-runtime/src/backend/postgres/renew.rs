@@ -14,9 +14,7 @@ use crate::LockError;
 
 /// Renews `leases` (key, owner, ttl in µs) with one statement that passes over the rows another
 /// transaction keeps locked; those passed over are tried again, a few milliseconds apart, for a
-/// thirtieth of the shortest ttl at most, and never more than 100 ms: the answer for the whole
-/// batch waits for them, and a lease near the end of its validity (its renewals failed for a
-/// while) must not be lost waiting for another lease's row. A rival's try locks a contended key's row for its own
+/// sixth of their shortest ttl at most. A rival's try locks a contended key's row for its own
 /// short run (an `INSERT … ON CONFLICT` locks the row it conflicts with, granted or not), so a
 /// second or third try renews it; a transaction left open keeps a row locked, and its lease is
 /// answered `None` (not renewed this time, tried at the next tick) without holding up the rest
@@ -30,18 +28,16 @@ pub(super) async fn renew_all(
     let mut answers: HashMap<(Vec<u8>, String), Option<bool>> = HashMap::new();
     let mut pending: Vec<(Vec<u8>, String, i64)> = leases.to_vec();
     let shortest_us = leases.iter().map(|(_, _, ttl)| *ttl).min().unwrap_or(0);
-    let patience = Duration::from_micros(u64::try_from(shortest_us / 30).unwrap_or(0))
-        .clamp(Duration::from_millis(10), Duration::from_millis(100));
+    let patience = Duration::from_micros(u64::try_from(shortest_us / 6).unwrap_or(0))
+        .clamp(Duration::from_millis(20), Duration::from_secs(2));
     let deadline = tokio::time::Instant::now() + patience;
     let mut first = true;
-    let mut pause = RETRY_PASSED_OVER;
     while !pending.is_empty() {
         if !first {
-            if tokio::time::Instant::now() + pause >= deadline {
+            if tokio::time::Instant::now() + RETRY_PASSED_OVER >= deadline {
                 break;
             }
-            tokio::time::sleep(pause).await;
-            pause *= 2;
+            tokio::time::sleep(RETRY_PASSED_OVER).await;
         }
         let rows = match send_renewal(shared, &shared.sql.renew, &pending).await {
             Ok(rows) => rows,
@@ -88,7 +84,7 @@ pub(super) async fn renew_all(
         .collect())
 }
 
-/// The first pause before rows a renewal passed over are tried again; it doubles.
+/// The pause before rows a renewal passed over are tried again.
 const RETRY_PASSED_OVER: Duration = Duration::from_millis(3);
 
 /// Sends `statement` (a renewal) for `leases`: its rows.
