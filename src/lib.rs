@@ -134,6 +134,36 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Leader election
+//!
+//! One instance of a service runs a background loop (a scheduler, an outbox relay) and another
+//! takes over when it dies. [`Locker::campaign`] waits until this instance leads, and
+//! [`Leadership::run`] runs the loop for as long as it does: the loop is dropped at the loss,
+//! before the store lets another instance lead. [`Locker::leader`] says who leads.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+//! use std::time::Duration;
+//! use dlock::{LockError, LockOptions, Locker};
+//!
+//! # async fn relay_outbox_batch(_fence: u64) {}
+//! let locker = Locker::connect("memory://").await?;
+//! let options = LockOptions::new().ttl(Duration::from_secs(10)).label("outbox-relay");
+//! let leadership = locker.campaign("outbox-relay", options).await?;
+//! let fence = leadership.fence(); // passed with the leader's writes
+//! let relay = async {
+//!     for _ in 0..3 {
+//!         relay_outbox_batch(fence).await;
+//!     }
+//! };
+//! match leadership.run(relay).await {
+//!     Ok(()) => leadership.resign().await?,
+//!     Err(LockError::Lost { .. }) => println!("another instance leads now"),
+//!     Err(other) => return Err(other),
+//! }
+//! # Ok(()) }
+//! ```
+//!
 //! ## Choosing a backend
 //!
 //! Each store is behind the cargo feature of the same name; `memory` and `redis` are on by

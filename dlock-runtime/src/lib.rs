@@ -8,6 +8,8 @@
 //!   [`init_from_env`] set the one `#[distributed_lock]` uses where it names none.
 //! - [`Lease`] — one held acquisition, released when dropped; [`LeaseInfo`], what a locked body
 //!   sees of its lease through [`current_lease`].
+//! - [`Leadership`] — leader election on a key: [`Locker::campaign`] waits to lead,
+//!   [`Locker::leader`] reads who does.
 //! - [`LockOptions`] — ttl, wait and renewal of one acquisition; [`Owner`], the token a lease is
 //!   stored under.
 //! - [`backend`] — the small trait a store implements, and the stores: memory, Redis (and Redis
@@ -46,6 +48,7 @@ mod clock;
 mod error;
 mod inspect;
 mod key;
+mod leadership;
 mod lease;
 mod locked;
 mod locker;
@@ -59,6 +62,7 @@ mod watchdog;
 
 pub use error::{FromLockError, LockError};
 pub use inspect::{Holder, KeyState};
+pub use leadership::Leadership;
 pub use lease::LeaseInfo;
 pub use locker::{init_from_env, set_default_locker, Lease, Locker};
 pub use options::LockOptions;

@@ -225,7 +225,7 @@ async fn run_body<F: Future>(on_lost: OnLost, lease: &LeaseState, body: F) -> Op
 /// Polls `body` while the lease may run it, until it finishes (`Some`) or the lease is lost
 /// (`None`, and `body` is dropped). The loss watcher with its timer is only set up once the body
 /// has to wait: a body that finishes in its first poll pays nothing for it.
-async fn until_lost<F: Future>(body: F, lease: &LeaseState) -> Option<F::Output> {
+pub(crate) async fn until_lost<F: Future>(body: F, lease: &LeaseState) -> Option<F::Output> {
     let mut body = std::pin::pin!(body);
     let mut watcher = None;
     std::future::poll_fn(|cx| {

@@ -268,6 +268,9 @@ macro_rules! lock_properties {
             renewals_are_batched,
             a_wait_without_end_grants_a_free_key,
             a_hold_keeps_the_key_to_its_end_and_no_longer,
+            one_leader_at_a_time_and_the_next_on_resign,
+            a_leader_whose_term_is_taken_away_stops_its_work,
+            a_campaign_needs_renewal_and_respects_its_wait,
         );
     };
     (@tests $store:expr; $($name:ident),* $(,)?) => {

@@ -9,6 +9,9 @@ use dlock::{current_lease, distributed_lock, LockError, LockOptions, Locker};
 
 use super::{lock_and_release, unique_key, Counting, Gauge, Store};
 
+mod leadership;
+pub use leadership::*;
+
 async fn locker<S: Store>(store: &S) -> Locker {
     Locker::with_backend(store.backend().await)
 }
