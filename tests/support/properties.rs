@@ -10,6 +10,8 @@ use dlock::{current_lease, distributed_lock, LockError, LockOptions, Locker};
 use super::{lock_and_release, unique_key, Counting, Gauge, Store};
 
 mod leadership;
+// Used by the `lock_properties!` of each store, not by every test crate that shares this module.
+#[allow(unused_imports)]
 pub use leadership::*;
 
 async fn locker<S: Store>(store: &S) -> Locker {
