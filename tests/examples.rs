@@ -128,6 +128,32 @@ fn check_dedupe_messages(url: Option<&str>) {
     assert!(locked.contains("credited 39900 (expected 39900)"), "{out}");
 }
 
+/// The leader example: a resigning leader is followed at once; with a shared store, a killed
+/// one only once its lease ran out.
+fn check_leader(url: Option<&str>) {
+    let out = run("leader", url);
+    assert!(out.contains("the leader is instance-a"), "{out}");
+    assert!(
+        out.contains("instance-b took over") || out.contains("instance-c took over"),
+        "{out}"
+    );
+    assert!(out.contains("refused as stale: 0"), "{out}");
+    if url.is_none() {
+        return;
+    }
+    let seconds: f64 = out
+        .split("instance-e took over ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|seconds| seconds.parse().ok())
+        .unwrap_or_else(|| panic!("no take-over after the kill in:\n{out}"));
+    // A ttl of 2 s renewed every 667 ms: the lease outlives its dead holder by 1.3 s at least.
+    assert!(
+        (1.2..15.0).contains(&seconds),
+        "taken over {seconds} s after the kill:\n{out}"
+    );
+}
+
 /// The metrics example runs on the in-memory store only: its story needs the store's hand to
 /// take a key away.
 fn check_nightly_cleanup(url: Option<&str>, holds: bool) {
@@ -165,6 +191,7 @@ fn examples_on_the_in_memory_default() {
     check_stock_deduction(None);
     check_dedupe_messages(None);
     check_nightly_cleanup(None, true);
+    check_leader(None);
     check_metrics();
 }
 
@@ -176,6 +203,7 @@ fn examples_on_mysql() {
     check_stock_deduction(Some(&url));
     check_dedupe_messages(Some(&url));
     check_nightly_cleanup(Some(&url), true);
+    check_leader(Some(&url));
 }
 
 #[cfg(feature = "postgres")]
@@ -186,6 +214,7 @@ fn examples_on_postgres() {
     check_stock_deduction(Some(&url));
     check_dedupe_messages(Some(&url));
     check_nightly_cleanup(Some(&url), true);
+    check_leader(Some(&url));
 }
 
 #[cfg(feature = "redis")]
@@ -198,6 +227,7 @@ fn examples_on_redis() {
     check_stock_deduction(Some(&url));
     check_dedupe_messages(Some(&url));
     check_nightly_cleanup(Some(&url), true);
+    check_leader(Some(&url));
 }
 
 #[cfg(feature = "zookeeper")]
@@ -210,6 +240,8 @@ fn examples_on_zookeeper() {
     check_stock_deduction(Some(&url));
     check_dedupe_messages(Some(&url));
     check_nightly_cleanup(Some(&url), false);
+    // A short session: a killed process's lock node goes when its session expires.
+    check_leader(Some(&format!("{url}?session_timeout=4s")));
 }
 
 /// The web service example as two processes on one Redis and one MariaDB: concurrent requests

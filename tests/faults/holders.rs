@@ -22,21 +22,26 @@ const RENEW_PERIOD: Duration = Duration::from_millis(667);
 /// the store keeps hearing the holder — its renewals succeed there — but the holder hears
 /// nothing back: it must give up all the same, and only then may the waiter enter.
 ///
+/// Every process runs `body`: a locked body, or under [`Body::Lead`] a leader's term.
+///
 /// Returns how long the holder trusted its lease, by the data server's clock.
 pub fn stalled_holder(
     backend: Backend,
     name: &'static str,
     direction: Direction,
     wrapper: &[&str],
+    body: Body,
 ) -> Duration {
     let mut scenario = Scenario::new(name, backend, 1);
     let mut holder = scenario.spec("holder", Duration::from_secs(60));
     holder.sections = 1;
+    holder.body = body;
     holder.work = Duration::from_secs(30);
     let holder = scenario.spawn(holder, wrapper);
     let entered = scenario.wait_for(holder, "enter", Duration::from_secs(60));
     let mut waiter = scenario.spec("waiter", Duration::from_secs(60));
     waiter.sections = 1;
+    waiter.body = body;
     waiter.work = 2 * TTL;
     let waiter = scenario.spawn(waiter, &[]);
     std::thread::sleep(Duration::from_millis(300));
@@ -45,6 +50,7 @@ pub fn stalled_holder(
     let next = scenario.wait_for(waiter, "enter", Duration::from_secs(30));
     let mut third = scenario.spec("third", Duration::from_secs(60));
     third.sections = 1;
+    third.body = body;
     scenario.spawn(third, &[]);
     let (_, verdict) = scenario.finish(Duration::from_secs(60));
     let margin = next.micros - lost.micros;
@@ -82,6 +88,7 @@ pub fn skewed_clock_holder(backend: Backend) {
         "skewed-clock",
         Direction::Both,
         &[FAKETIME, "-m", "-f", "+2h x0.95"],
+        Body::Count,
     );
     // On a true clock the holder gives up at 1.8 s; a clock 5 % slow makes it 1.89 s. Less
     // than 1.85 s means the skew never took effect and this was the plain stall again.
@@ -94,16 +101,19 @@ pub fn skewed_clock_holder(backend: Backend) {
 const FAKETIME: &str = "/usr/bin/faketime";
 
 /// A holder is killed (SIGKILL) in its body: the next process gets in once its lease has
-/// expired — not before, and soon after (docs/correctness.md has the figures).
-pub fn killed_holder(backend: Backend) {
-    let mut scenario = Scenario::new("killed-holder", backend, 1);
+/// expired — not before, and soon after (docs/correctness.md has the figures). Every process
+/// runs `body` (a leader's term under [`Body::Lead`]).
+pub fn killed_holder(backend: Backend, name: &'static str, body: Body) {
+    let mut scenario = Scenario::new(name, backend, 1);
     let mut holder = scenario.spec("holder", Duration::from_secs(60));
     holder.sections = 1;
+    holder.body = body;
     holder.work = Duration::from_secs(30);
     let holder = scenario.spawn(holder, &[]);
     scenario.wait_for(holder, "enter", Duration::from_secs(60));
     let mut waiter = scenario.spec("waiter", Duration::from_secs(60));
     waiter.sections = 1;
+    waiter.body = body;
     let waiter = scenario.spawn(waiter, &[]);
     // Let the holder renew at least once, and the waiter queue up.
     std::thread::sleep(Duration::from_millis(1000));

@@ -89,12 +89,17 @@ macro_rules! scenarios {
 
                 #[test]
                 fn a_stalled_holder_is_cancelled_before_anyone_enters() {
-                    stalled_holder($variant, "stalled-holder", Direction::Both, &[]);
+                    stalled_holder($variant, "stalled-holder", Direction::Both, &[], Body::Count);
                 }
 
                 #[test]
                 fn a_holder_that_cannot_hear_the_store_gives_up_before_anyone_enters() {
-                    stalled_holder($variant, "deaf-holder", Direction::ToClient, &[]);
+                    stalled_holder($variant, "deaf-holder", Direction::ToClient, &[], Body::Count);
+                }
+
+                #[test]
+                fn a_stalled_leader_stops_before_another_is_elected() {
+                    stalled_holder($variant, "stalled-leader", Direction::Both, &[], Body::Lead);
                 }
 
                 #[test]
@@ -104,7 +109,12 @@ macro_rules! scenarios {
 
                 #[test]
                 fn a_killed_holder_is_replaced_after_its_ttl_not_before() {
-                    killed_holder($variant);
+                    killed_holder($variant, "killed-holder", Body::Count);
+                }
+
+                #[test]
+                fn a_killed_leader_is_replaced_after_its_ttl_not_before() {
+                    killed_holder($variant, "killed-leader", Body::Lead);
                 }
 
                 #[test]
@@ -236,14 +246,14 @@ fn the_checker_finds_what_it_looks_for() {
     assert!(verdict.overlaps.is_empty() && verdict.fence_inversions.is_empty());
     assert_eq!(verdict.lost_updates, 0);
 
-    // A long body overlapping one two places after it; a fence going back, on entry and on
-    // write; a write that read what the one before it had read: a lost update.
+    // A long body overlapping one two places after it; a fence repeated on entry, and going
+    // back on write; a write that read what the one before it had read: a lost update.
     let bad = [
         run("k", 1, "a", 0, Some(50)),
         run("k", 2, "b", 10, Some(20)),
         run("k", 2, "c", 30, Some(40)),
     ];
-    let writes = journal(&[(1, 0, 1), (2, 1, 2), (2, 1, 2)]);
+    let writes = journal(&[(1, 0, 1), (2, 1, 2), (1, 1, 2)]);
     let verdict = history::check(&bad, &no_kills, &writes);
     assert_eq!(verdict.overlaps.len(), 2, "{verdict}");
     assert_eq!(verdict.fence_inversions.len(), 2, "{verdict}");

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock::backend::{MysqlBackend, PostgresBackend, ZookeeperBackend};
-use dlock::{distributed_lock, LockError, Locker};
+use dlock::{distributed_lock, LockError, LockOptions, Locker};
 
 use super::support::history::Log;
 
@@ -57,6 +57,8 @@ pub enum Body {
     /// [`count_unlocked`]: the counting body without the lock — the control that shows the
     /// checker sees what a broken lock would do.
     CountUnlocked,
+    /// [`lead`]: campaign for the key, then count for a whole term as its leader.
+    Lead,
 }
 
 impl Body {
@@ -65,6 +67,7 @@ impl Body {
             Body::Count => "count",
             Body::WriteFenced => "write-fenced",
             Body::CountUnlocked => "count-unlocked",
+            Body::Lead => "lead",
         }
     }
 
@@ -73,6 +76,7 @@ impl Body {
             "count" => Body::Count,
             "write-fenced" => Body::WriteFenced,
             "count-unlocked" => Body::CountUnlocked,
+            "lead" => Body::Lead,
             other => panic!("unknown body {other}"),
         }
     }
@@ -196,10 +200,52 @@ pub async fn count_unlocked(key: &str, context: &Context, entered: &AtomicU64) {
     increment(key, NEXT.fetch_add(1, Ordering::SeqCst), context, entered).await;
 }
 
+/// A term as the key's leader: campaigns (as [`count`] waits, 30 s at most), then increments
+/// the counter again and again under [`Leadership::run`](dlock::Leadership::run), for
+/// `context.work` or until the leadership is lost. The term is the section the checker judges:
+/// entered when elected, left when the run ends (after its last write landed: the exit is
+/// logged on the data server's connection behind it).
+pub async fn lead(
+    locker: &Locker,
+    key: &str,
+    context: &Context,
+    entered: &AtomicU64,
+) -> Result<(), LockError> {
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(2))
+        .wait(Duration::from_secs(30));
+    let leadership = locker.campaign(key, options).await?;
+    let fence = leadership.fence();
+    entered.store(fence, Ordering::SeqCst);
+    context.record("enter", key, fence).await;
+    let term = tokio::time::sleep(context.work);
+    let work = async {
+        tokio::pin!(term);
+        loop {
+            tokio::select! {
+                () = &mut term => return,
+                () = write_increment(key, fence, context, Duration::from_millis(20)) => {}
+            }
+        }
+    };
+    let outcome = leadership.run(work).await;
+    context.record("exit", key, fence).await;
+    match outcome {
+        Ok(()) => leadership.resign().await,
+        Err(lost) => Err(lost),
+    }
+}
+
 /// Logs the entry, reads `key`'s counter, pauses, writes it back plus one, logs the exit.
 pub async fn increment(key: &str, fence: u64, context: &Context, entered: &AtomicU64) {
     entered.store(fence, Ordering::SeqCst);
     context.record("enter", key, fence).await;
+    write_increment(key, fence, context, context.work).await;
+    context.record("exit", key, fence).await;
+}
+
+/// Reads `key`'s counter, pauses for `work`, writes it back plus one (journaled).
+async fn write_increment(key: &str, fence: u64, context: &Context, work: Duration) {
     let counter = format!("counter:{key}");
     let mut data = context.data.clone();
     let value: Option<u64> = redis::cmd("GET")
@@ -207,7 +253,7 @@ pub async fn increment(key: &str, fence: u64, context: &Context, entered: &Atomi
         .query_async(&mut data)
         .await
         .unwrap();
-    tokio::time::sleep(context.work).await;
+    tokio::time::sleep(work).await;
     let read = value.unwrap_or(0);
     let () = redis::Script::new(JOURNALED_SET)
         .key(&counter)
@@ -217,7 +263,6 @@ pub async fn increment(key: &str, fence: u64, context: &Context, entered: &Atomi
         .invoke_async(&mut data)
         .await
         .unwrap();
-    context.record("exit", key, fence).await;
 }
 
 /// Sets the counter and journals the write (`<fence> <read> <written>`) in one step, so the
@@ -357,6 +402,7 @@ pub async fn run_bodies(
                 count_unlocked(key, context, &entered).await;
                 Ok(())
             }
+            Body::Lead => lead(locker, key, context, &entered).await,
         };
         let fence = entered.load(Ordering::SeqCst);
         if fence != 0 {

@@ -198,7 +198,9 @@ impl Write {
 ///
 /// A write that did not read what the write before it wrote is a lost update: exact, whatever
 /// the clocks say, because the data server journals each write with the value it replaced in
-/// one step. Fences must also rise in the order of the writes.
+/// one step. Fences must also never go back in the order of the writes (they may repeat: a
+/// leader's term writes many times with one fence, and two sections entered with one fence are
+/// caught as they enter).
 pub fn check(
     sections: &[Section],
     killed: &BTreeMap<String, i64>,
@@ -264,7 +266,7 @@ pub fn check(
             if write.read != previous.written {
                 verdict.lost_updates += 1;
             }
-            if write.fence <= previous.fence {
+            if write.fence < previous.fence {
                 verdict.fence_inversions.push(format!(
                     "{key}: a write with fence {} ran after one with fence {}",
                     write.fence, previous.fence
