@@ -9,6 +9,14 @@
 //! other leases, and each lease's confirmation is judged against its own deadline: a batch waits
 //! as long as its longest-lived lease can, and a short lease in it is lost by its own timer
 //! without cutting the others' patience short.
+//!
+//! A lease released while its renewal is on its way is renewed all the same where the store
+//! still holds it for its owner: one released before the end of its hold
+//! ([`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)), which the store keeps
+//! to the hold's end. A renewal landing after the hold's expiry was set would stretch it to a
+//! ttl after the renewal (renewals never shorten an expiry), and the key would be held by
+//! nobody until then: such a lease's ending is sent again once the renewal is answered, so that
+//! the ending is the last word on the store.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,6 +32,10 @@ use crate::lease::{LeaseState, LossCause};
 /// The shortest time before a renewal is tried again after the store failed to answer.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_millis(100);
 
+/// Sends again the ending of a lease that was released while its renewal was on its way, as its
+/// release did: the hold's expiry, or a release once the hold is over (see `Shared::renew`).
+pub(crate) type EndAgain = Box<dyn Fn(&LeaseState) + Send + Sync>;
+
 pub(crate) struct Watchdog {
     shared: Arc<Shared>,
 }
@@ -32,6 +44,7 @@ struct Shared {
     backend: Arc<dyn DynBackend>,
     registry: Mutex<Registry>,
     wake: Notify,
+    end_again: EndAgain,
 }
 
 #[derive(Default)]
@@ -47,12 +60,13 @@ struct Entry {
 }
 
 impl Watchdog {
-    pub(crate) fn new(backend: Arc<dyn DynBackend>) -> Self {
+    pub(crate) fn new(backend: Arc<dyn DynBackend>, end_again: EndAgain) -> Self {
         Watchdog {
             shared: Arc::new(Shared {
                 backend,
                 registry: Mutex::default(),
                 wake: Notify::new(),
+                end_again,
             }),
         }
     }
@@ -151,7 +165,13 @@ impl Shared {
         }
     }
 
-    async fn renew(self: Arc<Self>, batch: Vec<Arc<LeaseState>>) {
+    async fn renew(self: Arc<Self>, mut batch: Vec<Arc<LeaseState>>) {
+        // A lease released since `due` took it needs no renewal, and one with a hold must not
+        // get one: it would stretch the expiry its release set.
+        batch.retain(|state| !state.is_released());
+        if batch.is_empty() {
+            return;
+        }
         let sent_at = Instant::now();
         let renewals: Vec<Renewal<'_>> = batch
             .iter()
@@ -176,6 +196,17 @@ impl Shared {
                             // taken away (an operator's release), so as to stop trusting it.
                             state.confirm(sent_at);
                             self.reschedule(state, sent_at + clock::renew_interval(state.ttl));
+                            if state.is_released() && state.hold_until.is_some() {
+                                // Released since it was sent, and maybe before its hold's end:
+                                // the renewal may have landed after the hold's expiry and
+                                // stretched it to a ttl from now. Its ending is sent again,
+                                // after the renewal took effect (an exact expiry, so the same
+                                // again; a release once the hold is over, as the retries of a
+                                // failed ending do). A copy of the renewal that a connection
+                                // sends again after a time-out and that lands later still is
+                                // not covered.
+                                (self.end_again)(state);
+                            }
                         }
                         Some(false) => state.mark_lost(LossCause::Refused),
                         // Not confirmed this round (its part of the store failed): retried
@@ -184,6 +215,9 @@ impl Shared {
                     }
                 }
             }
+            // A lease released with a hold needs nothing more here: a renewal that failed did not
+            // stretch its expiry, and one that went unanswered but still lands later may do so
+            // after anything sent now, as the late copies above.
             Ok(Err(error)) => {
                 tracing::warn!(%error, leases = batch.len(), "distributed_lock: renewal failed; retrying");
                 batch.iter().for_each(|state| state.held.renewal_failed());
@@ -243,6 +277,7 @@ mod tests {
             backend: Arc::new(MemoryBackend::new()),
             registry: Mutex::default(),
             wake: Notify::new(),
+            end_again: Box::new(|_| {}),
         };
         let ttl = Duration::from_secs(30);
         let start = Instant::now();

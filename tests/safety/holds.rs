@@ -1,6 +1,6 @@
 //! A lease held at least some time after its grant (`hold_at_least`) keeps the key to the end of
-//! its hold whatever comes after its release: a renewal of the watchdog's that was on its way
-//! and lands after the hold's expiry was set, or a first try at setting it that fails.
+//! its hold whatever comes after its release, and no longer: a renewal of the watchdog's that was
+//! on its way and lands after the hold's expiry was set, or a first try at setting it that fails.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,12 +12,15 @@ use dlock::{LockError, LockOptions, Locker, Owner};
 use crate::support::unique_key;
 
 /// The in-process store, whose renewals wait `renew_delay` before they reach it (a request held
-/// up on its way), and whose first `failing_expiries` expiries set at a time fail.
+/// up on its way), and whose first `failing_expiries` expiries set at a time fail. Counts the
+/// renewals sent and those that reached the store.
 #[derive(Clone, Default)]
 struct Slow {
     store: MemoryBackend,
     renew_delay: Duration,
     failing_expiries: Arc<AtomicUsize>,
+    renewals_sent: Arc<AtomicUsize>,
+    renewals_landed: Arc<AtomicUsize>,
 }
 
 impl Backend for Slow {
@@ -30,8 +33,11 @@ impl Backend for Slow {
     }
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+        self.renewals_sent.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(self.renew_delay).await;
-        self.store.renew(leases).await
+        let renewed = self.store.renew(leases).await;
+        self.renewals_landed.fetch_add(1, Ordering::SeqCst);
+        renewed
     }
 
     fn expires_at_a_set_time(&self) -> bool {
@@ -81,6 +87,50 @@ async fn a_renewal_that_lands_after_the_release_does_not_cut_the_hold_short() {
         matches!(in_the_window, Err(LockError::Busy { .. })),
         "a late renewal cut the hold short: another replica ran in the window ({:?})",
         in_the_window.map(|lease| lease.fence())
+    );
+}
+
+/// A renewal sent just before the release lands after the hold's expiry was set: it must not
+/// stretch the hold either, to a ttl after it landed, past the hold's end. Nobody holds the key
+/// then, and every replica would be turned away until then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_lands_after_the_release_does_not_stretch_the_hold() {
+    let store = Slow {
+        renew_delay: Duration::from_millis(400),
+        ..Slow::default()
+    };
+    let (holder, rival) = (
+        Locker::with_backend(store.clone()),
+        Locker::with_backend(store.clone()),
+    );
+    let key = unique_key("renewed-after-the-hold");
+    let job = LockOptions::new()
+        .ttl(Duration::from_secs(3))
+        .hold_at_least(Duration::from_millis(1500));
+    let lease = holder.lock(&*key, job).await.unwrap();
+    // The first renewal leaves a third of the ttl in, at 1 s, and reaches the store at 1.4 s,
+    // after the release at 1.1 s set the key to expire at the hold's end, 1.5 s.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let in_flight = (
+        store.renewals_sent.load(Ordering::SeqCst),
+        store.renewals_landed.load(Ordering::SeqCst),
+    );
+    lease.release().await.unwrap();
+    assert_eq!(
+        in_flight,
+        (1, 0),
+        "a renewal was to be on its way at the release (renewals sent, landed)"
+    );
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(
+        store.renewals_landed.load(Ordering::SeqCst),
+        1,
+        "the renewal was to land after the release"
+    );
+    let after_the_hold = rival.lock(&*key, job).await;
+    assert!(
+        after_the_hold.is_ok(),
+        "the key stayed held by nobody past the hold's end: {after_the_hold:?}"
     );
 }
 

@@ -127,10 +127,12 @@ impl Locker {
         store: &'static str,
     ) -> Locker {
         crate::clock::start();
+        let holdings: Arc<Holdings> = Arc::default();
+        let end_again = release::end_again(backend.clone(), holdings.clone());
         Locker {
             inner: Arc::new(Inner {
-                watchdog: Watchdog::new(backend.clone()),
-                holdings: Arc::default(),
+                watchdog: Watchdog::new(backend.clone(), end_again),
+                holdings,
                 backend,
                 description,
                 store,

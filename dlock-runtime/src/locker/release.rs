@@ -13,6 +13,7 @@ use super::Locker;
 use crate::backend::DynBackend;
 use crate::background;
 use crate::lease::LeaseState;
+use crate::watchdog::EndAgain;
 use crate::{LockError, Owner};
 
 impl Locker {
@@ -123,38 +124,77 @@ impl Locker {
         queued: QueuedRelease,
         ending: Ending,
     ) {
-        if ending == Ending::Release && self.inner.backend.release_now(&key, owner) {
-            return;
-        }
-        let backend = self.inner.backend.clone();
-        let started = Instant::now();
-        let Some(give_up_at) = ending.retried_until(started) else {
-            background::spawn(async move {
-                let _queued = queued;
-                let ending = ending.send(&*backend, &key, owner);
-                // Bounded, so a store that never answers cannot hold a shutdown up for good.
-                let result = tokio::time::timeout(RELEASE_PATIENCE, ending)
-                    .await
-                    .unwrap_or_else(|_| Err(release_timed_out()));
-                if let Err(error) = result {
-                    tracing::warn!(%key, %error, "distributed_lock: queued release failed; the lease will expire");
-                }
-            });
-            return;
-        };
-        let holdings = self.inner.holdings.clone();
-        background::spawn(async move {
-            let retries = retry(&backend, &key, owner, ending, give_up_at, &holdings);
-            tokio::pin!(retries);
-            // A shutdown waits for it as long as for any queued release, and no longer.
-            tokio::select! {
-                () = &mut retries => return,
-                () = tokio::time::sleep_until((started + RELEASE_PATIENCE).into()) => {}
-            }
-            drop(queued);
-            retries.await;
-        });
+        send_ending(
+            &self.inner.backend,
+            &self.inner.holdings,
+            key,
+            owner,
+            queued,
+            ending,
+        );
     }
+}
+
+/// What the watchdog calls for a lease released while its renewal was on its way and answered
+/// as renewed (see `crate::watchdog`): ends it again as its release did, counted by
+/// a fresh queued-release guard and tried again as that ending is. [`Ending::of`] makes it the
+/// hold's expiry while the hold lasts and a release after. Holds the store and the holdings,
+/// not the locker, so that a locker dropped meanwhile does not leave the key stretched.
+pub(super) fn end_again(backend: Arc<dyn DynBackend>, holdings: Arc<Holdings>) -> EndAgain {
+    Box::new(move |state| {
+        let queued = holdings.queued_release();
+        let ending = Ending::of(state);
+        send_ending(
+            &backend,
+            &holdings,
+            state.key.clone(),
+            state.owner,
+            queued,
+            ending,
+        );
+    })
+}
+
+/// [`Locker::send_release`], on `backend` and counted among `holdings`.
+fn send_ending(
+    backend: &Arc<dyn DynBackend>,
+    holdings: &Arc<Holdings>,
+    key: String,
+    owner: Owner,
+    queued: QueuedRelease,
+    ending: Ending,
+) {
+    if ending == Ending::Release && backend.release_now(&key, owner) {
+        return;
+    }
+    let backend = backend.clone();
+    let started = Instant::now();
+    let Some(give_up_at) = ending.retried_until(started) else {
+        background::spawn(async move {
+            let _queued = queued;
+            let ending = ending.send(&*backend, &key, owner);
+            // Bounded, so a store that never answers cannot hold a shutdown up for good.
+            let result = tokio::time::timeout(RELEASE_PATIENCE, ending)
+                .await
+                .unwrap_or_else(|_| Err(release_timed_out()));
+            if let Err(error) = result {
+                tracing::warn!(%key, %error, "distributed_lock: queued release failed; the lease will expire");
+            }
+        });
+        return;
+    };
+    let holdings = holdings.clone();
+    background::spawn(async move {
+        let retries = retry(&backend, &key, owner, ending, give_up_at, &holdings);
+        tokio::pin!(retries);
+        // A shutdown waits for it as long as for any queued release, and no longer.
+        tokio::select! {
+            () = &mut retries => return,
+            () = tokio::time::sleep_until((started + RELEASE_PATIENCE).into()) => {}
+        }
+        drop(queued);
+        retries.await;
+    });
 }
 
 /// Sends `ending` for `owner`'s hold of `key` until the store answers it. One that fails (the
