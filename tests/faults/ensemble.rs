@@ -43,7 +43,9 @@ pub fn leader_killed() {
     std::thread::sleep(Duration::from_secs(4));
     scenario.ensemble().restart(leader);
     let back_at = scenario.now();
-    let (sections, verdict) = scenario.finish(run_for + Duration::from_secs(60));
+    let Some((sections, verdict)) = scenario.finish(run_for + Duration::from_secs(60)) else {
+        return;
+    };
     let Some(first_after) = sections
         .iter()
         .map(|s| s.start)
@@ -115,7 +117,9 @@ pub fn follower_partitioned() {
     std::thread::sleep(Duration::from_secs(12));
     scenario.ensemble().reconnect_first();
     let healed_at = scenario.now();
-    let (sections, verdict) = scenario.finish(run_for + Duration::from_secs(60));
+    let Some((sections, verdict)) = scenario.finish(run_for + Duration::from_secs(60)) else {
+        return;
+    };
     let meanwhile: Vec<&Section> = sections
         .iter()
         .filter(|s| s.start > cut_at && s.start < healed_at)

@@ -19,7 +19,9 @@ pub fn random_cuts(backend: Backend, run_for: Duration) {
         let worker = scenario.spawn(spec, &[]);
         scenario.proxy(worker).cut_randomly(0.01);
     }
-    let (sections, verdict) = scenario.finish(run_for + Duration::from_secs(60));
+    let Some((sections, verdict)) = scenario.finish(run_for + Duration::from_secs(60)) else {
+        return;
+    };
     let cuts: u64 = (0..3).map(|w| scenario.proxy(w).cuts()).sum();
     scenario.report(
         &verdict,
@@ -85,7 +87,9 @@ pub fn restart_under_load(backend: Backend) {
         }
     }
     let back_at = scenario.now();
-    let (sections, verdict) = scenario.finish(run_for + Duration::from_secs(60));
+    let Some((sections, verdict)) = scenario.finish(run_for + Duration::from_secs(60)) else {
+        return;
+    };
     let first_after = sections
         .iter()
         .map(|s| s.start)

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use dlock::Owner;
 
@@ -88,6 +88,25 @@ pub struct Scenario {
     pub workers: Vec<Worker>,
     pub killed: BTreeMap<String, i64>,
     pub started: Instant,
+    /// The wall clock when `started` was read: how far the two have drifted apart by the end
+    /// tells whether the host's wall clock stepped during the run.
+    pub started_wall: SystemTime,
+}
+
+/// A drift of the wall clock from the monotonic one, over a run, past which the run is void.
+/// The stores and the data server judge expiry and order by the host's wall clock: stepped
+/// (an NTP correction, a virtual machine resumed), they end leases early and misdate entries,
+/// and the verdict says nothing about dlock (docs/correctness.md, "Skewed clock").
+const CLOCK_STEP: Duration = Duration::from_millis(1500);
+
+/// How far the wall clock moved apart from the monotonic one since `started` (read together
+/// with `started_wall`), when that is more than [`CLOCK_STEP`]: `"+28.0 s"`.
+pub fn wall_clock_step(started: Instant, started_wall: SystemTime) -> Option<String> {
+    let wall = SystemTime::now()
+        .duration_since(started_wall)
+        .map_or_else(|e| -e.duration().as_secs_f64(), |d| d.as_secs_f64());
+    let drift = wall - started.elapsed().as_secs_f64();
+    (drift.abs() > CLOCK_STEP.as_secs_f64()).then(|| format!("{drift:+.1} s"))
 }
 
 impl Scenario {
@@ -111,6 +130,7 @@ impl Scenario {
             workers: Vec::new(),
             killed: BTreeMap::new(),
             started: Instant::now(),
+            started_wall: SystemTime::now(),
         }
     }
 
@@ -273,8 +293,9 @@ impl Scenario {
     }
 
     /// Waits for every worker still running to finish (killing those that outlive
-    /// `patience`), then judges the history.
-    pub fn finish(&mut self, patience: Duration) -> (Vec<Section>, Verdict) {
+    /// `patience`), then judges the history: `None`, judging nothing, where the host's wall
+    /// clock stepped during the run (printed as a void run), as no verdict would mean anything.
+    pub fn finish(&mut self, patience: Duration) -> Option<(Vec<Section>, Verdict)> {
         let deadline = Instant::now() + patience;
         for index in 0..self.workers.len() {
             loop {
@@ -304,10 +325,18 @@ impl Scenario {
                 }
             }
         }
+        if let Some(step) = wall_clock_step(self.started, self.started_wall) {
+            eprintln!(
+                "{}: VOID RUN: the host's wall clock stepped {step} during it (against the \
+                 monotonic clock); the stores judge expiry by it, so nothing here is judged",
+                self.name
+            );
+            return None;
+        }
         let sections = history::sections(&self.events());
         let journals = self.journals();
         let verdict = history::check(&sections, &self.killed, &journals);
-        (sections, verdict)
+        Some((sections, verdict))
     }
 
     /// Each key's journal of counter writes, in the order they ran (fenced scenarios keep none).
