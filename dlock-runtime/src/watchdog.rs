@@ -32,9 +32,19 @@ use crate::lease::{LeaseState, LossCause};
 /// The shortest time before a renewal is tried again after the store failed to answer.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_millis(100);
 
-/// Sends again the ending of a lease that was released while its renewal was on its way, as its
-/// release did: the hold's expiry, or a release once the hold is over (see `Shared::renew`).
-pub(crate) type EndAgain = Box<dyn Fn(&LeaseState) + Send + Sync>;
+/// What the watchdog needs of its locker for the leases with a hold (`hold_at_least`), whose
+/// release sets an exact expiry that a renewal landing after it would stretch to a ttl (see
+/// `Shared::renew`).
+pub(crate) trait HoldEndings: Send + Sync {
+    /// A guard that keeps the locker's shutdown waiting, as for a queued release, while a
+    /// renewal of a lease with a hold is on its way: the ending that may have to follow it must
+    /// be sent before the store is closed.
+    fn renewal_on_its_way(&self) -> Box<dyn Send>;
+
+    /// Sends again the ending of a lease released while its renewal was on its way: the hold's
+    /// expiry, or a release once the hold is over, retried as the release's own ending is.
+    fn end_again(&self, state: &LeaseState);
+}
 
 pub(crate) struct Watchdog {
     shared: Arc<Shared>,
@@ -44,7 +54,7 @@ struct Shared {
     backend: Arc<dyn DynBackend>,
     registry: Mutex<Registry>,
     wake: Notify,
-    end_again: EndAgain,
+    holds: Box<dyn HoldEndings>,
 }
 
 #[derive(Default)]
@@ -60,13 +70,13 @@ struct Entry {
 }
 
 impl Watchdog {
-    pub(crate) fn new(backend: Arc<dyn DynBackend>, end_again: EndAgain) -> Self {
+    pub(crate) fn new(backend: Arc<dyn DynBackend>, holds: Box<dyn HoldEndings>) -> Self {
         Watchdog {
             shared: Arc::new(Shared {
                 backend,
                 registry: Mutex::default(),
                 wake: Notify::new(),
-                end_again,
+                holds,
             }),
         }
     }
@@ -172,6 +182,10 @@ impl Shared {
         if batch.is_empty() {
             return;
         }
+        let _on_its_way = batch
+            .iter()
+            .any(|state| state.hold_until.is_some())
+            .then(|| self.holds.renewal_on_its_way());
         let sent_at = Instant::now();
         let renewals: Vec<Renewal<'_>> = batch
             .iter()
@@ -196,17 +210,10 @@ impl Shared {
                             // taken away (an operator's release), so as to stop trusting it.
                             state.confirm(sent_at);
                             self.reschedule(state, sent_at + clock::renew_interval(state.ttl));
-                            if state.is_released() && state.hold_until.is_some() {
-                                // Released since it was sent, and maybe before its hold's end:
-                                // the renewal may have landed after the hold's expiry and
-                                // stretched it to a ttl from now. Its ending is sent again,
-                                // after the renewal took effect (an exact expiry, so the same
-                                // again; a release once the hold is over, as the retries of a
-                                // failed ending do). A copy of the renewal that a connection
-                                // sends again after a time-out and that lands later still is
-                                // not covered.
-                                (self.end_again)(state);
-                            }
+                            // Released since it was sent, and maybe before its hold's end:
+                            // the renewal may have landed after the hold's expiry and
+                            // stretched it to a ttl from now.
+                            self.end_again_if_held_over(state);
                         }
                         Some(false) => state.mark_lost(LossCause::Refused),
                         // Not confirmed this round (its part of the store failed): retried
@@ -215,12 +222,15 @@ impl Shared {
                     }
                 }
             }
-            // A lease released with a hold needs nothing more here: a renewal that failed did not
-            // stretch its expiry, and one that went unanswered but still lands later may do so
-            // after anything sent now, as the late copies above.
+            // A renewal reported failed or unanswered may have taken effect all the same (a
+            // batch split in parts, an answer lost after the commit): a lease released with a
+            // hold meanwhile is ended again as well.
             Ok(Err(error)) => {
                 tracing::warn!(%error, leases = batch.len(), "distributed_lock: renewal failed; retrying");
-                batch.iter().for_each(|state| state.held.renewal_failed());
+                for state in &batch {
+                    state.held.renewal_failed();
+                    self.end_again_if_held_over(state);
+                }
             }
             Err(_) => {
                 tracing::warn!(
@@ -228,8 +238,22 @@ impl Shared {
                     ?patience,
                     "distributed_lock: renewal timed out; retrying"
                 );
-                batch.iter().for_each(|state| state.held.renewal_failed());
+                for state in &batch {
+                    state.held.renewal_failed();
+                    self.end_again_if_held_over(state);
+                }
             }
+        }
+    }
+
+    /// For a lease released with a hold since its renewal was sent: sends its ending again,
+    /// after the renewal took effect, if it did (an exact expiry, so the same again; a release
+    /// once the hold is over), so that the ending is the store's last word. A copy of the
+    /// renewal that a connection sends again after a time-out and that lands later still is not
+    /// covered.
+    fn end_again_if_held_over(&self, state: &LeaseState) {
+        if state.is_released() && state.hold_until.is_some() {
+            self.holds.end_again(state);
         }
     }
 }
@@ -267,6 +291,17 @@ mod tests {
     use crate::backend::MemoryBackend;
     use crate::Owner;
 
+    /// Leases without holds only.
+    struct NoHolds;
+
+    impl HoldEndings for NoHolds {
+        fn renewal_on_its_way(&self) -> Box<dyn Send> {
+            Box::new(())
+        }
+
+        fn end_again(&self, _: &LeaseState) {}
+    }
+
     /// A lease granted for less than its ttl (a Redis hand-off the waiter started on: about
     /// 2.7 s of validity for a 30 s ttl) whose renewals go unanswered is tried again before its
     /// deadline, not once only: each retry comes within a third of the validity left, not after
@@ -277,7 +312,7 @@ mod tests {
             backend: Arc::new(MemoryBackend::new()),
             registry: Mutex::default(),
             wake: Notify::new(),
-            end_again: Box::new(|_| {}),
+            holds: Box::new(NoHolds),
         };
         let ttl = Duration::from_secs(30);
         let start = Instant::now();

@@ -2,7 +2,7 @@
 //! its hold whatever comes after its release, and no longer: a renewal of the watchdog's that was
 //! on its way and lands after the hold's expiry was set, or a first try at setting it that fails.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +13,8 @@ use crate::support::unique_key;
 
 /// The in-process store, whose renewals wait `renew_delay` before they reach it (a request held
 /// up on its way), and whose first `failing_expiries` expiries set at a time fail. Counts the
-/// renewals sent and those that reached the store.
+/// renewals sent and those that reached the store. With `renewal_answers_lost`, a renewal takes
+/// effect but its caller is told it failed; once closed, it answers nothing but errors.
 #[derive(Clone, Default)]
 struct Slow {
     store: MemoryBackend,
@@ -21,6 +22,17 @@ struct Slow {
     failing_expiries: Arc<AtomicUsize>,
     renewals_sent: Arc<AtomicUsize>,
     renewals_landed: Arc<AtomicUsize>,
+    renewal_answers_lost: bool,
+    closed: Arc<AtomicBool>,
+}
+
+impl Slow {
+    fn check_open(&self) -> Result<(), LockError> {
+        match self.closed.load(Ordering::SeqCst) {
+            true => Err(LockError::backend("the store was closed")),
+            false => Ok(()),
+        }
+    }
 }
 
 impl Backend for Slow {
@@ -29,15 +41,24 @@ impl Backend for Slow {
     }
 
     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
+        self.check_open()?;
         self.store.release(key, owner).await
     }
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
         self.renewals_sent.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(self.renew_delay).await;
+        // On its way since before the close: it lands all the same.
         let renewed = self.store.renew(leases).await;
         self.renewals_landed.fetch_add(1, Ordering::SeqCst);
+        if self.renewal_answers_lost {
+            return Err(LockError::backend("the answer was lost"));
+        }
         renewed
+    }
+
+    async fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
     }
 
     fn expires_at_a_set_time(&self) -> bool {
@@ -50,6 +71,7 @@ impl Backend for Slow {
         owner: Owner,
         after: Duration,
     ) -> Result<bool, LockError> {
+        self.check_open()?;
         let failing = &self.failing_expiries;
         if failing
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -127,6 +149,64 @@ async fn a_renewal_that_lands_after_the_release_does_not_stretch_the_hold() {
         1,
         "the renewal was to land after the release"
     );
+    let after_the_hold = rival.lock(&*key, job).await;
+    assert!(
+        after_the_hold.is_ok(),
+        "the key stayed held by nobody past the hold's end: {after_the_hold:?}"
+    );
+}
+
+/// The same renewal on its way when the holder's locker is shut down rather than the lease
+/// released: shutdown waits for it before it closes the store, so that the hold's expiry can be
+/// sent again after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_on_its_way_at_shutdown_does_not_stretch_the_hold() {
+    let store = Slow {
+        renew_delay: Duration::from_millis(400),
+        ..Slow::default()
+    };
+    let rival = Locker::with_backend(store.store.clone());
+    let key = unique_key("renewed-at-shutdown");
+    let job = LockOptions::new()
+        .ttl(Duration::from_secs(3))
+        .hold_at_least(Duration::from_millis(1500));
+    let holder = Locker::with_backend(store.clone());
+    let _lease = holder.lock(&*key, job).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(store.renewals_landed.load(Ordering::SeqCst), 0);
+    holder.shutdown().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(store.renewals_landed.load(Ordering::SeqCst), 1);
+    let after_the_hold = rival.lock(&*key, job).await;
+    assert!(
+        after_the_hold.is_ok(),
+        "the key stayed held by nobody past the hold's end: {after_the_hold:?}"
+    );
+}
+
+/// A renewal on its way at the release that takes effect, but whose answer is lost: the hold's
+/// expiry is sent again all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_lands_unanswered_after_the_release_does_not_stretch_the_hold() {
+    let store = Slow {
+        renew_delay: Duration::from_millis(400),
+        renewal_answers_lost: true,
+        ..Slow::default()
+    };
+    let (holder, rival) = (
+        Locker::with_backend(store.clone()),
+        Locker::with_backend(store.clone()),
+    );
+    let key = unique_key("renewed-unanswered");
+    let job = LockOptions::new()
+        .ttl(Duration::from_secs(3))
+        .hold_at_least(Duration::from_millis(1500));
+    let lease = holder.lock(&*key, job).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(store.renewals_landed.load(Ordering::SeqCst), 0);
+    lease.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(store.renewals_landed.load(Ordering::SeqCst), 1);
     let after_the_hold = rival.lock(&*key, job).await;
     assert!(
         after_the_hold.is_ok(),

@@ -128,10 +128,13 @@ impl Locker {
     ) -> Locker {
         crate::clock::start();
         let holdings: Arc<Holdings> = Arc::default();
-        let end_again = release::end_again(backend.clone(), holdings.clone());
+        let holds = Box::new(release::HoldEndingsOf {
+            backend: backend.clone(),
+            holdings: holdings.clone(),
+        });
         Locker {
             inner: Arc::new(Inner {
-                watchdog: Watchdog::new(backend.clone(), end_again),
+                watchdog: Watchdog::new(backend.clone(), holds),
                 holdings,
                 backend,
                 description,

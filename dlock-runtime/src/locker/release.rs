@@ -13,7 +13,7 @@ use super::Locker;
 use crate::backend::DynBackend;
 use crate::background;
 use crate::lease::LeaseState;
-use crate::watchdog::EndAgain;
+use crate::watchdog::HoldEndings;
 use crate::{LockError, Owner};
 
 impl Locker {
@@ -135,24 +135,34 @@ impl Locker {
     }
 }
 
-/// What the watchdog calls for a lease released while its renewal was on its way and answered
-/// as renewed (see `crate::watchdog`): ends it again as its release did, counted by
-/// a fresh queued-release guard and tried again as that ending is. [`Ending::of`] makes it the
-/// hold's expiry while the hold lasts and a release after. Holds the store and the holdings,
-/// not the locker, so that a locker dropped meanwhile does not leave the key stretched.
-pub(super) fn end_again(backend: Arc<dyn DynBackend>, holdings: Arc<Holdings>) -> EndAgain {
-    Box::new(move |state| {
-        let queued = holdings.queued_release();
-        let ending = Ending::of(state);
+/// The endings of leases with a hold, for the watchdog (see [`HoldEndings`]). Holds the store
+/// and the holdings, not the locker, so that a locker dropped while a renewal is on its way does
+/// not leave the key stretched.
+pub(super) struct HoldEndingsOf {
+    pub(super) backend: Arc<dyn DynBackend>,
+    pub(super) holdings: Arc<Holdings>,
+}
+
+impl HoldEndings for HoldEndingsOf {
+    fn renewal_on_its_way(&self) -> Box<dyn Send> {
+        Box::new(self.holdings.queued_release())
+    }
+
+    /// The hold's expiry, whose sending becomes a release once the hold is over and is retried
+    /// past its end as one (as [`Ending::ExpireAt`] always is), counted as a queued release.
+    fn end_again(&self, state: &LeaseState) {
+        let Some(hold_until) = state.hold_until else {
+            return;
+        };
         send_ending(
-            &backend,
-            &holdings,
+            &self.backend,
+            &self.holdings,
             state.key.clone(),
             state.owner,
-            queued,
-            ending,
+            self.holdings.queued_release(),
+            Ending::ExpireAt(hold_until),
         );
-    })
+    }
 }
 
 /// [`Locker::send_release`], on `backend` and counted among `holdings`.
