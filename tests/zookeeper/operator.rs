@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use dlock::{LockError, Locker};
 
-use crate::support::unique_key;
-use crate::{ttl, Zookeeper};
+use crate::support::{unique_key, zk_server};
+use crate::{ttl, Zookeeper, ROOT};
 
 /// How long the test waits for what must happen: patience, not a speed requirement.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -81,6 +81,31 @@ async fn force_release_of_a_holder_that_left_keeps_the_next_one() {
         "a rival got the key: {rival:?}"
     );
     b.release().await.unwrap();
+    holder.shutdown().await.unwrap();
+    operator.shutdown().await.unwrap();
+}
+
+/// An eviction of a key nobody waits for leaves nothing behind: the key's parent node goes with
+/// its holder's node, as a release's does, rather than staying empty under the root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_of_a_key_nobody_waits_for_leaves_no_parent() {
+    let zk = Zookeeper::shared().await;
+    let holder = Locker::with_backend(zk.backend().await);
+    let operator = Locker::with_backend(zk.backend().await);
+    let key = unique_key("forced-and-tidied");
+    let stuck = holder.lock(&*key, ttl(6)).await.unwrap();
+    let parent = format!("{ROOT}/{key}");
+    let plain = zk_server::plain_client(&zk.url).await;
+    assert!(plain.check_stat(&parent).await.unwrap().is_some());
+
+    let evicted = operator.force_release(&key, stuck.owner()).await.unwrap();
+    assert_eq!(evicted, Some(stuck.fence()));
+    assert_eq!(
+        plain.check_stat(&parent).await.unwrap(),
+        None,
+        "the evicted key's parent node stayed"
+    );
+    drop(stuck);
     holder.shutdown().await.unwrap();
     operator.shutdown().await.unwrap();
 }

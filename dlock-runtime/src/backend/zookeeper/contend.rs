@@ -30,22 +30,35 @@ type ListedWithCreate = (Vec<String>, Instant);
 /// How often one acquisition tries again after an error that a retry may not meet: a few lost
 /// connections (the client reconnects by itself, often to another server), and one ended
 /// session (the backend opens a new one). Counted apart, so that the connection lost as a
-/// session ends does not use up the move to a new session.
+/// session ends does not use up the move to a new session. Lost connections are counted within
+/// a spell of trouble only: one more than [`FORGET_LOSSES_AFTER`] after the last is a new spell,
+/// so that a long wait outlives an ensemble's rolling restart, a server at a time.
 #[derive(Default)]
 struct Retries {
     lost_connections: u8,
+    last_loss: Option<Instant>,
     new_sessions: u8,
 }
+
+/// How long after a lost connection a next one starts the count again.
+const FORGET_LOSSES_AFTER: Duration = Duration::from_secs(10);
 
 impl Retries {
     const LOST_CONNECTIONS: u8 = 3;
     const NEW_SESSIONS: u8 = 1;
 
-    /// Whether to try again after `error`, counting the try.
-    fn allow(&mut self, error: &ZkError) -> bool {
+    /// Whether to try again after `error`, met at `now`, counting the try.
+    fn allow(&mut self, error: &ZkError, now: Instant) -> bool {
         let (used, limit) = if ends_session(error) {
             (&mut self.new_sessions, Self::NEW_SESSIONS)
         } else if is_retryable(error) {
+            if self
+                .last_loss
+                .is_some_and(|last| now.saturating_duration_since(last) > FORGET_LOSSES_AFTER)
+            {
+                self.lost_connections = 0;
+            }
+            self.last_loss = Some(now);
             (&mut self.lost_connections, Self::LOST_CONNECTIONS)
         } else {
             return false;
@@ -112,7 +125,7 @@ impl ZookeeperBackend {
                     Err(error @ ZkError::BadArguments(_)) => {
                         return Err(refused_path(request.key, &parent, &error))
                     }
-                    Err(error) if retries.allow(&error) => {
+                    Err(error) if retries.allow(&error, Instant::now()) => {
                         session = self.session().await?;
                         self.check_ttl(request.ttl, &session)?;
                     }
@@ -135,7 +148,7 @@ impl ZookeeperBackend {
                     // Nothing was created: the server refused the path, as it would again.
                     return Err(refused_path(request.key, &node.parent, &error));
                 }
-                Err(error) if retries.allow(&error) => {
+                Err(error) if retries.allow(&error, Instant::now()) => {
                     let fresh = self.session().await?;
                     if fresh.id != node.session {
                         // Our node, if any, went with the old session.
@@ -342,5 +355,29 @@ async fn create(
             )))
         }
         Err(error) => Err(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A long wait through a rolling restart meets a lost connection per server restarted, far
+    /// apart: each is tried again. Four in quick succession are not.
+    #[test]
+    fn lost_connections_far_apart_are_each_tried_again() {
+        let start = Instant::now();
+        let mut spread = Retries::default();
+        for server in 0..5 {
+            let at = start + Duration::from_secs(30) * server;
+            assert!(spread.allow(&ZkError::ConnectionLoss, at), "loss {server}");
+        }
+        let mut bunched = Retries::default();
+        let allowed: Vec<bool> = (0..4)
+            .map(|n| bunched.allow(&ZkError::ConnectionLoss, start + Duration::from_secs(n)))
+            .collect();
+        assert_eq!(allowed, [true, true, true, false]);
+        assert!(bunched.allow(&ZkError::SessionExpired, start));
+        assert!(!bunched.allow(&ZkError::SessionExpired, start));
     }
 }

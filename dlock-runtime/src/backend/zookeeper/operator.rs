@@ -7,6 +7,7 @@ use zookeeper_client::{Error as ZkError, MultiReadResult};
 
 use super::batch::batches;
 use super::describe::parse_node_data;
+use super::node::delete_node;
 use super::paths::{key_of, sequence};
 use super::queue::{list_or_empty, queue_in_creation_order, read_lock_nodes};
 use super::session::zk_error;
@@ -191,9 +192,11 @@ impl ZookeeperBackend {
                 }
             }
             let path = format!("{parent}/{}", holder.name);
-            match session.client.delete(&path, None).await {
-                Ok(()) => return Ok(Some(u64::try_from(holder.stat.czxid).unwrap_or(0))),
-                Err(ZkError::NoNode) => continue,
+            // With the parent, as a release deletes it: refused while anyone queues, it does
+            // not stay empty under the root once the last node goes.
+            match delete_node(&session.client, &path, &parent).await {
+                Ok(true) => return Ok(Some(u64::try_from(holder.stat.czxid).unwrap_or(0))),
+                Ok(false) => continue,
                 Err(error) => return Err(zk_error(error)),
             }
         }
