@@ -310,6 +310,75 @@ async fn a_late_copy_of_an_acquire_call_after_the_release_takes_no_effect() {
     );
 }
 
+/// As above, for a lease whose release came before the end of its hold: the key is left to
+/// expire by itself at that end, and a late first copy of the acquisition's call, landing after
+/// that, takes no effect either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_an_acquire_call_after_a_hold_ended_takes_no_effect() {
+    let cluster = Cluster::start();
+    let locker = Locker::connect(&cluster.cluster.url()).await.unwrap();
+    let mut raw = cluster.raw().await;
+    let key = unique_key("late-copy-hold");
+    let ttl = Duration::from_secs(30);
+    let lease = locker
+        .lock(
+            &*key,
+            LockOptions::new()
+                .ttl(ttl)
+                .hold_at_least(Duration::from_millis(200)),
+        )
+        .await
+        .unwrap();
+    let lock_key = cluster.names.lock_key(&key);
+    let prefix = lock_key
+        .strip_suffix(&format!("{{{key}}}"))
+        .expect("the lock key is the prefix and the hash-tagged key");
+    let stored: String = redis::cmd("GET")
+        .arg(&lock_key)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let owner = stored
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim_end_matches('-')
+        .to_owned();
+    assert_eq!(owner.len(), 32, "{stored}");
+    // Released within the hold: the key expires at the hold's end.
+    lease.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&lock_key)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(pttl, -2, "the hold did not end");
+
+    let _: redis::Value = redis::cmd("EVAL")
+        .arg(acquire_script())
+        .arg(3)
+        .arg(&lock_key)
+        .arg(cluster.names.fence_key(&key))
+        .arg(cluster.names.queue_key(&key))
+        .arg(&owner)
+        .arg(ttl.as_millis() as u64)
+        .arg(prefix)
+        .arg(format!("{}/host/late-copy", std::process::id()))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&lock_key)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(
+        pttl, -2,
+        "a late copy of the acquire call granted the key, its hold over, to nobody, for {pttl} ms"
+    );
+}
+
 /// On a cluster `inspect` reads a lock on the node that owns it, wherever its slot is, and
 /// `list` walks every primary: twelve keys spread over the three primaries are all listed,
 /// each once, and a prefix lists only its keys.
