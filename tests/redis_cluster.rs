@@ -82,6 +82,49 @@ async fn renewals_across_slots_answer_per_lease() {
     assert!(!held[3]);
 }
 
+/// A short lease never shortens the time a long lease's renewal is given: with every node
+/// answering 300 ms late, the renewal of a 30 s lease (a 10 s renewal period) is confirmed,
+/// though a 300 ms lease in the same batch, on another slot, is not (its 100 ms period is over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_lease_in_the_batch_does_not_cut_a_long_lease_renewal_short() {
+    let cluster = Cluster::start();
+    let backend = RedisBackend::connect(&cluster.cluster.url()).await.unwrap();
+    let (short, long) = (unique_key("short"), unique_key("long"));
+    let (short_ttl, long_ttl) = (Duration::from_millis(300), Duration::from_secs(30));
+    let (short_owner, long_owner) = (dlock::Owner::random(), dlock::Owner::random());
+    for (key, owner, ttl) in [
+        (&short, short_owner, short_ttl),
+        (&long, long_owner, long_ttl),
+    ] {
+        let request = dlock::backend::AcquireRequest::new(key, owner, ttl, Duration::ZERO);
+        assert!(backend.acquire(&request).await.unwrap().is_some());
+    }
+    let renewals = [
+        Renewal::new(&short, short_owner, short_ttl),
+        Renewal::new(&long, long_owner, long_ttl),
+    ];
+    // Scripts loaded: the renewals below are one round trip per slot.
+    assert_eq!(backend.renew(&renewals).await.unwrap(), vec![true, true]);
+    for url in cluster.cluster.node_urls() {
+        let mut node = redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(300)
+            .query_async(&mut node)
+            .await
+            .unwrap();
+    }
+    let held = backend.renew_each(&renewals).await;
+    assert!(
+        matches!(held.as_deref(), Ok([None, Some(true)])),
+        "the long lease's renewal was given up with the short one's: {held:?}"
+    );
+}
+
 /// A primary that goes down costs the leases on its slots, and only those: the renewals of the
 /// leases on the other primaries are confirmed all the same, round after round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -92,22 +92,26 @@ impl RedisBackend {
         }
         // A node that went down can keep its slots' calls waiting (the cluster client retries);
         // the others' answers must not wait for it past the point where their leases could use
-        // them: a renewal comes every ttl/3, and is awaited for no longer than that.
-        let bound = std::time::Duration::from_millis(
-            leases
+        // them: a renewal comes every ttl/3, and a slot's is awaited for no longer than the
+        // longest renewal period among its own leases. Not the batch's shortest: as the
+        // watchdog waits for a batch as long as its longest-lived lease can, a short lease never
+        // cuts a long lease's renewal short (it is lost by its own deadline). A hold's expiry
+        // carries what is left of the hold, which may be milliseconds: not a renewal period, and
+        // no reason to give up on a call sooner than a round trip takes.
+        let bound = |indices: &[usize]| {
+            let longest = indices
                 .iter()
-                .map(|lease| super::millis(lease.ttl))
-                .min()
-                .unwrap_or(1)
-                / 3,
-        );
-        // A hold's expiry carries what is left of the hold, which may be milliseconds: not a
-        // renewal period, and no reason to give up on a call sooner than a round trip takes.
-        let bound = match expiry {
-            Expiry::Exactly { .. } => bound.max(EXACT_EXPIRY_PATIENCE),
-            Expiry::Extend => bound,
+                .map(|&index| crate::clock::renew_interval(leases[index].ttl))
+                .max()
+                .unwrap_or_default()
+                .max(Duration::from_millis(1));
+            match expiry {
+                Expiry::Exactly { .. } => longest.max(EXACT_EXPIRY_PATIENCE),
+                Expiry::Extend => longest,
+            }
         };
         let batches = by_slot.into_values().map(|(indices, calls)| async move {
+            let bound = bound(&indices);
             let renewed = self
                 .inner
                 .conn
