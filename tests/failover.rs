@@ -454,3 +454,81 @@ async fn a_grant_no_replica_acknowledged_is_undone_or_asked_again_within_the_wai
     assert!(lease.is_held());
     lease.release().await.unwrap();
 }
+
+/// Holds every client's commands on `server` for `period` (`CLIENT PAUSE`), so that commands
+/// sent meanwhile run back to back once it ends, in the order they came.
+async fn pause_clients(server: &RedisServer, period: Duration) {
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(period.as_millis() as u64)
+        .query_async(&mut connect(server).await)
+        .await
+        .unwrap();
+}
+
+/// A waiter's claim of a lock handed to it counts only once a replica acknowledged the grant,
+/// even where the claim changes nothing on the primary: a grant for the whole ttl (a ttl within
+/// the liveness window) claimed in the millisecond it was made finds the lock's expiry where
+/// the claim would set it (Redis 7.2 freezes a script's clock at its start). The grant was
+/// written by the releaser's call, on a connection of its own, which nobody `WAIT`ed for; from
+/// Redis 7.2, `WAIT` counts the writes of its own connection alone, so a claim that wrote
+/// nothing would confirm a lock the replica never saw (a fail-over to it would lose the lock).
+/// The server holds its clients' commands while the release and the waiter's next poll (which
+/// claims the lock) reach it, so both run in the same millisecond. (Redis 7.0's `WAIT` counts
+/// every write made before the connection's last command, the grant among them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_counts_only_once_a_replica_acknowledged_the_grant() {
+    let redis = ReplicatedRedis::start().await;
+    let waiter_backend = support::redis_acknowledged_by(&redis.url(), 1).await;
+    let waiter_locker = Locker::with_backend(waiter_backend.clone());
+    // The holder is another process: its release goes out on a connection of its own.
+    let holder_locker = Locker::with_backend(support::redis_acknowledged_by(&redis.url(), 0).await);
+    let mut admin = connect(&redis.primary).await;
+    // Within the default liveness window (3 s): the hand-off grants the whole ttl.
+    let ttl = Duration::from_secs(2);
+    for round in 0..3 {
+        let key = unique_key("claim-acknowledged");
+        let lease = holder_locker
+            .lock(&*key, LockOptions::new().ttl(ttl))
+            .await
+            .unwrap();
+        let waiter = {
+            let (locker, key) = (waiter_locker.clone(), key.clone());
+            tokio::spawn(async move {
+                let options = LockOptions::new().ttl(ttl).wait(Duration::from_secs(20));
+                locker.lock(&*key, options).await
+            })
+        };
+        let queue = waiter_backend.queue_key(&key);
+        let started = Instant::now();
+        loop {
+            let queued: u64 = redis::cmd("LLEN")
+                .arg(&queue)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            if queued == 1 {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(5), "never queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The queue call's own WAIT saw the replica acknowledge it.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        redis.link.stall(Direction::Both);
+        // Longer than the waiter's polls are apart (a third of the claim window at most).
+        pause_clients(&redis.primary, Duration::from_millis(900)).await;
+        // Answered once the pause ends.
+        lease.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !waiter.is_finished(),
+            "round {round}: the waiter's claim was confirmed with the replication link cut: {:?}",
+            waiter.await.unwrap().map(|lease| lease.fence())
+        );
+        redis.link.resume(Direction::Both);
+        let lease = waiter.await.unwrap().unwrap();
+        assert!(lease.is_held());
+        lease.release().await.unwrap();
+    }
+}

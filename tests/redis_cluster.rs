@@ -82,6 +82,49 @@ async fn renewals_across_slots_answer_per_lease() {
     assert!(!held[3]);
 }
 
+/// A short lease never shortens the time a long lease's renewal is given: with every node
+/// answering 300 ms late, the renewal of a 30 s lease (a 10 s renewal period) is confirmed,
+/// though a 300 ms lease in the same batch, on another slot, is not (its 100 ms period is over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_lease_in_the_batch_does_not_cut_a_long_lease_renewal_short() {
+    let cluster = Cluster::start();
+    let backend = RedisBackend::connect(&cluster.cluster.url()).await.unwrap();
+    let (short, long) = (unique_key("short"), unique_key("long"));
+    let (short_ttl, long_ttl) = (Duration::from_millis(300), Duration::from_secs(30));
+    let (short_owner, long_owner) = (dlock::Owner::random(), dlock::Owner::random());
+    for (key, owner, ttl) in [
+        (&short, short_owner, short_ttl),
+        (&long, long_owner, long_ttl),
+    ] {
+        let request = dlock::backend::AcquireRequest::new(key, owner, ttl, Duration::ZERO);
+        assert!(backend.acquire(&request).await.unwrap().is_some());
+    }
+    let renewals = [
+        Renewal::new(&short, short_owner, short_ttl),
+        Renewal::new(&long, long_owner, long_ttl),
+    ];
+    // Scripts loaded: the renewals below are one round trip per slot.
+    assert_eq!(backend.renew(&renewals).await.unwrap(), vec![true, true]);
+    for url in cluster.cluster.node_urls() {
+        let mut node = redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(300)
+            .query_async(&mut node)
+            .await
+            .unwrap();
+    }
+    let held = backend.renew_each(&renewals).await;
+    assert!(
+        matches!(held.as_deref(), Ok([None, Some(true)])),
+        "the long lease's renewal was given up with the short one's: {held:?}"
+    );
+}
+
 /// A primary that goes down costs the leases on its slots, and only those: the renewals of the
 /// leases on the other primaries are confirmed all the same, round after round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,6 +350,75 @@ async fn a_late_copy_of_an_acquire_call_after_the_release_takes_no_effect() {
     assert_eq!(
         pttl, -2,
         "a late copy of the acquire call granted the released key to nobody, for {pttl} ms"
+    );
+}
+
+/// As above, for a lease whose release came before the end of its hold: the key is left to
+/// expire by itself at that end, and a late first copy of the acquisition's call, landing after
+/// that, takes no effect either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_an_acquire_call_after_a_hold_ended_takes_no_effect() {
+    let cluster = Cluster::start();
+    let locker = Locker::connect(&cluster.cluster.url()).await.unwrap();
+    let mut raw = cluster.raw().await;
+    let key = unique_key("late-copy-hold");
+    let ttl = Duration::from_secs(30);
+    let lease = locker
+        .lock(
+            &*key,
+            LockOptions::new()
+                .ttl(ttl)
+                .hold_at_least(Duration::from_millis(200)),
+        )
+        .await
+        .unwrap();
+    let lock_key = cluster.names.lock_key(&key);
+    let prefix = lock_key
+        .strip_suffix(&format!("{{{key}}}"))
+        .expect("the lock key is the prefix and the hash-tagged key");
+    let stored: String = redis::cmd("GET")
+        .arg(&lock_key)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let owner = stored
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim_end_matches('-')
+        .to_owned();
+    assert_eq!(owner.len(), 32, "{stored}");
+    // Released within the hold: the key expires at the hold's end.
+    lease.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&lock_key)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(pttl, -2, "the hold did not end");
+
+    let _: redis::Value = redis::cmd("EVAL")
+        .arg(acquire_script())
+        .arg(3)
+        .arg(&lock_key)
+        .arg(cluster.names.fence_key(&key))
+        .arg(cluster.names.queue_key(&key))
+        .arg(&owner)
+        .arg(ttl.as_millis() as u64)
+        .arg(prefix)
+        .arg(format!("{}/host/late-copy", std::process::id()))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&lock_key)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(
+        pttl, -2,
+        "a late copy of the acquire call granted the key, its hold over, to nobody, for {pttl} ms"
     );
 }
 

@@ -444,6 +444,19 @@ async fn the_undo_of_an_unanswered_acquisition_is_retried_until_the_server_is_ba
 /// full ttl.
 #[test]
 fn a_copy_of_a_resent_acquisition_that_lands_after_its_release_grants_nothing() {
+    a_copy_of_a_resent_acquisition_lands_after_its_lease_ended(None);
+}
+
+/// As above, for a lease released before the end of its hold: the key is left to expire at
+/// that end, and the first copy, landing after it, takes no effect either.
+#[test]
+fn a_copy_of_a_resent_acquisition_that_lands_after_its_hold_ended_grants_nothing() {
+    a_copy_of_a_resent_acquisition_lands_after_its_lease_ended(Some(Duration::from_millis(200)));
+}
+
+/// The first copy of a resent acquisition lands after its lease was released (held at least
+/// `hold`, where given): the key stays free.
+fn a_copy_of_a_resent_acquisition_lands_after_its_lease_ended(hold: Option<Duration>) {
     let server = RedisServer::start();
     let (proxy, url) = FaultProxy::in_front_of(&server.url());
     let backend = RedisBackend::builder(&url)
@@ -500,9 +513,11 @@ fn a_copy_of_a_resent_acquisition_that_lands_after_its_release_grants_nothing() 
     let lock = caller.spawn({
         let (locker, key) = (locker.clone(), key.clone());
         async move {
-            let lease = locker
-                .lock(&*key, LockOptions::new().ttl(Duration::from_secs(30)))
-                .await?;
+            let mut options = LockOptions::new().ttl(Duration::from_secs(30));
+            if let Some(hold) = hold {
+                options = options.hold_at_least(hold);
+            }
+            let lease = locker.lock(&*key, options).await?;
             lease.release().await
         }
     });
@@ -517,7 +532,11 @@ fn a_copy_of_a_resent_acquisition_that_lands_after_its_release_grants_nothing() 
         proxy.cut_client_side_of_newest();
         let result = lock.await.unwrap();
         assert!(result.is_ok(), "the acquisition or its release failed: {result:?}");
-        assert!(!raw.exists::<_, bool>(&lock_key).await.unwrap());
+        match hold {
+            None => assert!(!raw.exists::<_, bool>(&lock_key).await.unwrap()),
+            // Left to expire at the hold's end.
+            Some(_) => wait_until_gone(&mut raw, &lock_key).await,
+        }
         // Then the first copy lands.
         let before = evalsha_calls(&mut raw).await;
         proxy.resume(Direction::ToServer);

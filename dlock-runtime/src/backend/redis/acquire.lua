@@ -38,11 +38,15 @@ if who == owner or who == owner .. '-' then
   -- the queue, and the cancel marker turns its later calls away). Nor is this owner still
   -- queued: whatever granted it took it off the queue, with its waiter key. Never shortening
   -- (`GT`; Redis 6.2 reads the time left instead): this may be a late copy of the call landing
-  -- after the lease's hold set a later expiry (see renew.lua).
-  if type(redis.pcall('PEXPIRE', lock, ttl, 'GT')) == 'table' then
-    if redis.call('PTTL', lock) < tonumber(ttl) then
-      redis.call('PEXPIRE', lock, ttl)
-    end
+  -- after the lease's hold set a later expiry (see renew.lua). But an expiry already where the
+  -- ttl puts it is written again: a hand-off granting the whole ttl, claimed in the same
+  -- millisecond (Redis 7.2 freezes a script's clock at its start), would otherwise leave this
+  -- call nothing to replicate, and the `WAIT` that follows it under `min_replicas` counts this
+  -- connection's writes alone (from Redis 7.2), not the grant, which the releaser's connection
+  -- wrote: it would confirm a lock the replicas may never have received.
+  local extended = redis.pcall('PEXPIRE', lock, ttl, 'GT')
+  if extended ~= 1 and redis.call('PTTL', lock) <= tonumber(ttl) then
+    redis.call('PEXPIRE', lock, ttl)
   end
   local fence = redis.call('GET', counter)
   if fence then

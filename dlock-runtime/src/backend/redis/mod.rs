@@ -193,7 +193,9 @@
 //! acquire call of that owner arriving later finds the marker and takes no effect. A lease
 //! granted to a call sent twice (its first connection dropped) is released the same way, as
 //! the first copy may still be on its way; so is an acquisition not granted after such a
-//! resend, and, on a cluster, every lease (see *Redis Cluster*). Checking for the marker
+//! resend, and, on a cluster, every lease (see *Redis Cluster*); where such a lease is released
+//! before the end of its hold (`hold_at_least`), the expiry set for the hold's end leaves the
+//! marker too, for the hold and a minute after it. Checking for the marker
 //! costs the uncontended acquire one more key in its `EXISTS`, no command and no round trip.
 //! An undo that fails (the server unreachable, a connection that cannot be made) is tried again
 //! by the locker, backing off up to 5 s, until it lands or the acquisition's ttl and the
@@ -413,7 +415,7 @@ impl Backend for RedisBackend {
     }
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
-        let (held, error) = self.renew_judged(leases, false).await;
+        let (held, error) = self.renew_judged(leases, renew::Expiry::Extend).await;
         // All or nothing: a lease not confirmed makes the whole answer an error.
         match error {
             Some(error) if held.iter().any(Option::is_none) => Err(error),
@@ -422,7 +424,7 @@ impl Backend for RedisBackend {
     }
 
     async fn renew_each(&self, leases: &[Renewal<'_>]) -> Result<Vec<Option<bool>>, LockError> {
-        let (held, error) = self.renew_judged(leases, false).await;
+        let (held, error) = self.renew_judged(leases, renew::Expiry::Extend).await;
         match error {
             Some(error) if held.iter().all(Option::is_none) => Err(error),
             Some(error) => {

@@ -1,21 +1,35 @@
 -- Renew: compare-and-PEXPIRE. KEYS[1] the lock; ARGV[1] the owner, ARGV[2] the ttl in ms;
 -- ARGV[3], where given, sets the expiry exactly, sooner or later (a lease's hold:
--- `expire_after`). Returns 1 where the owner still held the lock (now extended), else 0. The
--- lock's first line holds its owner, or its owner and `-` (granted while nobody waited: see
+-- `expire_after`); ARGV[4], where given with it, leaves the owner's cancel marker too (see
+-- below). Returns 1 where the owner still held the lock (now extended), else 0. The lock's
+-- first line holds its owner, or its owner and `-` (granted while nobody waited: see
 -- common.lua); both are the owner's. The holder's description after it is left as it is.
 --
 -- A renewal never shortens the lock's life: one sent just before the lease's release, held up
 -- on its way, can land after the release set the expiry of the lease's hold, and must not cut
 -- that hold short. `PEXPIRE … GT` (Redis 7) says so in one command; Redis 6.2 refuses the flag,
 -- and reads the time left first.
-local holder = redis.call('GET', KEYS[1])
-if not holder then
-  return 0
+--
+-- The cancel marker. A hold ends the lease as a release does, only later: where an acquire call
+-- of the lease's owner may still be on its way (a call sent twice; every call on a cluster),
+-- that copy, landing once the hold is over, would find the key free and grant it to nobody for
+-- a full ttl. So the hold leaves the owner's cancel marker, `<lock>:x:<owner>` (see `cancel` in
+-- common.lua), as such a release does, for the hold and the marker's usual minute after it.
+-- Written after the expiry: a server out of memory refuses a script's first write that may grow
+-- memory, not a later one (see release.lua).
+local function cancel()
+  if ARGV[4] then
+    return redis.pcall('SET', KEYS[1] .. ':x:' .. ARGV[1], 1, 'PX', tonumber(ARGV[2]) + 60000)
+  end
 end
-local who = string.match(holder, '^[^\n]*')
-if who == ARGV[1] or who == ARGV[1] .. '-' then
+
+local holder = redis.call('GET', KEYS[1])
+local who = holder and string.match(holder, '^[^\n]*')
+if holder and (who == ARGV[1] or who == ARGV[1] .. '-') then
   if ARGV[3] then
-    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    cancel()
+    return 1
   end
   local extended = redis.pcall('PEXPIRE', KEYS[1], ARGV[2], 'GT')
   if type(extended) == 'table' and extended.err then
@@ -25,4 +39,7 @@ if who == ARGV[1] or who == ARGV[1] .. '-' then
   end
   return 1
 end
+-- Not held (expired, or taken over): a copy of an acquire call still on its way is turned away
+-- all the same. (On a server out of memory the marker is refused, and the answer stands.)
+cancel()
 return 0

@@ -15,13 +15,11 @@ use crate::{LockError, Owner};
 impl RedisBackend {
     /// Renews `leases`, answering per lease (see [`Renewed::judged`]), with the first failure
     /// where some lease was not confirmed: a call that failed, or renewals that fewer replicas
-    /// acknowledged than `min_replicas` asks for. `exactly` sets each lock's expiry to its
-    /// lease's ttl from now, sooner or later, where a renewal never shortens it (a lease's hold:
-    /// [`expire_lease`](Self::expire_lease)).
+    /// acknowledged than `min_replicas` asks for. `expiry` says how each lock's expiry is set.
     pub(super) async fn renew_judged(
         &self,
         leases: &[Renewal<'_>],
-        exactly: bool,
+        expiry: Expiry,
     ) -> (Vec<Option<bool>>, Option<LockError>) {
         if leases.is_empty() {
             return (Vec::new(), None);
@@ -32,13 +30,13 @@ impl RedisBackend {
         });
         if self.inner.cluster {
             #[cfg(feature = "redis-cluster")]
-            return self.renew_by_slot(leases, replicas, exactly).await;
+            return self.renew_by_slot(leases, replicas, expiry).await;
             #[cfg(not(feature = "redis-cluster"))]
             unreachable!("a cluster backend needs the redis-cluster feature")
         }
         let calls: Vec<_> = leases
             .iter()
-            .map(|lease| renew_call(self.lock_key(lease.key), lease, exactly))
+            .map(|lease| renew_call(self.lock_key(lease.key), lease, expiry))
             .collect();
         let renewed = self
             .inner
@@ -79,7 +77,7 @@ impl RedisBackend {
         &self,
         leases: &[Renewal<'_>],
         replicas: Option<ReplicaWait>,
-        exactly: bool,
+        expiry: Expiry,
     ) -> (Vec<Option<bool>>, Option<LockError>) {
         // Per slot, the indices of its leases and their calls.
         type Batch = (Vec<usize>, Vec<ScriptInvocation<'static>>);
@@ -90,27 +88,30 @@ impl RedisBackend {
                 .entry(super::keys::cluster_slot(lock.as_bytes()))
                 .or_default();
             indices.push(index);
-            calls.push(renew_call(lock, lease, exactly));
+            calls.push(renew_call(lock, lease, expiry));
         }
         // A node that went down can keep its slots' calls waiting (the cluster client retries);
         // the others' answers must not wait for it past the point where their leases could use
-        // them: a renewal comes every ttl/3, and is awaited for no longer than that.
-        let bound = std::time::Duration::from_millis(
-            leases
+        // them: a renewal comes every ttl/3, and a slot's is awaited for no longer than the
+        // longest renewal period among its own leases. Not the batch's shortest: as the
+        // watchdog waits for a batch as long as its longest-lived lease can, a short lease never
+        // cuts a long lease's renewal short (it is lost by its own deadline). A hold's expiry
+        // carries what is left of the hold, which may be milliseconds: not a renewal period, and
+        // no reason to give up on a call sooner than a round trip takes.
+        let bound = |indices: &[usize]| {
+            let longest = indices
                 .iter()
-                .map(|lease| super::millis(lease.ttl))
-                .min()
-                .unwrap_or(1)
-                / 3,
-        );
-        // A hold's expiry carries what is left of the hold, which may be milliseconds: not a
-        // renewal period, and no reason to give up on a call sooner than a round trip takes.
-        let bound = if exactly {
-            bound.max(EXACT_EXPIRY_PATIENCE)
-        } else {
-            bound
+                .map(|&index| crate::clock::renew_interval(leases[index].ttl))
+                .max()
+                .unwrap_or_default()
+                .max(Duration::from_millis(1));
+            match expiry {
+                Expiry::Exactly { .. } => longest.max(EXACT_EXPIRY_PATIENCE),
+                Expiry::Extend => longest,
+            }
         };
         let batches = by_slot.into_values().map(|(indices, calls)| async move {
+            let bound = bound(&indices);
             let renewed = self
                 .inner
                 .conn
@@ -152,35 +153,66 @@ impl RedisBackend {
     /// Sets the expiry of `owner`'s lock of `key` to `after` from now, exactly (the renewal
     /// script, told so), acknowledged by the replicas `min_replicas` asks for as a renewal is:
     /// whether `owner` held it.
+    ///
+    /// The hold ends the lease as a release does, later: where a copy of an acquire call of
+    /// `owner` may still be on its way (see `release_or_leave`), it leaves the owner's cancel
+    /// marker too, and the record of that call sent twice is then done with.
     pub(super) async fn expire_lease(
         &self,
         key: &str,
         owner: Owner,
         after: Duration,
     ) -> Result<bool, LockError> {
+        let resent = self.was_resent(key, owner);
+        let cancel = resent || self.inner.cluster;
         let (held, error) = self
-            .renew_judged(&[Renewal::new(key, owner, after)], true)
+            .renew_judged(
+                &[Renewal::new(key, owner, after)],
+                Expiry::Exactly { cancel },
+            )
             .await;
-        match (held.first(), error) {
+        let held = match (held.first(), error) {
             (_, Some(error)) => Err(error),
             (Some(Some(held)), None) => Ok(*held),
             _ => Err(LockError::backend(format!(
                 "redis at {}: expire: no answer",
                 self.inner.conn.description()
             ))),
+        };
+        // Kept where the hold's expiry failed: it is tried again, and the marker with it (a try
+        // after the hold's end is a release, which forgets it).
+        if resent && held.is_ok() {
+            self.inner
+                .resent
+                .forget(&self.inner.layout.lock_keys(key, owner));
         }
+        held
     }
 }
 
-fn renew_call(lock: String, lease: &Renewal<'_>, exactly: bool) -> ScriptInvocation<'static> {
+fn renew_call(lock: String, lease: &Renewal<'_>, expiry: Expiry) -> ScriptInvocation<'static> {
     let owner = lease.owner.hex();
     let mut call = RENEW.key(lock);
     call.arg(std::str::from_utf8(&owner).expect("hex digits are ASCII"))
         .arg(lease_millis(lease.ttl));
-    if exactly {
+    if let Expiry::Exactly { cancel } = expiry {
         call.arg("exactly");
+        if cancel {
+            call.arg("cancel");
+        }
     }
     call
+}
+
+/// How a renewal sets each lock's expiry.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Expiry {
+    /// Extended to the lease's ttl from now, never shortened: a renewal.
+    Extend,
+    /// Set to the lease's ttl from now, sooner or later: a lease's hold
+    /// ([`expire_lease`](RedisBackend::expire_lease)). Where `cancel`, the owner's cancel
+    /// marker is left too (see renew.lua).
+    Exactly { cancel: bool },
 }
 
 /// The least time a cluster's call setting a hold's expiry is awaited.
