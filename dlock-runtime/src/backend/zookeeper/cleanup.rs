@@ -70,8 +70,10 @@ pub(super) async fn synced_listing(client: &Client, parent: &str) -> Result<Vec<
     list_or_empty(client, parent).await
 }
 
-/// Runs `attempt` until it answers: its value, or `None` once an error says the session ended.
-/// Every other error (above all a lost connection) is tried again after a pause.
+/// Runs `attempt` until it answers: its value, or `None` once an error says the session ended
+/// or that no retry can succeed (the node is not ours to delete: an operator's ACL, a path the
+/// server refuses), when the node is left to go with its session. Every other error (above all
+/// a lost connection) is tried again after a pause.
 async fn until_answered<T, F, Fut>(path: &str, mut attempt: F) -> Option<T>
 where
     F: FnMut() -> Fut,
@@ -83,6 +85,10 @@ where
         match attempt().await {
             Ok(value) => return Some(value),
             Err(error) if ends_session(&error) => return None,
+            Err(error) if is_permanent(&error) => {
+                tracing::warn!(%path, %error, "distributed_lock: cannot clean up a ZooKeeper lock node; it goes when its session ends");
+                return None;
+            }
             Err(ZkError::ConnectionLoss) => {
                 tracing::debug!(%path, "distributed_lock: ZooKeeper connection lost while cleaning up a lock node; trying again");
             }
@@ -98,6 +104,18 @@ where
     }
 }
 
+/// Whether `error` says a clean-up can never succeed, however often tried: the server refuses
+/// the request itself, not the moment.
+fn is_permanent(error: &ZkError) -> bool {
+    matches!(
+        error,
+        ZkError::NoAuth
+            | ZkError::BadArguments(_)
+            | ZkError::InvalidAcl
+            | ZkError::Unimplemented
+    )
+}
+
 /// The pause after `pause`: twice as long, up to [`LONGEST_PAUSE`].
 fn next_pause(pause: Duration) -> Duration {
     (pause * 2).min(LONGEST_PAUSE)
@@ -107,7 +125,26 @@ fn next_pause(pause: Duration) -> Duration {
 mod tests {
     use std::time::Duration;
 
-    use super::{next_pause, FIRST_PAUSE};
+    use zookeeper_client::Error as ZkError;
+
+    use super::{next_pause, until_answered, FIRST_PAUSE};
+
+    /// A node the server will never let this client delete (an operator's ACL on the key's
+    /// parent) is given up at once, not tried every second for the life of the session.
+    #[tokio::test]
+    async fn a_clean_up_the_server_refuses_for_good_is_given_up() {
+        let mut tries = 0;
+        let answer = tokio::time::timeout(
+            Duration::from_secs(5),
+            until_answered("/dlock/k/n", || {
+                tries += 1;
+                async { Err::<(), _>(ZkError::NoAuth) }
+            }),
+        )
+        .await;
+        assert_eq!(answer, Ok(None));
+        assert_eq!(tries, 1);
+    }
 
     #[test]
     fn the_pause_doubles_from_50_ms_up_to_a_second() {
