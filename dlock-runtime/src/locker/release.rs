@@ -144,8 +144,18 @@ pub(super) struct HoldEndingsOf {
 }
 
 impl HoldEndings for HoldEndingsOf {
+    /// Counted as a queued release, and for no longer than one may take ([`RELEASE_PATIENCE`]):
+    /// a renewal the store leaves unanswered is waited for until the validity of the batch's
+    /// longest lease, which must not hold a shutdown up that long.
     fn renewal_on_its_way(&self) -> Box<dyn Send> {
-        Box::new(self.holdings.queued_release())
+        let queued = self.holdings.queued_release();
+        let (answered, on_its_way) = tokio::sync::oneshot::channel::<()>();
+        background::spawn(async move {
+            let _queued = queued;
+            // Ends when the guard below is dropped (the renewal was answered or given up).
+            let _ = tokio::time::timeout(RELEASE_PATIENCE, on_its_way).await;
+        });
+        Box::new(answered)
     }
 
     /// The hold's expiry, whose sending becomes a release once the hold is over and is retried

@@ -31,6 +31,13 @@ local holder = redis.call('GET', lock)
 -- The owner, marked or not, is the value's first line: the holder's description follows it.
 local who = holder and string.match(holder, '^[^\n]*')
 if who == owner or who == owner .. '-' then
+  if redis.call('EXISTS', cancel_key(owner)) == 1 then
+    -- This owner's lease was released already, its key left to expire at the end of its hold
+    -- (renew.lua's exact expiry leaves the marker where a copy of this call may still come):
+    -- this is that late copy, and it takes no effect. Owners are one per acquisition, and a
+    -- marker is only written once its owner is done, so no live claim meets its own.
+    return {-1, 0}
+  end
   -- Ours already: handed over by a release (granted for the claim window only: this call claims
   -- it), or granted to an earlier call whose reply was lost. Idempotent: extend to the full ttl
   -- and answer the same fence. No undo of this owner came since that grant: an undo finding the

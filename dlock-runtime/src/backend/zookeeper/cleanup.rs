@@ -109,10 +109,7 @@ where
 fn is_permanent(error: &ZkError) -> bool {
     matches!(
         error,
-        ZkError::NoAuth
-            | ZkError::BadArguments(_)
-            | ZkError::InvalidAcl
-            | ZkError::Unimplemented
+        ZkError::NoAuth | ZkError::BadArguments(_) | ZkError::InvalidAcl | ZkError::Unimplemented
     )
 }
 
