@@ -117,43 +117,7 @@ async fn a_renewal_that_lands_after_the_release_does_not_cut_the_hold_short() {
 /// then, and every replica would be turned away until then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_that_lands_after_the_release_does_not_stretch_the_hold() {
-    let store = Slow {
-        renew_delay: Duration::from_millis(400),
-        ..Slow::default()
-    };
-    let (holder, rival) = (
-        Locker::with_backend(store.clone()),
-        Locker::with_backend(store.clone()),
-    );
-    let key = unique_key("renewed-after-the-hold");
-    let job = LockOptions::new()
-        .ttl(Duration::from_secs(3))
-        .hold_at_least(Duration::from_millis(1500));
-    let lease = holder.lock(&*key, job).await.unwrap();
-    // The first renewal leaves a third of the ttl in, at 1 s, and reaches the store at 1.4 s,
-    // after the release at 1.1 s set the key to expire at the hold's end, 1.5 s.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    let in_flight = (
-        store.renewals_sent.load(Ordering::SeqCst),
-        store.renewals_landed.load(Ordering::SeqCst),
-    );
-    lease.release().await.unwrap();
-    assert_eq!(
-        in_flight,
-        (1, 0),
-        "a renewal was to be on its way at the release (renewals sent, landed)"
-    );
-    tokio::time::sleep(Duration::from_millis(900)).await;
-    assert_eq!(
-        store.renewals_landed.load(Ordering::SeqCst),
-        1,
-        "the renewal was to land after the release"
-    );
-    let after_the_hold = rival.lock(&*key, job).await;
-    assert!(
-        after_the_hold.is_ok(),
-        "the key stayed held by nobody past the hold's end: {after_the_hold:?}"
-    );
+    a_renewal_on_its_way_at_the_end(HolderEnds::Release, false).await;
 }
 
 /// The same renewal on its way when the holder's locker is shut down rather than the lease
@@ -161,52 +125,62 @@ async fn a_renewal_that_lands_after_the_release_does_not_stretch_the_hold() {
 /// sent again after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_on_its_way_at_shutdown_does_not_stretch_the_hold() {
-    let store = Slow {
-        renew_delay: Duration::from_millis(400),
-        ..Slow::default()
-    };
-    let rival = Locker::with_backend(store.store.clone());
-    let key = unique_key("renewed-at-shutdown");
-    let job = LockOptions::new()
-        .ttl(Duration::from_secs(3))
-        .hold_at_least(Duration::from_millis(1500));
-    let holder = Locker::with_backend(store.clone());
-    let _lease = holder.lock(&*key, job).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    assert_eq!(store.renewals_landed.load(Ordering::SeqCst), 0);
-    holder.shutdown().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(900)).await;
-    assert_eq!(store.renewals_landed.load(Ordering::SeqCst), 1);
-    let after_the_hold = rival.lock(&*key, job).await;
-    assert!(
-        after_the_hold.is_ok(),
-        "the key stayed held by nobody past the hold's end: {after_the_hold:?}"
-    );
+    a_renewal_on_its_way_at_the_end(HolderEnds::Shutdown, false).await;
 }
 
 /// A renewal on its way at the release that takes effect, but whose answer is lost: the hold's
 /// expiry is sent again all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_that_lands_unanswered_after_the_release_does_not_stretch_the_hold() {
+    a_renewal_on_its_way_at_the_end(HolderEnds::Release, true).await;
+}
+
+/// How the holder of a lease with a hold ends it.
+enum HolderEnds {
+    Release,
+    Shutdown,
+}
+
+/// A lease of 3 s held at least 1.5 s, whose first renewal leaves a third of the ttl in, at 1 s,
+/// and reaches the store at 1.4 s (`answer_lost`: then reported failed), after the holder ended
+/// the lease at 1.1 s, `ends` so, which set the key to expire at the hold's end, 1.5 s. At 2 s
+/// another replica must get the key.
+async fn a_renewal_on_its_way_at_the_end(ends: HolderEnds, answer_lost: bool) {
     let store = Slow {
         renew_delay: Duration::from_millis(400),
-        renewal_answers_lost: true,
+        renewal_answers_lost: answer_lost,
         ..Slow::default()
     };
+    // The rival straight on the memory store, which a shutdown does not close for it.
     let (holder, rival) = (
         Locker::with_backend(store.clone()),
-        Locker::with_backend(store.clone()),
+        Locker::with_backend(store.store.clone()),
     );
-    let key = unique_key("renewed-unanswered");
+    let key = unique_key("renewed-after-the-hold");
     let job = LockOptions::new()
         .ttl(Duration::from_secs(3))
         .hold_at_least(Duration::from_millis(1500));
     let lease = holder.lock(&*key, job).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    assert_eq!(store.renewals_landed.load(Ordering::SeqCst), 0);
-    lease.release().await.unwrap();
+    let in_flight = (
+        store.renewals_sent.load(Ordering::SeqCst),
+        store.renewals_landed.load(Ordering::SeqCst),
+    );
+    match ends {
+        HolderEnds::Release => lease.release().await.unwrap(),
+        HolderEnds::Shutdown => holder.shutdown().await.unwrap(),
+    }
+    assert_eq!(
+        in_flight,
+        (1, 0),
+        "a renewal was to be on its way at the end (renewals sent, landed)"
+    );
     tokio::time::sleep(Duration::from_millis(900)).await;
-    assert_eq!(store.renewals_landed.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        store.renewals_landed.load(Ordering::SeqCst),
+        1,
+        "the renewal was to land after the end"
+    );
     let after_the_hold = rival.lock(&*key, job).await;
     assert!(
         after_the_hold.is_ok(),
