@@ -14,6 +14,7 @@ mod connection;
 mod cost;
 mod fencing;
 mod handoff;
+mod late_copies;
 mod leases;
 mod oom;
 mod queue;
