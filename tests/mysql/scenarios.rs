@@ -82,6 +82,19 @@ mod sql_scenarios {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_grant_whose_answer_was_lost_and_whose_retry_met_a_locked_row_is_undone() {
+        scenario::a_grant_whose_answer_was_lost_and_whose_retry_met_a_locked_row_is_undone::<
+            Mysql,
+        >()
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiting_acquisition_that_ends_after_a_lost_grant_is_undone() {
+        scenario::a_waiting_acquisition_that_ends_after_a_lost_grant_is_undone::<Mysql>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_late_acquire_of_the_holder_never_shortens_its_lease() {
         scenario::a_late_acquire_of_the_holder_never_shortens_its_lease::<Mysql>().await;
     }

@@ -92,6 +92,19 @@ mod sql_scenarios {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_grant_whose_answer_was_lost_and_whose_retry_met_a_locked_row_is_undone() {
+        scenario::a_grant_whose_answer_was_lost_and_whose_retry_met_a_locked_row_is_undone::<
+            Postgres,
+        >()
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiting_acquisition_that_ends_after_a_lost_grant_is_undone() {
+        scenario::a_waiting_acquisition_that_ends_after_a_lost_grant_is_undone::<Postgres>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_late_acquire_of_the_holder_never_shortens_its_lease() {
         scenario::a_late_acquire_of_the_holder_never_shortens_its_lease::<Postgres>().await;
     }
@@ -184,6 +197,14 @@ mod simple_queries {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_acquisition_abandoned_while_its_insert_waits_leaves_no_row() {
         scenario::an_acquisition_abandoned_while_its_insert_waits_leaves_no_row::<Simple>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_grant_whose_answer_was_lost_and_whose_retry_met_a_locked_row_is_undone() {
+        scenario::a_grant_whose_answer_was_lost_and_whose_retry_met_a_locked_row_is_undone::<
+            Simple,
+        >()
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -414,6 +414,94 @@ pub async fn an_acquisition_abandoned_while_its_insert_waits_leaves_no_row<S: Sq
     assert_eq!(db.rows(&key).await, 0, "a row outlived every holder");
 }
 
+/// A grant whose answer was lost (its connection broke once the row was written) and whose copy
+/// sent again found the row locked by another transaction past the lock timeout is undone: the
+/// try reads as not granted (busy, or an error that says the grant is unknown), and the row it
+/// may have written is deleted by its owner once that transaction ends, so the key is free
+/// then, not after the lease's ttl. The lost answer is modelled by a proxy that delays the
+/// answers and cuts the connection while the grant's answer is on its way. Here the caller does
+/// not wait: its try ends before the answer that leaves the grant unknown comes.
+pub async fn a_grant_whose_answer_was_lost_and_whose_retry_met_a_locked_row_is_undone<
+    S: SqlStore,
+>() {
+    lost_grant_and_a_locked_row::<S>(
+        Duration::ZERO,
+        ROW_LOCK_PATIENCE + Duration::from_millis(500),
+    )
+    .await;
+}
+
+/// As above, by a caller that waits: it takes the answer that leaves the grant unknown, tries
+/// again while the other transaction still holds the row, and its wait ends first (that try's
+/// statement too gives up on the row, and writes nothing). The acquisition fails (whether the
+/// key was granted is unknown), and its undo deletes the row once the transaction ends.
+pub async fn a_waiting_acquisition_that_ends_after_a_lost_grant_is_undone<S: SqlStore>() {
+    lost_grant_and_a_locked_row::<S>(
+        Duration::from_secs(3),
+        2 * ROW_LOCK_PATIENCE + Duration::from_secs(1),
+    )
+    .await;
+}
+
+/// An acquisition waiting up to `wait` whose grant's answer is lost, with the row locked by
+/// another transaction from then on, for `row_locked_for`.
+async fn lost_grant_and_a_locked_row<S: SqlStore>(wait: Duration, row_locked_for: Duration) {
+    let db = S::fresh().await;
+    let (proxy, url) = FaultProxy::in_front_of(&S::url());
+    let slow = db.locker_at(&url).await;
+    let key = unique_key("lost-grant");
+    // Prepared on the pool's connection first, so the slowed-down statement is executed at
+    // once and only its answer is late.
+    slow.lock(&*key, held(60))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    proxy.set_latency(Direction::ToClient, LATENCY);
+    let caller = {
+        let (slow, key) = (slow.clone(), key.clone());
+        tokio::spawn(async move {
+            slow.lock(&*key, held(60).wait(wait))
+                .await
+                .map(|lease| lease.fence())
+        })
+    };
+    // The grant is written; its answer is on its way when another client locks the row and the
+    // connection breaks: the statement is sent again on a fresh connection, and waits for that
+    // transaction until the lock timeout.
+    let written = tokio::time::timeout(Duration::from_secs(5), async {
+        while db.rows(&key).await == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(written.is_ok(), "the grant was never written");
+    let row_lock = db.lock_row(&key).await;
+    proxy.cut_all();
+    proxy.set_latency(Direction::ToClient, Duration::ZERO);
+    tokio::time::sleep(row_locked_for).await;
+    drop(row_lock);
+    let answered = tokio::time::timeout(TRY_BOUND, caller).await;
+    assert!(
+        matches!(answered, Ok(Ok(Err(_)))),
+        "the try whose answer was lost should read as not granted: {answered:?}"
+    );
+    let rival = db.locker().await;
+    let asked = Instant::now();
+    let got = rival
+        .lock(&*key, held(60).wait(Duration::from_secs(5)))
+        .await;
+    assert!(
+        got.is_ok(),
+        "the key stayed held by nobody {:?} after the transaction ended ({:?}): the grant whose answer was lost was never undone",
+        asked.elapsed(),
+        got.as_ref().err()
+    );
+    got.unwrap().release().await.unwrap();
+    assert_eq!(db.rows(&key).await, 0, "a row outlived every holder");
+}
+
 /// An acquire statement of an owner that already holds the key never shortens its lease. Such a
 /// statement is a copy that arrives late: re-sent after its connection broke while the first
 /// copy was held up on the server (a stalled backend process, a wait on another transaction's

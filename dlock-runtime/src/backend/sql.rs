@@ -36,6 +36,20 @@ pub(super) enum Claimed<T> {
     Unanswered,
 }
 
+/// What a try's answer says its statement left on the store (see [`claimed`]).
+pub(super) enum Wrote {
+    /// A grant, of this fence.
+    Grant(u64),
+    /// Nothing: the key was busy.
+    Nothing,
+    /// Perhaps a grant: a copy of the statement went astray (its connection broke once it was
+    /// sent), and the copy sent again did not grant the key. The first may have all the same
+    /// (its answer was lost), and the one sent again can miss its own row: it found the row
+    /// locked by another transaction past the lock timeout. Such a row is held by nobody
+    /// until its ttl unless undone, by owner: the acquisition does not know its fence.
+    Unknown,
+}
+
 /// Stands for the fence of a grant withdrawn before its answer came ([`Claimed::Unanswered`]):
 /// greater than every fence, so every later grant of the acquisition takes a new one. (A try's
 /// answer that late comes after the caller's deadline, where it has one, so its acquisition
@@ -61,25 +75,27 @@ pub(super) fn withdrawn_bound(withdrawn: u64) -> i64 {
 
 /// Runs an acquisition's statement `work` in a task of its own on the background runtime, which
 /// a caller that stops polling or is dropped does not stop, and hands its answer back; a grant
-/// (an answer `fence_of` finds a fence in) only once the caller claims it (see [`claim`](super::claim)):
-/// [`Claimed::Withdrawn`] when the grant was withdrawn before the caller came back for it, which
-/// the caller treats as not granted.
+/// (an answer `wrote` finds a fence in) only once the caller claims it (see
+/// [`claim`](super::claim)): [`Claimed::Withdrawn`] when the grant was withdrawn before the
+/// caller came back for it, which the caller treats as not granted.
 ///
 /// The background side undoes what the statement did, after it, when nobody claims its grant
 /// within `window` (the caller was parked, its runtime stalled, or its future dropped), or when
-/// nobody takes an error (which may leave it unknown whether the row was written):
-/// an undo the caller queued itself could reach the database before a statement still on its
+/// nobody takes an error or an answer that leaves it unknown whether the row was written
+/// ([`Wrote::Unknown`]): an undo the caller queued itself could reach the database before a statement still on its
 /// way, and the row that statement then writes would stay for the whole ttl, held by nobody. A
 /// claimed grant is the caller's lease, which the locker's own release undoes.
 ///
-/// `undo` is given the fence of the grant it undoes (`None` after an error), and must delete
-/// that grant only: a caller that finds its grant withdrawn tries again as the same owner, and
-/// may be granted the key anew before a slow undo (waiting for a connection, or sent again after
-/// a broken one) reaches the database, whose `DELETE` by owner alone would then take the new
-/// lease from under its holder. (So the acquisition records the fence of each grant withdrawn,
-/// and its next try takes a new fence for a row that still carries it, which that undo misses:
-/// see [`withdrawn_bound`].) After an error the caller is gone (nobody took the answer), so the
-/// owner tries no more. The task is one of `cleanups`, which the store's `close` waits for: the
+/// `undo` is given the fence of the grant it undoes (`None` after an error or an unknown
+/// answer), and must delete that grant only: a caller that finds its grant withdrawn tries
+/// again as the same owner, and may be granted the key anew before a slow undo (waiting for a
+/// connection, or sent again after a broken one) reaches the database, whose `DELETE` by owner
+/// alone would then take the new lease from under its holder. (So the acquisition records the
+/// fence of each grant withdrawn, and its next try takes a new fence for a row that still
+/// carries it, which that undo misses: see [`withdrawn_bound`].) After an error or an unknown
+/// answer the caller is gone (nobody took the answer), so the owner tries no more. A caller that
+/// takes such an answer has it undone itself once its acquisition has ended (see
+/// [`not_granted`]). The task is one of `cleanups`, which the store's `close` waits for: the
 /// undo must reach the store before the process ends.
 ///
 /// A try ends for its caller after [`Limits::bound`] whatever the statement does (it can wait
@@ -94,7 +110,7 @@ pub(super) async fn claimed<T, Work, Undo, UndoFut>(
     tries: &Arc<Semaphore>,
     limits: Limits,
     work: Work,
-    fence_of: fn(&T) -> Option<u64>,
+    wrote: fn(&T) -> Wrote,
     undo: Undo,
 ) -> Result<Claimed<T>, LockError>
 where
@@ -116,16 +132,21 @@ where
             Ok(_permit) => work.await,
             Err(_) => Err(LockError::backend(format!("{store} is shut down"))),
         };
-        let granted = outcome.as_ref().ok().and_then(fence_of);
-        let failed = outcome.is_err();
+        let wrote = outcome.as_ref().map_or(Wrote::Unknown, wrote);
+        let granted = match wrote {
+            Wrote::Grant(fence) => Some(fence),
+            Wrote::Nothing | Wrote::Unknown => None,
+        };
+        let unknown = matches!(wrote, Wrote::Unknown);
         let unanswered = answer.send(outcome).is_err();
         let withdrawn = if granted.is_some() {
             // A dropped caller withdrew it already; a parked one has the window to come back.
             claim.withdrawn_after(limits.window).await
         } else {
-            // A busy answer wrote nothing; an error may leave it unknown whether the row was
-            // written, and the undo is owner-checked, so harmless where nothing was.
-            failed && unanswered
+            // A busy answer wrote nothing; an error, or a copy of the statement that went
+            // astray, may leave it unknown whether the row was written, and the undo is
+            // owner-checked, so harmless where nothing was.
+            unknown && unanswered
         };
         if withdrawn {
             if granted.is_some() {
@@ -144,10 +165,30 @@ where
     };
     let outcome = answered
         .map_err(|_| LockError::backend(format!("{store} task failed before answering")))??;
-    match fence_of(&outcome) {
-        Some(fence) if !caller.claim() => Ok(Claimed::Withdrawn(fence)),
+    match wrote(&outcome) {
+        Wrote::Grant(fence) if !caller.claim() => Ok(Claimed::Withdrawn(fence)),
         _ => Ok(Claimed::Answer(outcome)),
     }
+}
+
+/// How an acquisition that ends without the key answers, `unknown` where a try's answer it took
+/// left it unknown whether the key was granted ([`Wrote::Unknown`]): busy, or then an error, so
+/// that the runtime undoes the acquisition by its owner
+/// ([`Backend::acquire`](super::Backend::acquire)). Only once the acquisition has ended: while
+/// it goes on, a later try may be granted the row, which an undo by owner would delete; and a
+/// later try granted the key takes the row over as its own, whatever the lost copy wrote.
+pub(super) fn not_granted(
+    store: &'static str,
+    unknown: bool,
+) -> Result<Option<super::Acquired>, LockError> {
+    if !unknown {
+        return Ok(None);
+    }
+    Err(LockError::backend(format!(
+        "{store}: a try's connection broke once its statement was sent, and the statement sent \
+         again found the key's row locked by another transaction, or busy; whether the key was \
+         granted is unknown, and what the try may have written is deleted"
+    )))
 }
 
 /// How long a try's caller waits for its statement, and then for the grant to be claimed.
@@ -199,23 +240,42 @@ pub(super) fn try_permits(max_connections: u32) -> Arc<Semaphore> {
 /// statement is safe to repeat for its owner.
 pub(super) async fn retry_transient<T, F, Fut>(
     is_conflict: fn(&sqlx::Error) -> bool,
-    mut statement: F,
+    statement: F,
 ) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
+    retry_transient_blind(is_conflict, statement).await.0
+}
+
+/// As [`retry_transient`], and says whether a copy sent went astray: its connection broke (or
+/// it read a message it did not expect), which leaves it unknown whether that copy wrote, so an
+/// answer of the copy sent again that grants nothing does not say that nothing was granted
+/// ([`Wrote::Unknown`]). Counted so even where the connection broke before the statement left
+/// (a failed connect): the undo that follows is owner-checked, so harmless then. A closed pool
+/// sent nothing.
+pub(super) async fn retry_transient_blind<T, F, Fut>(
+    is_conflict: fn(&sqlx::Error) -> bool,
+    mut statement: F,
+) -> (Result<T, sqlx::Error>, bool)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, sqlx::Error>>,
 {
     let mut conflicts = 0;
     let mut reconnected = false;
+    let mut blind = false;
     loop {
         match statement().await {
-            Err(sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed)
-                if !reconnected =>
-            {
+            Err(
+                error @ (sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed),
+            ) if !reconnected => {
                 reconnected = true;
+                blind |= !matches!(error, sqlx::Error::PoolClosed);
             }
             Err(error) if is_conflict(&error) && conflicts < 3 => conflicts += 1,
-            other => return other,
+            other => return (other, blind),
         }
     }
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::mysql::MySqlPool;
 
-use super::sql::{ttl_micros, Backoff, Limits, TTL_LIMIT, UNKNOWN_FENCE};
+use super::sql::{not_granted, ttl_micros, Backoff, Limits, TTL_LIMIT, UNKNOWN_FENCE};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
 use crate::{KeyState, LockError, Owner};
@@ -363,6 +363,9 @@ impl Backend for MysqlBackend {
         // came too late, or was not claimed in time): their undos may still be on their way,
         // and the next grant must not keep such a fence.
         let mut withdrawn = 0;
+        // Whether a try's answer left it unknown whether the key was granted: undone by owner
+        // if the acquisition ends without the key (see `not_granted`).
+        let mut unknown = false;
         // Counted among the key's waiters from its first busy try to its end.
         let mut waiting = None;
         let label = crate::inspect::bounded(request.label);
@@ -382,16 +385,17 @@ impl Backend for MysqlBackend {
                     return Ok(Some(Acquired { fence, valid_from }))
                 }
                 Attempt::Busy => {}
+                Attempt::Unknown => unknown = true,
                 // A try whose answer did not come may still be on its way, and would keep the
                 // fence of a grant claimed after it: its undo (by owner) is safe only once the
                 // acquisition has ended (in real time its bound ends past the deadline anyway;
                 // under a paused tokio clock it can end at once).
-                Attempt::Abandoned(UNKNOWN_FENCE) => return Ok(None),
+                Attempt::Abandoned(UNKNOWN_FENCE) => return not_granted("MySQL", unknown),
                 Attempt::Abandoned(fence) => withdrawn = withdrawn.max(fence),
             }
             let now = Instant::now();
             if now >= deadline {
-                return Ok(None);
+                return not_granted("MySQL", unknown);
             }
             waiting.get_or_insert_with(|| self.shared.waiting.wait_for(request.key));
             tokio::time::sleep(backoff.next_pause().min(deadline - now)).await;

@@ -27,6 +27,16 @@ where
     sql::retry_transient(is_lock_conflict, statement).await
 }
 
+/// As [`retry_transient`], and whether a copy sent went astray (see
+/// [`sql::retry_transient_blind`]).
+pub(super) async fn retry_transient_blind<T, F, Fut>(statement: F) -> (Result<T, sqlx::Error>, bool)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
+    sql::retry_transient_blind(is_lock_conflict, statement).await
+}
+
 /// A deadlock (1213). Not a row-lock wait time-out (1205): the row is another transaction's for
 /// longer than a lock statement takes, which trying again would only wait out again.
 fn is_lock_conflict(error: &sqlx::Error) -> bool {

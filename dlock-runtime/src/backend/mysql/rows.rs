@@ -5,7 +5,9 @@ use std::time::Instant;
 
 use sqlx::AssertSqlSafe;
 
-use super::retry::{backend_error, is_duplicate_key, lock_timed_out, retry_transient};
+use super::retry::{
+    backend_error, is_duplicate_key, lock_timed_out, retry_transient, retry_transient_blind,
+};
 use super::{MysqlBackend, Shared};
 use crate::backend::sql::{self, Limits};
 use crate::LockError;
@@ -15,6 +17,10 @@ pub(super) enum Attempt {
     /// The key is the caller's: its fence, and when the statement that made it so was sent.
     Granted(u64, Instant),
     Busy,
+    /// Not granted by the answer, but a copy of the statement went astray before it and may
+    /// have granted the key ([`sql::Wrote::Unknown`]): busy for the acquisition, which has it
+    /// undone by its owner if it ends without the key ([`sql::not_granted`]).
+    Unknown,
     /// Not granted to the caller: the statement's answer did not come in time, or its grant was
     /// withdrawn before the caller came back for it. What it wrote is undone by its fence, this
     /// one ([`sql::UNKNOWN_FENCE`] where the answer did not come), which the acquisition
@@ -47,7 +53,11 @@ impl MysqlBackend {
             &self.shared.tries,
             limits,
             async move { acquire_row(&shared, &key, &owner, &label, ttl_us, withdrawn).await },
-            |attempt| attempt.map(|(fence, _)| fence),
+            |(granted, blind)| match granted {
+                Some((fence, _)) => sql::Wrote::Grant(*fence),
+                None if *blind => sql::Wrote::Unknown,
+                None => sql::Wrote::Nothing,
+            },
             move |fence| async move {
                 if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner, fence).await {
                     tracing::warn!(%error, "distributed_lock: cannot undo an abandoned MySQL acquisition; its row expires with its ttl");
@@ -56,8 +66,9 @@ impl MysqlBackend {
         )
         .await?;
         Ok(match attempt {
-            sql::Claimed::Answer(Some((fence, sent_at))) => Attempt::Granted(fence, sent_at),
-            sql::Claimed::Answer(None) => Attempt::Busy,
+            sql::Claimed::Answer((Some((fence, sent_at)), _)) => Attempt::Granted(fence, sent_at),
+            sql::Claimed::Answer((None, true)) => Attempt::Unknown,
+            sql::Claimed::Answer((None, false)) => Attempt::Busy,
             sql::Claimed::Withdrawn(fence) => Attempt::Abandoned(fence),
             sql::Claimed::Unanswered => Attempt::Abandoned(sql::UNKNOWN_FENCE),
         })
@@ -68,7 +79,10 @@ impl MysqlBackend {
 /// `Some((fence, sent_at))` when the key is ours, `sent_at` being when the statement that made
 /// it ours left on a connection of its own: the row's ttl starts no earlier. Measured after the
 /// wait for a pooled connection, which on a busy pool would otherwise eat into the lease.
-/// `label` is written with the row where the table has the column.
+/// `label` is written with the row where the table has the column. And whether a copy of a
+/// statement went astray (see [`sql::retry_transient_blind`]): a grant it made is this owner's
+/// row, which a copy sent again takes over as its own, unless that copy finds the row locked by
+/// another transaction past the lock timeout.
 async fn acquire_row(
     shared: &Shared,
     key: &[u8],
@@ -76,9 +90,9 @@ async fn acquire_row(
     label: &str,
     ttl_us: i64,
     withdrawn: u64,
-) -> Result<Option<(u64, Instant)>, LockError> {
+) -> Result<(Option<(u64, Instant)>, bool), LockError> {
     let described = shared.sql.described;
-    let insert = retry_transient(|| {
+    let (insert, inserted_blind) = retry_transient_blind(|| {
         let query = sqlx::query(AssertSqlSafe(shared.sql.insert.clone()))
             .bind(key)
             .bind(owner)
@@ -87,14 +101,14 @@ async fn acquire_row(
     })
     .await;
     match insert {
-        Ok((done, sent_at)) => return Ok(Some((done.last_insert_id(), sent_at))),
+        Ok((done, sent_at)) => return Ok((Some((done.last_insert_id(), sent_at)), inserted_blind)),
         // The row stayed locked by another transaction for longer than the lock wait timeout.
-        Err(error) if lock_timed_out(&error) => return Ok(None),
+        Err(error) if lock_timed_out(&error) => return Ok((None, inserted_blind)),
         Err(error) if !is_duplicate_key(&error) => return Err(backend_error(error)),
         Err(_) => {}
     }
     // Held or expired? Take the row over only if it expired by the database's clock.
-    let take_over = retry_transient(|| {
+    let (take_over, took_over_blind) = retry_transient_blind(|| {
         let query = sqlx::query(AssertSqlSafe(shared.sql.take_over.clone()))
             .bind(owner)
             .bind(ttl_us)
@@ -106,12 +120,14 @@ async fn acquire_row(
         execute_timed(shared, query.bind(key).bind(owner))
     })
     .await;
+    let blind = inserted_blind || took_over_blind;
     let (take_over, sent_at) = match take_over {
         Ok(answer) => answer,
-        Err(error) if lock_timed_out(&error) => return Ok(None),
+        Err(error) if lock_timed_out(&error) => return Ok((None, blind)),
         Err(error) => return Err(backend_error(error)),
     };
-    Ok((take_over.rows_affected() == 1).then(|| (take_over.last_insert_id(), sent_at)))
+    let granted = (take_over.rows_affected() == 1).then(|| (take_over.last_insert_id(), sent_at));
+    Ok((granted, blind))
 }
 
 /// Runs `query` on a connection of its own from the pool, and says when it was sent: after the

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::rows::{Attempt, Line};
 use super::waiting::{Start, Turn};
 use super::{check_key, PostgresBackend};
-use crate::backend::sql::{ttl_micros, Backoff, Limits, UNKNOWN_FENCE};
+use crate::backend::sql::{not_granted, ttl_micros, Backoff, Limits, UNKNOWN_FENCE};
 use crate::backend::{AcquireRequest, Acquired};
 use crate::inspect::bounded;
 use crate::LockError;
@@ -43,15 +43,14 @@ impl PostgresBackend {
                 return Ok(None);
             }
             let limits = Limits::new(Some(Instant::now()), request.ttl);
-            return Ok(
-                match self
-                    .try_acquire(key, &owner, label, ttl_us, Line::StayOut, false, 0, limits)
-                    .await?
-                {
-                    Attempt::Granted { fence, sent_at, .. } => granted(fence, sent_at),
-                    Attempt::Busy { .. } | Attempt::Abandoned { .. } => None,
-                },
-            );
+            return match self
+                .try_acquire(key, &owner, label, ttl_us, Line::StayOut, false, 0, limits)
+                .await?
+            {
+                Attempt::Granted { fence, sent_at, .. } => Ok(granted(fence, sent_at)),
+                Attempt::Busy { unknown, .. } => not_granted("PostgreSQL", unknown),
+                Attempt::Abandoned { .. } => Ok(None),
+            };
         }
         let deadline = crate::backend::wait_deadline(request.wait);
         let place = self.shared.waiting.join(key, &owner, ttl_us, label);
@@ -62,6 +61,9 @@ impl PostgresBackend {
         // a process alone at a key, whose waiters get it handed over at each release, then
         // writes nothing to the waiters table.
         let mut waited_before = false;
+        // Whether a try's answer left it unknown whether the key was granted: undone by owner
+        // if the acquisition ends without the key (see `not_granted`).
+        let mut unknown = false;
         // Each grant of this acquisition that is withdrawn has its fence recorded in the place
         // (`Place::withdrawn`), which every try sends: its undo may still be on its way, and the
         // next grant must not keep its fence.
@@ -80,7 +82,7 @@ impl PostgresBackend {
                     () = place.woken() => continue,
                     () = tokio::time::sleep_until(until.into()) => {
                         if Instant::now() >= deadline {
-                            return Ok(None);
+                            return not_granted("PostgreSQL", unknown);
                         }
                         continue;
                     }
@@ -94,7 +96,9 @@ impl PostgresBackend {
                     // grant back.
                     tokio::select! {
                         () = place.woken() => continue,
-                        () = tokio::time::sleep_until(deadline.into()) => return Ok(None),
+                        () = tokio::time::sleep_until(deadline.into()) => {
+                            return not_granted("PostgreSQL", unknown)
+                        }
                     }
                 }
                 Start::Rest(until) => {
@@ -105,7 +109,7 @@ impl PostgresBackend {
                         () = place.woken() => continue,
                         () = tokio::time::sleep_until(until.into()) => {
                             if Instant::now() >= deadline {
-                                return Ok(None);
+                                return not_granted("PostgreSQL", unknown);
                             }
                             continue;
                         }
@@ -150,7 +154,12 @@ impl PostgresBackend {
                     place.holds_until(sent_at + request.ttl);
                     return Ok(granted(fence, sent_at));
                 }
-                Attempt::Busy { remaining, in_line } => {
+                Attempt::Busy {
+                    remaining,
+                    in_line,
+                    unknown: unsure,
+                } => {
+                    unknown |= unsure;
                     if let Some(in_line) = in_line {
                         self.shared.waiting.in_line(key, in_line);
                     }
@@ -165,7 +174,7 @@ impl PostgresBackend {
                         // undo (by owner, see `sql::claimed`) is safe only once the acquisition
                         // has ended. In real time the answer's bound ends past the deadline
                         // anyway; under a paused tokio clock it can end at once.
-                        return Ok(None);
+                        return not_granted("PostgreSQL", unknown);
                     }
                     waited_before = true;
                     None
@@ -173,7 +182,7 @@ impl PostgresBackend {
             };
             let now = Instant::now();
             if now >= deadline {
-                return Ok(None);
+                return not_granted("PostgreSQL", unknown);
             }
             let pause = if listening.is_some() && listening == self.shared.waiting.listening() {
                 // A release is announced; the holder's expiry is not, nor a place in line

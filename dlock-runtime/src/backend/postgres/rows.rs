@@ -41,6 +41,10 @@ pub(super) enum Attempt {
         /// Whether this backend holds a place in line for the key now; `None` where the
         /// statement did not say (it timed out, or its answer came too late).
         in_line: Option<bool>,
+        /// Whether a copy of the statement went astray before this answer, and may have granted
+        /// the key all the same ([`sql::Wrote::Unknown`]): the acquisition then has it undone by
+        /// its owner if it ends without the key ([`sql::not_granted`]).
+        unknown: bool,
     },
     /// Not granted to the caller: the statement's answer did not come in time, or its grant was
     /// withdrawn before the caller came back for it. What it wrote is undone by its fence,
@@ -92,8 +96,9 @@ impl PostgresBackend {
                 .await
             },
             |attempt| match attempt {
-                Attempt::Granted { fence, .. } => Some(*fence),
-                Attempt::Busy { .. } | Attempt::Abandoned { .. } => None,
+                Attempt::Granted { fence, .. } => sql::Wrote::Grant(*fence),
+                Attempt::Busy { unknown: true, .. } => sql::Wrote::Unknown,
+                Attempt::Busy { .. } | Attempt::Abandoned { .. } => sql::Wrote::Nothing,
             },
             move |fence| async move {
                 if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner, fence).await {
@@ -114,6 +119,9 @@ impl PostgresBackend {
 
 /// Sends the acquire statement on a connection of its own from the pool; `sent_at` is measured
 /// after the wait for the connection, which on a busy pool would otherwise eat into the lease.
+/// A copy sent again after one went astray takes over a grant that one made as its own (the
+/// row is this owner's), unless it finds the row locked by another transaction past the lock
+/// timeout: a busy answer is then `unknown`.
 #[allow(clippy::too_many_arguments)] // One try's every input, each a plain value.
 async fn acquire_row(
     shared: &Shared,
@@ -125,7 +133,7 @@ async fn acquire_row(
     others_behind: bool,
     withdrawn: u64,
 ) -> Result<Attempt, LockError> {
-    let answer = sql::retry_transient(is_conflict, || async {
+    let (answer, unknown) = sql::retry_transient_blind(is_conflict, || async {
         shared.statements.fetch_add(1, Ordering::Relaxed);
         // Boxed: sqlx's future for a pooled connection holds its whole connect path (about
         // 8 KB), which would otherwise sit in every try's and release's task and be copied
@@ -161,6 +169,7 @@ async fn acquire_row(
             return Ok(Attempt::Busy {
                 remaining: None,
                 in_line: None,
+                unknown,
             })
         }
         Err(error) => return Err(backend_error(error)),
@@ -180,6 +189,7 @@ async fn acquire_row(
         None => Attempt::Busy {
             remaining: free_in_us.map(|us| Duration::from_micros(us.max(0) as u64)),
             in_line: Some(in_line),
+            unknown,
         },
     })
 }
