@@ -90,6 +90,11 @@ mod sql_scenarios {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_busy_key_reads_busy_after_a_broken_connection() {
+        scenario::a_busy_key_reads_busy_after_a_broken_connection::<Mysql>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_waiting_acquisition_that_ends_after_a_lost_grant_is_undone() {
         scenario::a_waiting_acquisition_that_ends_after_a_lost_grant_is_undone::<Mysql>().await;
     }

@@ -105,6 +105,11 @@ mod sql_scenarios {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_busy_key_reads_busy_after_a_broken_connection() {
+        scenario::a_busy_key_reads_busy_after_a_broken_connection::<Postgres>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_late_acquire_of_the_holder_never_shortens_its_lease() {
         scenario::a_late_acquire_of_the_holder_never_shortens_its_lease::<Postgres>().await;
     }
@@ -205,6 +210,11 @@ mod simple_queries {
             Simple,
         >()
         .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_busy_key_reads_busy_after_a_broken_connection() {
+        scenario::a_busy_key_reads_busy_after_a_broken_connection::<Simple>().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -443,6 +443,54 @@ pub async fn a_waiting_acquisition_that_ends_after_a_lost_grant_is_undone<S: Sql
     .await;
 }
 
+/// A try whose connection breaks while its answer is on its way, and whose statement sent again
+/// finds the key held by another, reads as busy, as any try at a held key: the statement sent
+/// again would have taken a row of its own over, so there is none to undo, and the caller is
+/// not told the store failed.
+pub async fn a_busy_key_reads_busy_after_a_broken_connection<S: SqlStore>() {
+    let db = S::fresh().await;
+    let (proxy, url) = FaultProxy::in_front_of(&S::url());
+    let slow = db.locker_at(&url).await;
+    let key = unique_key("busy-after-a-cut");
+    // Prepared on the pool's connection first, as in the scenarios above.
+    slow.lock(&*key, held(60))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let holder = db.locker().await.lock(&*key, held(60)).await.unwrap();
+    for wait in [Duration::ZERO, Duration::from_millis(1500)] {
+        proxy.set_latency(Direction::ToClient, LATENCY);
+        let sent = proxy.chunks(Direction::ToServer);
+        let caller = {
+            let (slow, key) = (slow.clone(), key.clone());
+            tokio::spawn(async move { slow.lock(&*key, held(60).wait(wait)).await.map(|_| ()) })
+        };
+        // The statement has left (after the pool's check of the connection, where it makes one):
+        // its answer is on its way when the connection breaks.
+        let started = Instant::now();
+        while proxy.chunks(Direction::ToServer) == sent || started.elapsed() < LATENCY / 2 {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "nothing was sent"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        proxy.cut_all();
+        proxy.set_latency(Direction::ToClient, Duration::ZERO);
+        let answered = tokio::time::timeout(Duration::from_secs(10), caller)
+            .await
+            .expect("the try never returned")
+            .unwrap();
+        assert!(
+            matches!(answered, Err(LockError::Busy { .. })),
+            "a try at a held key whose connection broke read as {answered:?}, not busy (wait {wait:?})"
+        );
+    }
+    holder.release().await.unwrap();
+}
+
 /// An acquisition waiting up to `wait` whose grant's answer is lost, with the row locked by
 /// another transaction from then on, for `row_locked_for`.
 async fn lost_grant_and_a_locked_row<S: SqlStore>(wait: Duration, row_locked_for: Duration) {

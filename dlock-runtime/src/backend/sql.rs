@@ -186,8 +186,8 @@ pub(super) fn not_granted(
     }
     Err(LockError::backend(format!(
         "{store}: a try's connection broke once its statement was sent, and the statement sent \
-         again found the key's row locked by another transaction, or busy; whether the key was \
-         granted is unknown, and what the try may have written is deleted"
+         again found the key's row locked by another transaction; whether the key was granted is \
+         unknown, and what the try may have written is deleted"
     )))
 }
 

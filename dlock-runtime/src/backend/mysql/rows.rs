@@ -127,7 +127,10 @@ async fn acquire_row(
         Err(error) => return Err(backend_error(error)),
     };
     let granted = (take_over.rows_affected() == 1).then(|| (take_over.last_insert_id(), sent_at));
-    Ok((granted, blind))
+    // Answered: a row of this owner's, written by a copy that went astray, would have been taken
+    // over as its own (`owner = ?`), so an answer that grants nothing says there is none. Only a
+    // lock timeout leaves that unknown (above).
+    Ok((granted, false))
 }
 
 /// Runs `query` on a connection of its own from the pool, and says when it was sent: after the

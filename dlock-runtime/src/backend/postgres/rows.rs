@@ -186,10 +186,13 @@ async fn acquire_row(
             sent_at,
             in_line,
         },
+        // Answered: a row of this owner's, written by a copy that went astray, would have been
+        // granted again (its own row is its own), so an answer that grants nothing says there is
+        // none. Only a lock timeout leaves that unknown (above).
         None => Attempt::Busy {
             remaining: free_in_us.map(|us| Duration::from_micros(us.max(0) as u64)),
             in_line: Some(in_line),
-            unknown,
+            unknown: false,
         },
     })
 }
