@@ -43,6 +43,7 @@
 //! | `locker = EXPR` | the default locker | a `&Locker` (`&self.locker`, `&LOCKS` for a `static LazyLock<Locker>`) |
 //! | `label = "…"` | the function's path | the holder's name for operators: the `label` of the [metrics](#metrics) |
 //! | `hold_at_least = "…"` | none | the key stays held until this long after the grant, however soon the body ends, then expires by itself: a job scheduled on every replica runs once per window ([`LockOptions::hold_at_least`]) |
+//! | `permits = N` | `1` | a semaphore: at most N bodies per key at once, each with its own lease, fence and renewal; waiters served first come, first served ([`LockOptions::permits`]) |
 //! | `crate = "path"` | `::dlock` | where dlock is, for crates that re-export it |
 //!
 //! Mistakes are compile errors on the offending token: a placeholder naming no parameter (the
@@ -50,12 +51,38 @@
 //! destructured parameter or on a value that is not `Display`, two placeholders with no separator
 //! between them, a non-literal or empty key, a malformed, zero or overflowing duration, an unknown
 //! or repeated argument, an empty label, a `hold_at_least` longer than the ttl of a lease with
-//! `renew = false`, a function that is not `async`, and a return type that
+//! `renew = false`, `permits = 0` or a `permits` that is no integer literal, a function that is not `async`, and a return type that
 //! cannot carry a lock failure.
 //!
 //! **Keys.** Each placeholder's value is rendered with `Display` and percent-encoded except for
 //! ASCII letters, digits and `-_.@`, so `acct:<open_id>` with `open_id = "a:b"` is `acct:a%3Ab`
 //! and two different arguments can never render the same key.
+//!
+//! **Semaphores.** `permits = N` lets up to N bodies run on a key at once, each under a lease of
+//! its own (owner, fence, renewal; a holder that dies frees its permit at its ttl), and queues
+//! the others first come, first served. A permit's fence rises each time that permit is granted
+//! again, not across permits, so fence writes with it only where each permit guards a resource
+//! of its own ([`LockOptions::permits`] says more).
+//!
+//! ```
+//! use std::sync::LazyLock;
+//! use dlock::{current_lease, distributed_lock, LockError, Locker};
+//!
+//! static LOCKS: LazyLock<Locker> = LazyLock::new(Locker::memory);
+//!
+//! // The partner's API takes at most four calls at once from all our replicas.
+//! #[distributed_lock(key = "partner-api", permits = 4, wait = "10s", locker = &LOCKS)]
+//! async fn call_partner(order: u64) -> Result<u64, LockError> {
+//!     assert_eq!(current_lease().expect("inside a locked body").key(), "partner-api");
+//!     Ok(order)
+//! }
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let calls: Vec<_> = (0..10).map(|order| tokio::spawn(call_partner(order))).collect();
+//! for call in calls {
+//!     call.await.unwrap().unwrap(); // four at a time, the others waiting their turn
+//! }
+//! # }
+//! ```
 //!
 //! **Return types.** When the lock cannot be had (busy after `wait`, a store error) or is lost
 //! with `on_lost = "cancel"`, the function returns early through [`FromLockError`]:

@@ -406,6 +406,37 @@ async fn lock_statements_never_wait_on_a_business_transaction() {
     db.execute(format!("DROP TABLE `{business}`")).await;
 }
 
+/// A key that fits the `lock_key` column as a mutex can be too long for it as a semaphore,
+/// whose keys on the store are a few bytes longer: refused whole, under the key given, with a
+/// reason that says by how much, and nothing left held.
+#[tokio::test]
+async fn a_permit_key_too_long_for_the_column_says_by_how_much() {
+    let db = Mysql::fresh().await;
+    let locker = db.locker().await;
+    let key = "k".repeat(dlock::backend::MYSQL_MAX_KEY_BYTES - 5);
+    locker
+        .lock(&*key, LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let wait = LockOptions::new().permits(2).wait(Duration::from_secs(1));
+    match locker.lock(&*key, wait).await {
+        Err(LockError::InvalidKey { key: named, reason }) => {
+            assert_eq!(named, key);
+            assert!(
+                reason
+                    .contains("with 2 permits the store holds it under keys up to 10 bytes longer"),
+                "{reason}"
+            );
+            assert!(reason.contains("255"), "{reason}");
+        }
+        other => panic!("expected InvalidKey, got {other:?}"),
+    }
+    assert!(locker.list("").await.unwrap().is_empty());
+}
+
 #[tokio::test]
 async fn bad_input_is_a_clear_error() {
     let db = Mysql::fresh().await;

@@ -11,7 +11,7 @@ use syn::{Expr, ExprLit, ExprPath, Ident, Lit, LitStr, Token};
 use crate::duration;
 
 /// The argument names, in the order the messages list them.
-const VALID: &str = "key, ttl, wait, renew, on_lost, locker, label, hold_at_least, crate";
+const VALID: &str = "key, ttl, wait, renew, on_lost, locker, label, hold_at_least, permits, crate";
 
 /// What `on_lost = "…"` selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +50,8 @@ pub(crate) struct Args {
     pub label: Option<LitStr>,
     /// `hold_at_least`, where given.
     pub hold_at_least: Option<DurationArg>,
+    /// `permits`, where given: an integer literal from 1 up, as a `u32` literal.
+    pub permits: Option<syn::LitInt>,
     pub krate: syn::Path,
 }
 
@@ -103,6 +105,7 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
     let mut locker = None;
     let mut label = None;
     let mut hold_at_least = None;
+    let mut permits = None;
     let mut krate: syn::Path = syn::parse_quote!(::dlock);
 
     for RawArg { name, value } in raw {
@@ -168,6 +171,7 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
                 let value_span = value.span();
                 duration(&name, value, Bounds::HOLD).map(|d| hold_at_least = Some((d, value_span)))
             }
+            "permits" => permit_count(&value).map(|n| permits = Some(n)),
             "crate" => string_literal(&value, "crate = \"::dlock\"").and_then(|lit| {
                 krate = lit.parse().map_err(|_| {
                     syn::Error::new(lit.span(), "`crate` takes a path to the dlock crate, e.g. crate = \"::my_app::dlock\"")
@@ -217,8 +221,44 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
         locker,
         label,
         hold_at_least: hold_at_least.map(|(hold, _)| hold),
+        permits,
         krate,
     })
+}
+
+/// `permits = N`: an integer literal from 1 to `u32::MAX`, handed on as an unsuffixed literal
+/// spanned where it was written.
+fn permit_count(value: &Expr) -> syn::Result<syn::LitInt> {
+    const EXAMPLE: &str = "e.g. permits = 3 for at most three holders at once";
+    let Expr::Lit(ExprLit {
+        lit: Lit::Int(lit), ..
+    }) = ungroup(value.clone())
+    else {
+        return Err(syn::Error::new(
+            value.span(),
+            format!("`permits` takes an integer literal, {EXAMPLE}"),
+        ));
+    };
+    if !matches!(lit.suffix(), "" | "u32") {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "`permits` is a `u32`: write it without the `{}` suffix",
+                lit.suffix()
+            ),
+        ));
+    }
+    match lit.base10_parse::<u32>() {
+        Ok(0) => Err(syn::Error::new(
+            lit.span(),
+            format!("`permits = 0` admits nobody; give at least 1 (1 is a plain lock), {EXAMPLE}"),
+        )),
+        Ok(n) => Ok(syn::LitInt::new(&format!("{n}u32"), lit.span())),
+        Err(_) => Err(syn::Error::new(
+            lit.span(),
+            format!("`permits` is at most {} (a `u32`)", u32::MAX),
+        )),
+    }
 }
 
 /// Refuses a `locker` expression that builds a `Locker` with one of its constructors
@@ -497,6 +537,26 @@ mod tests {
             "{message}"
         );
         assert!(message.contains("e.g. wait = LOCK_WAIT"), "{message}");
+    }
+
+    #[test]
+    fn reads_permits_and_refuses_what_admits_nobody_or_is_no_literal() {
+        assert!(parse(quote!(key = "k")).unwrap().permits.is_none());
+        let permits = parse(quote!(key = "k", permits = 3)).unwrap().permits;
+        assert_eq!(permits.unwrap().base10_parse::<u32>().unwrap(), 3);
+        assert!(parse(quote!(key = "k", permits = 4u32))
+            .unwrap()
+            .permits
+            .is_some());
+        assert!(err(quote!(key = "k", permits = 0)).contains("`permits = 0` admits nobody"));
+        assert!(
+            err(quote!(key = "k", permits = "3")).contains("`permits` takes an integer literal")
+        );
+        assert!(err(quote!(key = "k", permits = N)).contains("`permits` takes an integer literal"));
+        assert!(err(quote!(key = "k", permits = 3u8)).contains("without the `u8` suffix"));
+        assert!(err(quote!(key = "k", permits = 4294967296)).contains("at most 4294967295"));
+        assert!(err(quote!(key = "k", permits = 2, permits = 3))
+            .contains("`permits` is given twice; remove one"));
     }
 
     #[test]

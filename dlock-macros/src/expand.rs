@@ -256,14 +256,15 @@ fn lock_spec(args: &Args, sig: &Signature) -> TokenStream {
         Some(label) => quote!(#label),
         None => quote!(::core::concat!(::core::module_path!(), "::", #name)),
     };
-    let spec = quote!(#krate::__private::LockSpec::new(#name, #ttl, #wait, #renew, #on_lost).label(#label));
-    match &args.hold_at_least {
-        Some(hold) => {
-            let hold = duration(hold, None);
-            quote!(#spec.hold_at_least(#hold))
-        }
-        None => spec,
+    let mut spec = quote!(#krate::__private::LockSpec::new(#name, #ttl, #wait, #renew, #on_lost).label(#label));
+    if let Some(hold) = &args.hold_at_least {
+        let hold = duration(hold, None);
+        spec = quote!(#spec.hold_at_least(#hold));
     }
+    if let Some(permits) = &args.permits {
+        spec = quote!(#spec.permits(#permits));
+    }
+    spec
 }
 
 /// A `Duration` expression. A constant is read in a `const` block, through a `let` typed
@@ -435,6 +436,17 @@ mod tests {
             ),
         );
         assert!(out.contains(". label (\"billing::submit\")"), "{out}");
+    }
+
+    #[test]
+    fn hands_permits_over_only_where_given() {
+        let f = quote!(
+            async fn f() {}
+        );
+        let out = expand(quote!(key = "k", permits = 3), f.clone());
+        assert!(out.contains(". permits (3u32)"), "{out}");
+        let out = expand(quote!(key = "k"), f);
+        assert!(!out.contains("permits"), "{out}");
     }
 
     #[test]

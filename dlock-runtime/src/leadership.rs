@@ -192,7 +192,8 @@ impl Locker {
     ///
     /// [`LockError::Busy`] when a `wait` was given and ran out;
     /// [`LockError::InvalidOptions`] for `renew(false)`, which would end every term at its ttl
-    /// however alive the leader; the errors of [`lock`](Self::lock) otherwise.
+    /// however alive the leader, and for [`permits`](LockOptions::permits) above 1, which
+    /// would elect several leaders at once; the errors of [`lock`](Self::lock) otherwise.
     ///
     /// # Cancel safety
     ///
@@ -225,6 +226,14 @@ impl Locker {
                 reason: "a leadership is kept by renewal: without it every term would end at \
                          its ttl; remove renew(false)"
                     .into(),
+            });
+        }
+        if options.permits > 1 {
+            return Err(LockError::InvalidOptions {
+                reason: format!(
+                    "a leadership has one leader: remove permits({})",
+                    options.permits
+                ),
             });
         }
         let options = if options.wait.is_zero() {

@@ -19,7 +19,14 @@ use crate::Owner;
 /// The shared state of one held lease: read by its holder, `current_lease()` and the watchdog.
 pub(crate) struct LeaseState {
     pub(crate) id: u64,
+    /// The key the store holds the lease under, which renewals and the release name.
     pub(crate) key: String,
+    /// How much of `key` its holder sees as the lease's key ([`shown_key`](Self::shown_key)):
+    /// all of it, but for a permit of a semaphore, which the store holds under the semaphore's
+    /// key followed by the permit's own suffix, while its holder, `current_lease`, re-entry
+    /// and errors know it by the semaphore's key. A length rather than a second string: no
+    /// allocation, and a mutex's lease pays one `usize`.
+    pub(crate) shown_len: usize,
     pub(crate) owner: Owner,
     pub(crate) fence: u64,
     pub(crate) ttl: Duration,
@@ -116,6 +123,7 @@ impl LeaseState {
     ) -> Self {
         LeaseState {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            shown_len: key.len(),
             key,
             owner,
             fence,
@@ -150,6 +158,12 @@ impl LeaseState {
         self.valid_until
             .fetch_min(clock::to_nanos(ends_at), Ordering::AcqRel);
         self
+    }
+
+    /// The key as the lease's holder knows it: the key asked for (for a permit, the
+    /// semaphore's, not the one the store holds it under).
+    pub(crate) fn shown_key(&self) -> &str {
+        &self.key[..self.shown_len]
     }
 
     fn validity_from(confirmed_at: Instant, ttl: Duration) -> Instant {
@@ -428,7 +442,7 @@ impl LeaseInfo {
     /// # }
     /// ```
     pub fn key(&self) -> &str {
-        &self.state.key
+        self.state.shown_key()
     }
 
     /// The fencing token of the acquisition (see [`Lease::fence`](crate::Lease::fence)): pass
@@ -517,7 +531,7 @@ impl LeaseInfo {
 impl std::fmt::Debug for LeaseInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeaseInfo")
-            .field("key", &self.state.key)
+            .field("key", &self.state.shown_key())
             .field("fence", &self.state.fence)
             .field("held", &self.is_held())
             .finish()

@@ -56,6 +56,13 @@ impl LockSpec {
         self.options = self.options.hold_at_least(hold);
         self
     }
+
+    /// The same spec admitting `permits` holders of the key at once (the attribute's
+    /// `permits`).
+    pub const fn permits(mut self, permits: u32) -> Self {
+        self.options = self.options.permits(permits);
+        self
+    }
 }
 
 /// Takes the `&Locker` of `locker = EXPR`, ends its borrow at once so the body may move what it
@@ -185,13 +192,13 @@ where
         return on_failure(
             &spec,
             LockError::Lost {
-                key: lease.state.key.clone(),
+                key: lease.state.shown_key().to_owned(),
             },
         );
     };
     if let Err(error) = lease.locker.release(&lease.state).await {
         // The body's work is done and must be reported as it ended; the lease will expire.
-        tracing::warn!(key = %lease.state.key, %error, function = spec.name, "distributed_lock: release failed");
+        tracing::warn!(key = %lease.state.shown_key(), %error, function = spec.name, "distributed_lock: release failed");
     }
     output
 }

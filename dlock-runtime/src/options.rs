@@ -33,6 +33,9 @@ pub struct LockOptions {
     /// by itself at that time on the store, even if this process ends meanwhile: a job
     /// scheduled on every replica runs once per window. The attribute's `hold_at_least`.
     pub hold_at_least: Duration,
+    /// How many holders the key admits at once (default 1: a mutex). More makes the key a
+    /// semaphore; see [`permits`](Self::permits). The attribute's `permits`.
+    pub permits: u32,
 }
 
 impl LockOptions {
@@ -53,6 +56,7 @@ impl LockOptions {
             renew: true,
             label: Self::UNLABELLED,
             hold_at_least: Duration::ZERO,
+            permits: 1,
         }
     }
 
@@ -155,6 +159,60 @@ impl LockOptions {
         self
     }
 
+    /// Makes the key a semaphore of `permits` permits: at most that many holders at once, each
+    /// with a lease of its own (its owner, its fence, its renewal), where 1, the default, is the
+    /// plain mutex. For work that a shared resource can take a few of at a time: calls to a
+    /// rate-limited partner API, exports that each load the database.
+    ///
+    /// - **Waiting**: a caller that finds every permit taken waits up to
+    ///   [`wait`](Self::wait) for one. Waiters are served in the order the store serves a
+    ///   mutex's: first come, first served across processes on memory, Redis and ZooKeeper
+    ///   (MySQL lets in whichever waiter polls first; PostgreSQL as its docs say).
+    /// - **Holders that die**: each permit is a lease of the key's; a holder that dies lets its
+    ///   permit go when its ttl runs out, as for a mutex.
+    /// - **Key**: [`Lease::key`](crate::Lease::key) and
+    ///   [`LeaseInfo::key`](crate::LeaseInfo::key) are the key given, and a call nested in a
+    ///   body holding a permit of the key re-enters that permit. The store holds each permit
+    ///   under a key of its own (the key, the control character U+001F and the permit's
+    ///   number), which operators see in [`Locker::list`](crate::Locker::list), and which is a
+    ///   few bytes longer than the key: a key near a store's length limit is refused with
+    ///   [`LockError::InvalidKey`], which says by how much.
+    /// - **Fences**: a permit's fence is its own. It increases each time *that permit* is
+    ///   granted again, not across the permits: two holders of a key at once may carry one
+    ///   fence value. Fence a write with it only where each permit guards a resource of its
+    ///   own; where the holders share one resource, that resource cannot tell a stale holder
+    ///   from a current one by fence, and must not be fenced with it.
+    /// - **One number per key**: give a key the same `permits` everywhere. A key taken as a
+    ///   semaphore and the same key taken as a mutex do not exclude each other.
+    /// - **Cost**: uncontended, three round trips to the store (take the queue's turnstile,
+    ///   take a permit, give the turnstile back), one with a zero `wait` (which takes a free
+    ///   permit or none, without queueing); each held permit is renewed in the locker's batch,
+    ///   as any lease.
+    ///
+    /// Zero admits nobody: [`Locker::lock`](crate::Locker::lock) fails with
+    /// [`LockError::InvalidOptions`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::{LockError, LockOptions, Locker};
+    ///
+    /// let locker = Locker::memory();
+    /// let exports = LockOptions::new().permits(2);
+    /// let first = locker.lock("exports", exports).await?;
+    /// let second = locker.lock("exports", exports).await?;
+    /// assert_eq!(second.key(), "exports");
+    /// // A third caller finds both permits taken.
+    /// assert!(matches!(locker.lock("exports", exports).await, Err(LockError::Busy { .. })));
+    /// first.release().await?;
+    /// let third = locker.lock("exports", exports).await?;
+    /// # drop((second, third));
+    /// # Ok(()) }
+    /// ```
+    pub const fn permits(mut self, permits: u32) -> Self {
+        self.permits = permits;
+        self
+    }
+
     /// The longest wait honoured: a century, which is forever for a lock, and far enough from
     /// the end of `Instant`'s range that adding it to the present never overflows.
     ///
@@ -177,6 +235,11 @@ impl LockOptions {
     }
 
     fn validate(&self) -> Result<(), LockError> {
+        if self.permits == 0 {
+            return Err(LockError::InvalidOptions {
+                reason: "permits is 0, which admits nobody; give at least 1 (1 is a mutex)".into(),
+            });
+        }
         if ttl_is_too_short(self.ttl) {
             return Err(LockError::InvalidOptions {
                 reason: format!("ttl {:?} is shorter than 1ms", self.ttl),

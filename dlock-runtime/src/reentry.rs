@@ -170,7 +170,7 @@ impl Turns {
 pub(crate) fn holder(locker_id: usize, key: &str) -> Option<Arc<Frame>> {
     HELD.try_with(|top| {
         frames_of(top, current_task())
-            .find(|frame| frame.lease.locker_id == locker_id && frame.lease.key == key)
+            .find(|frame| frame.lease.locker_id == locker_id && frame.lease.shown_key() == key)
     })
     .ok()
     .flatten()
@@ -293,14 +293,14 @@ impl Turn {
                 *deadline.get_or_insert_with(|| Instant::now() + wait.min(LockOptions::MAX_WAIT));
             if Instant::now() >= deadline {
                 return Err(LockError::Busy {
-                    key: lease.key.clone(),
+                    key: lease.shown_key().to_owned(),
                 });
             }
             tokio::select! {
                 () = handed_back => {}
                 () = lease.wait_lost() => {
                     return Err(LockError::Lost {
-                        key: lease.key.clone(),
+                        key: lease.shown_key().to_owned(),
                     })
                 }
                 () = tokio::time::sleep_until(deadline) => {}

@@ -271,6 +271,11 @@ macro_rules! lock_properties {
             one_leader_at_a_time_and_the_next_on_resign,
             a_leader_whose_term_is_taken_away_stops_its_work,
             a_campaign_needs_renewal_and_respects_its_wait,
+            three_permits_admit_three_bodies_at_once_and_no_more,
+            permit_waiters_are_served_in_arrival_order,
+            a_vanished_holders_permit_is_free_again_after_its_ttl,
+            each_permit_is_a_lease_of_its_own_under_the_semaphores_key,
+            zero_permits_and_a_campaign_with_permits_are_refused,
         );
     };
     (@tests $store:expr; $($name:ident),* $(,)?) => {

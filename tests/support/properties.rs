@@ -10,9 +10,12 @@ use dlock::{current_lease, distributed_lock, LockError, LockOptions, Locker};
 use super::{lock_and_release, unique_key, Counting, Gauge, Store};
 
 mod leadership;
+mod permits;
 // Used by the `lock_properties!` of each store, not by every test crate that shares this module.
 #[allow(unused_imports)]
 pub use leadership::*;
+#[allow(unused_imports)]
+pub use permits::*;
 
 async fn locker<S: Store>(store: &S) -> Locker {
     Locker::with_backend(store.backend().await)

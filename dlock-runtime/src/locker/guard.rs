@@ -39,7 +39,7 @@ impl Lease {
     /// # Ok(()) }
     /// ```
     pub fn key(&self) -> &str {
-        &self.state.key
+        self.state.shown_key()
     }
 
     /// The fencing token of this acquisition: greater than that of every earlier acquisition of
@@ -168,7 +168,7 @@ impl Drop for Lease {
 impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lease")
-            .field("key", &self.state.key)
+            .field("key", &self.state.shown_key())
             .field("fence", &self.state.fence)
             .field("held", &self.is_held())
             .finish()

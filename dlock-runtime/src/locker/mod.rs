@@ -17,6 +17,7 @@ mod guard;
 mod holdings;
 mod pending;
 mod release;
+mod semaphore;
 mod shutdown;
 
 pub(crate) use default::default_locker;
@@ -456,6 +457,20 @@ impl Locker {
         key: String,
         options: LockOptions,
     ) -> Result<Arc<LeaseState>, LockError> {
+        if options.permits > 1 {
+            // Boxed: a mutex's acquisition keeps the size it has without a semaphore's.
+            return Box::pin(self.acquire_permit(key, options)).await;
+        }
+        self.acquire_key(key, options, Part::Whole).await
+    }
+
+    /// Acquires `key` as a mutex: the whole of an acquisition, or a `part` of a semaphore's.
+    async fn acquire_key(
+        &self,
+        key: String,
+        options: LockOptions,
+        part: Part,
+    ) -> Result<Arc<LeaseState>, LockError> {
         let mut options = options.checked()?;
         check_key_length(&key)?;
         if !options.hold_at_least.is_zero() && !self.inner.backend.expires_at_a_set_time() {
@@ -494,7 +509,11 @@ impl Locker {
         }
         let watched = options.renew || full_ttl.is_some();
         let owner = Owner::random();
-        let started = metrics::started();
+        let started = match part {
+            Part::Whole => metrics::started(),
+            Part::Permit { started, .. } => started,
+            Part::Quiet => None,
+        };
         // Exists before the acquisition is awaited, so a dropped future still releases.
         let acquired = {
             let mut pending = PendingAcquire {
@@ -527,8 +546,11 @@ impl Locker {
         let acquired = match acquired? {
             Some(acquired) => acquired,
             None => {
-                tracing::debug!(%key, waited = ?started.map(|at| at.elapsed()), "distributed_lock: busy");
-                metrics::busy(options.label, self.inner.store, started);
+                // A semaphore reports its own caller's wait as one, whatever its parts found.
+                if let Part::Whole = part {
+                    tracing::debug!(%key, waited = ?started.map(|at| at.elapsed()), "distributed_lock: busy");
+                    metrics::busy(options.label, self.inner.store, started);
+                }
                 return Err(LockError::Busy { key });
             }
         };
@@ -549,7 +571,16 @@ impl Locker {
             // to schedule the first renewal (a Redis hand-off), long before the grant.
             state.hold_until = Instant::now().checked_add(options.hold_at_least);
         }
-        state.held = metrics::Held::granted(options.label, self.inner.store, started);
+        match part {
+            Part::Whole => {
+                state.held = metrics::Held::granted(options.label, self.inner.store, started);
+            }
+            Part::Permit { shown_len, .. } => {
+                state.shown_len = shown_len;
+                state.held = metrics::Held::granted(options.label, self.inner.store, started);
+            }
+            Part::Quiet => {}
+        }
         let state = Arc::new(state);
         if self.inner.holdings.register(&state).is_err() {
             // Shut down while the acquisition was in flight: give the key back at once, whatever
@@ -573,24 +604,45 @@ impl Locker {
     }
 }
 
+/// What one acquisition of a key is to its caller. A semaphore is made of several acquisitions
+/// of keys of its own (`semaphore`), which its caller must see as one.
+#[derive(Clone, Copy)]
+enum Part {
+    /// A lease as its caller asked for it: a mutex's, counted in the metrics.
+    Whole,
+    /// A semaphore's turnstile: the metrics count it nowhere, as its caller asked for a permit.
+    Quiet,
+    /// A try for one of a semaphore's permits, whose caller began at `started` (the metrics'
+    /// clock reading) and knows the lease by the first `shown_len` bytes of its key. Counted
+    /// as that caller's acquisition if granted; a busy try is not the caller's answer.
+    Permit {
+        shown_len: usize,
+        started: Option<Instant>,
+    },
+}
+
 fn check_key_length(key: &str) -> Result<(), LockError> {
     if key.len() <= Locker::MAX_KEY_BYTES {
         return Ok(());
     }
-    // The error names the key by its start: repeating a runaway key would only move the problem
-    // into the logs.
-    let mut shown = 64;
-    while !key.is_char_boundary(shown) {
-        shown -= 1;
-    }
     Err(LockError::InvalidKey {
-        key: format!("{}…", &key[..shown]),
+        key: key_start(key),
         reason: format!(
             "{} bytes long; keys may be at most {} bytes",
             key.len(),
             Locker::MAX_KEY_BYTES
         ),
     })
+}
+
+/// The start of a runaway `key`, for an error that names it: repeating the whole key would only
+/// move the problem into the logs.
+fn key_start(key: &str) -> String {
+    let mut shown = 64.min(key.len());
+    while !key.is_char_boundary(shown) {
+        shown -= 1;
+    }
+    format!("{}…", &key[..shown])
 }
 
 impl std::fmt::Debug for Locker {
