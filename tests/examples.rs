@@ -154,6 +154,31 @@ fn check_leader(url: Option<&str>) {
     );
 }
 
+/// The partner API example: without a limit the partner refuses requests, with three permits
+/// none, and never more than three in flight.
+fn check_partner_api(url: Option<&str>) {
+    let out = run("partner_api", url);
+    let refused = |row: &str| -> u64 {
+        let line = out
+            .lines()
+            .find(|line| line.starts_with(row))
+            .unwrap_or_else(|| panic!("no `{row}` row in:\n{out}"));
+        line.split(", ")
+            .nth(1)
+            .and_then(|part| part.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count of refusals in `{line}`"))
+    };
+    assert!(refused("without a limit") > 0, "{out}");
+    assert_eq!(refused("permits = 3"), 0, "{out}");
+    assert!(
+        out.contains(
+            "permits = 3: 60 labels created, 0 requests refused with 429, at most 3 in flight"
+        ),
+        "{out}"
+    );
+}
+
 /// The metrics example runs on the in-memory store only: its story needs the store's hand to
 /// take a key away.
 fn check_nightly_cleanup(url: Option<&str>, holds: bool) {
@@ -192,6 +217,7 @@ fn examples_on_the_in_memory_default() {
     check_dedupe_messages(None);
     check_nightly_cleanup(None, true);
     check_leader(None);
+    check_partner_api(None);
     check_metrics();
 }
 
@@ -204,6 +230,7 @@ fn examples_on_mysql() {
     check_dedupe_messages(Some(&url));
     check_nightly_cleanup(Some(&url), true);
     check_leader(Some(&url));
+    check_partner_api(Some(&url));
 }
 
 #[cfg(feature = "postgres")]
@@ -215,6 +242,7 @@ fn examples_on_postgres() {
     check_dedupe_messages(Some(&url));
     check_nightly_cleanup(Some(&url), true);
     check_leader(Some(&url));
+    check_partner_api(Some(&url));
 }
 
 #[cfg(feature = "redis")]
@@ -228,6 +256,7 @@ fn examples_on_redis() {
     check_dedupe_messages(Some(&url));
     check_nightly_cleanup(Some(&url), true);
     check_leader(Some(&url));
+    check_partner_api(Some(&url));
 }
 
 #[cfg(feature = "zookeeper")]
@@ -242,6 +271,7 @@ fn examples_on_zookeeper() {
     check_nightly_cleanup(Some(&url), false);
     // A short session: a killed process's lock node goes when its session expires.
     check_leader(Some(&format!("{url}?session_timeout=4s")));
+    check_partner_api(Some(&url));
 }
 
 /// The web service example as two processes on one Redis and one MariaDB: concurrent requests
