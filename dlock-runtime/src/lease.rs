@@ -166,6 +166,12 @@ impl LeaseState {
         &self.key[..self.shown_len]
     }
 
+    /// Whether this lease is a permit of a semaphore (held under a key of its own), rather than
+    /// the mutex of its key.
+    pub(crate) fn is_permit(&self) -> bool {
+        self.shown_len != self.key.len()
+    }
+
     fn validity_from(confirmed_at: Instant, ttl: Duration) -> Instant {
         confirmed_at + ttl.saturating_sub(clock::safety_margin(ttl))
     }

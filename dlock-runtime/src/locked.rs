@@ -165,6 +165,24 @@ where
     };
 
     if let Some(parent) = reentry::holder(locker.id(), &key) {
+        if !parent.takes(spec.options.permits) {
+            let reason = format!(
+                "`{}` is held by the calling body as {}, and this call asks for {}: a key is \
+                 locked one way everywhere (give every call on it the same `permits`)",
+                key,
+                if spec.options.permits > 1 {
+                    "a mutex"
+                } else {
+                    "a permit of a semaphore"
+                },
+                if spec.options.permits > 1 {
+                    "a permit of a semaphore"
+                } else {
+                    "the mutex"
+                },
+            );
+            return on_failure(&spec, LockError::InvalidOptions { reason });
+        }
         // Siblings joined inside the body take turns under the lease, each waiting for the one
         // before it at most its own `wait` or `ttl`, whichever is longer.
         let turn = match reentry::Turn::take(&parent, turn_patience(&spec.options)).await {

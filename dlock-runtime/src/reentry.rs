@@ -80,6 +80,13 @@ struct Polled {
 }
 
 impl Frame {
+    /// Whether a call asking for `permits` can re-enter this frame's lease: a permit for a
+    /// semaphore's call, the mutex for a mutex's. A call of the other kind on the same key would
+    /// run beside the other holders of the kind it did not ask for.
+    pub(crate) fn takes(&self, permits: u32) -> bool {
+        self.lease.is_permit() == (permits > 1)
+    }
+
     fn new(lease: Arc<LeaseState>, id: u64, parent: Option<Arc<Frame>>) -> Arc<Frame> {
         Arc::new(Frame {
             lease,

@@ -276,6 +276,8 @@ macro_rules! lock_properties {
             a_vanished_holders_permit_is_free_again_after_its_ttl,
             each_permit_is_a_lease_of_its_own_under_the_semaphores_key,
             zero_permits_and_a_campaign_with_permits_are_refused,
+            a_parked_permit_waiter_holds_up_the_line_only_briefly,
+            a_nested_call_of_the_other_kind_on_the_key_is_refused,
         );
     };
     (@tests $store:expr; $($name:ident),* $(,)?) => {

@@ -8,8 +8,11 @@
 //! turnstile first (waiting in the store's queue for it, first come, first served across
 //! processes where the store serves a mutex's waiters so), and then, holding it, tries each
 //! permit once; if all are taken, it waits for all of them at once and keeps the first granted.
-//! Only the turnstile's holder ever waits for a permit, so a permit let go goes to the caller
-//! who came first, and the next in line gets the turnstile when that one has its permit.
+//! Only the turnstile's holder waits for a permit, so a permit let go goes to the caller who
+//! came first, and the next in line gets the turnstile when that one has its permit, or a few
+//! seconds after it took it (the turnstile is held unrenewed for [`TURNSTILE_TTL`], so that a
+//! waiter no longer polled cannot hold the line up): a head that waits longer shares the
+//! permits' own queues with the next, which joins them after it.
 //!
 //! The store's keys are the semaphore's key, the control character U+001F and a name:
 //! `permit:0` … `permit:N-1`, and `turnstile`. A key rendered by `#[distributed_lock]` holds no
@@ -33,6 +36,8 @@ const SEPARATOR: char = '\u{1f}';
 const TURNSTILE: &str = "turnstile";
 /// The start of the name of a permit's key, followed by its number.
 const PERMIT: &str = "permit:";
+/// How long a caller heads the line of waiters at most (see `acquire_permit`).
+const TURNSTILE_TTL: Duration = Duration::from_secs(3);
 
 fn turnstile_key(key: &str) -> String {
     format!("{key}{SEPARATOR}{TURNSTILE}")
@@ -124,9 +129,14 @@ impl Locker {
         let turnstile = if options.wait.is_zero() {
             None
         } else {
-            // Renewed whatever the permit's renewal: it is held while its holder waits.
+            // Unrenewed and short: the line's head keeps it only while it waits, and a head that
+            // stops waiting without letting it go (its future parked in a `select!`, its runtime
+            // stalled, its process dead) holds up the line for this long at most, not for as
+            // long as its future lives. A head that waits longer shares the permits' own queues
+            // with the next, which joins them after it: the order holds where theirs does.
             let turnstile = LockOptions {
-                renew: true,
+                ttl: TURNSTILE_TTL,
+                renew: false,
                 hold_at_least: Duration::ZERO,
                 ..one
             };
@@ -147,7 +157,7 @@ impl Locker {
         let mut permit = None;
         let first = first_try(permits);
         for offset in 0..permits {
-            let number = (first + offset) % permits;
+            let number = ((u64::from(first) + u64::from(offset)) % u64::from(permits)) as u32;
             let once = LockOptions {
                 wait: Duration::ZERO,
                 ..one

@@ -217,3 +217,71 @@ pub async fn zero_permits_and_a_campaign_with_permits_are_refused<S: Store>(stor
         refused.map(|leadership| leadership.fence())
     );
 }
+
+/// A waiter whose future is no longer polled (kept in a `select!` that took another branch)
+/// holds up the waiters behind it for a few seconds at most, not for as long as its future
+/// lives: the line it heads is not kept for it.
+pub async fn a_parked_permit_waiter_holds_up_the_line_only_briefly<S: Store>(store: &S) {
+    let key = unique_key("permit-parked");
+    let locker = locker(store).await;
+    let options = LockOptions::new().ttl(Duration::from_secs(30)).permits(2);
+    let first = locker.lock(&*key, options).await.unwrap();
+    let second = locker.lock(&*key, options).await.unwrap();
+    let mut parked = Box::pin(locker.lock(&*key, options.wait(Duration::from_secs(60))));
+    // Polled for a while: it heads the line, and waits for the two permits.
+    let polled = tokio::time::timeout(Duration::from_millis(300), parked.as_mut()).await;
+    assert!(polled.is_err(), "a third permit was granted: {polled:?}");
+    first.release().await.unwrap();
+    let asked = Instant::now();
+    let next = locker
+        .lock(&*key, options.wait(Duration::from_secs(15)))
+        .await;
+    assert!(
+        next.is_ok(),
+        "a waiter behind a parked one never got the free permit: {next:?}"
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "a waiter behind a parked one got the free permit only after {:?}",
+        asked.elapsed()
+    );
+    drop(parked);
+    next.unwrap().release().await.unwrap();
+    second.release().await.unwrap();
+}
+
+#[distributed_lock(key = "<key>", locker = locker)]
+async fn as_the_mutex(locker: &Locker, key: &str) -> Result<(), LockError> {
+    Ok(())
+}
+
+#[distributed_lock(key = "<key>", permits = 2, locker = locker)]
+async fn as_a_permit(locker: &Locker, key: &str) -> Result<(), LockError> {
+    Ok(())
+}
+
+#[distributed_lock(key = "<key>", permits = 2, locker = locker)]
+async fn a_permit_calling_the_mutex(locker: &Locker, key: &str) -> Result<(), LockError> {
+    as_the_mutex(locker, key).await
+}
+
+#[distributed_lock(key = "<key>", locker = locker)]
+async fn the_mutex_calling_a_permit(locker: &Locker, key: &str) -> Result<(), LockError> {
+    as_a_permit(locker, key).await
+}
+
+/// A body holding a permit of a key whose nested call asks for the key's mutex (or the other
+/// way round) is refused rather than re-entered: it would run beside the other permits' holders
+/// believing it held the key alone (or beside two permit holders on a key of two permits).
+pub async fn a_nested_call_of_the_other_kind_on_the_key_is_refused<S: Store>(store: &S) {
+    let locker = locker(store).await;
+    for answer in [
+        a_permit_calling_the_mutex(&locker, &unique_key("permit-then-mutex")).await,
+        the_mutex_calling_a_permit(&locker, &unique_key("mutex-then-permit")).await,
+    ] {
+        assert!(
+            matches!(answer, Err(LockError::InvalidOptions { .. })),
+            "a nested call of the other kind re-entered: {answer:?}"
+        );
+    }
+}
