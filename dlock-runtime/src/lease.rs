@@ -271,6 +271,11 @@ impl LeaseState {
             LossCause::ShutDown => {
                 tracing::debug!(key = %self.key, fence = self.fence, "distributed_lock: lease given up at shutdown");
             }
+            // A lease dlock took for itself (a semaphore's turnstile, held a few seconds at
+            // most) ends so by design.
+            _ if !self.held.asked_for => {
+                tracing::debug!(key = %self.key, fence = self.fence, ?cause, "distributed_lock: an internal lease ran out");
+            }
             _ => {
                 tracing::warn!(key = %self.key, fence = self.fence, ?cause, "distributed_lock: lease lost");
                 self.held.lost();

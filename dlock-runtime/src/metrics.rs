@@ -197,6 +197,9 @@ pub(crate) struct Held {
     store: &'static str,
     granted_at: Option<Instant>,
     ended: AtomicBool,
+    /// Whether the lease is one its caller asked for, rather than one dlock takes for itself
+    /// (a semaphore's turnstile): only those count, and only their loss is news.
+    pub(crate) asked_for: bool,
 }
 
 impl Held {
@@ -208,6 +211,7 @@ impl Held {
             store: "custom",
             granted_at: None,
             ended: AtomicBool::new(true),
+            asked_for: false,
         }
     }
 
@@ -223,6 +227,7 @@ impl Held {
             store,
             granted_at: None,
             ended: AtomicBool::new(false),
+            asked_for: true,
         };
         with_recorder(|recorder| {
             describe(recorder);
@@ -263,12 +268,16 @@ impl Held {
 
     /// The lease was lost while held.
     pub(crate) fn lost(&self) {
-        count(LOST, self.label, self.store);
+        if self.asked_for {
+            count(LOST, self.label, self.store);
+        }
     }
 
     /// A renewal of the lease went unanswered.
     pub(crate) fn renewal_failed(&self) {
-        count(RENEWAL_FAILURES, self.label, self.store);
+        if self.asked_for {
+            count(RENEWAL_FAILURES, self.label, self.store);
+        }
     }
 }
 

@@ -8,11 +8,12 @@
 //! turnstile first (waiting in the store's queue for it, first come, first served across
 //! processes where the store serves a mutex's waiters so), and then, holding it, tries each
 //! permit once; if all are taken, it waits for all of them at once and keeps the first granted.
-//! Only the turnstile's holder waits for a permit, so a permit let go goes to the caller who
-//! came first, and the next in line gets the turnstile when that one has its permit, or a few
-//! seconds after it took it (the turnstile is held unrenewed for [`TURNSTILE_TTL`], so that a
-//! waiter no longer polled cannot hold the line up): a head that waits longer shares the
-//! permits' own queues with the next, which joins them after it.
+//! Only the turnstile's holder starts waiting for the permits, so a permit let go goes to the
+//! caller who came first, and the next in line gets the turnstile when that one has its permit,
+//! or a few seconds after it took it (the turnstile is held unrenewed, for the caller's ttl and
+//! [`TURNSTILE_TTL`] at most, so that a waiter no longer polled cannot hold the line up): a head
+//! that waits longer shares the permits' own queues with the next, which joins them after it
+//! (each waiter then holds a place in every permit's queue).
 //!
 //! The store's keys are the semaphore's key, the control character U+001F and a name:
 //! `permit:0` … `permit:N-1`, and `turnstile`. A key rendered by `#[distributed_lock]` holds no
@@ -36,7 +37,8 @@ const SEPARATOR: char = '\u{1f}';
 const TURNSTILE: &str = "turnstile";
 /// The start of the name of a permit's key, followed by its number.
 const PERMIT: &str = "permit:";
-/// How long a caller heads the line of waiters at most (see `acquire_permit`).
+/// How long a caller heads the line of waiters at most (less where its ttl is shorter: see
+/// `acquire_permit`).
 const TURNSTILE_TTL: Duration = Duration::from_secs(3);
 
 fn turnstile_key(key: &str) -> String {
@@ -135,7 +137,7 @@ impl Locker {
             // long as its future lives. A head that waits longer shares the permits' own queues
             // with the next, which joins them after it: the order holds where theirs does.
             let turnstile = LockOptions {
-                ttl: TURNSTILE_TTL,
+                ttl: options.ttl.min(TURNSTILE_TTL),
                 renew: false,
                 hold_at_least: Duration::ZERO,
                 ..one
