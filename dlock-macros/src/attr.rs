@@ -226,7 +226,11 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
     })
 }
 
-/// `permits = N`: an integer literal from 1 to `u32::MAX`, handed on as an unsuffixed literal
+/// The most permits a key may have: the runtime's `LockOptions::MAX_PERMITS`, which refuses more
+/// at run time by the same bound.
+const MAX_PERMITS: u32 = 1024;
+
+/// `permits = N`: an integer literal from 1 to [`MAX_PERMITS`], handed on as a `u32` literal
 /// spanned where it was written.
 fn permit_count(value: &Expr) -> syn::Result<syn::LitInt> {
     const EXAMPLE: &str = "e.g. permits = 3 for at most three holders at once";
@@ -253,10 +257,14 @@ fn permit_count(value: &Expr) -> syn::Result<syn::LitInt> {
             lit.span(),
             format!("`permits = 0` admits nobody; give at least 1 (1 is a plain lock), {EXAMPLE}"),
         )),
-        Ok(n) => Ok(syn::LitInt::new(&format!("{n}u32"), lit.span())),
-        Err(_) => Err(syn::Error::new(
+        Ok(n) if n <= MAX_PERMITS => Ok(syn::LitInt::new(&format!("{n}u32"), lit.span())),
+        // A waiter waits on every permit at once: a place in each one's queue.
+        _ => Err(syn::Error::new(
             lit.span(),
-            format!("`permits` is at most {} (a `u32`)", u32::MAX),
+            format!(
+                "`permits` is at most {MAX_PERMITS}: a waiter waits on every permit at once, \
+                 each a key of the store's"
+            ),
         )),
     }
 }
@@ -554,7 +562,9 @@ mod tests {
         );
         assert!(err(quote!(key = "k", permits = N)).contains("`permits` takes an integer literal"));
         assert!(err(quote!(key = "k", permits = 3u8)).contains("without the `u8` suffix"));
-        assert!(err(quote!(key = "k", permits = 4294967296)).contains("at most 4294967295"));
+        assert!(err(quote!(key = "k", permits = 4294967296)).contains("at most 1024"));
+        assert!(err(quote!(key = "k", permits = 1025)).contains("at most 1024"));
+        assert!(parse(quote!(key = "k", permits = 1024)).is_ok());
         assert!(err(quote!(key = "k", permits = 2, permits = 3))
             .contains("`permits` is given twice; remove one"));
     }

@@ -236,6 +236,14 @@ impl Locker {
                 ),
             });
         }
+        if !options.hold_at_least.is_zero() {
+            // The hold would keep the key after a resignation, so that nobody leads until it
+            // ends, where a resignation is meant to let the next candidate in at once.
+            return Err(LockError::InvalidOptions {
+                reason: "a leadership ends at once when it is resigned: remove hold_at_least"
+                    .into(),
+            });
+        }
         let options = if options.wait.is_zero() {
             options.wait(LockOptions::MAX_WAIT)
         } else {

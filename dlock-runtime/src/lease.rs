@@ -72,8 +72,13 @@ pub(crate) struct LeaseState {
     pub(crate) held: metrics::Held,
     /// Until when the key stays held however soon the lease is released
     /// ([`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)): a release before
-    /// then sets the store to expire the key then instead.
-    pub(crate) hold_until: Option<Instant>,
+    /// then sets the store to expire the key then instead. Read through
+    /// [`hold_until`](Self::hold_until), which leaves out a waived hold.
+    pub(crate) hold: Option<Instant>,
+    /// Set when the lease is given back unused (a grant that came too late to run its body, a
+    /// permit taken for a caller that stopped waiting): the hold is its body's, and a lease no
+    /// body ran under would otherwise keep the key for nobody until the hold's end.
+    hold_waived: AtomicBool,
 }
 
 /// Releases a lease on the store at the instant given, unless it was released before.
@@ -143,8 +148,21 @@ impl LeaseState {
             expiry: Mutex::new(None),
             release_at_loss: Mutex::new(None),
             held: metrics::Held::uncounted(),
-            hold_until: None,
+            hold: None,
+            hold_waived: AtomicBool::new(false),
         }
+    }
+
+    /// Until when the key stays held however soon the lease is released; `None` without a hold,
+    /// or where it was [waived](Self::waive_hold).
+    pub(crate) fn hold_until(&self) -> Option<Instant> {
+        self.hold
+            .filter(|_| !self.hold_waived.load(Ordering::Acquire))
+    }
+
+    /// Gives up the hold of a lease no body ran under: its release frees the key.
+    pub(crate) fn waive_hold(&self) {
+        self.hold_waived.store(true, Ordering::Release);
     }
 
     /// The same lease, never valid past its full ttl, `full_ttl`, counted from `valid_from`:

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -204,8 +205,17 @@ where
     };
     // From here `lease` releases on every exit: its `Drop` queues the release when the body
     // panics or this future is dropped, and the release below awaits it on a normal return.
-    let body = reentry::scope(lease.state.clone(), body);
+    let began = AtomicBool::new(false);
+    let body = reentry::scope(lease.state.clone(), async {
+        began.store(true, Ordering::Relaxed);
+        body.await
+    });
     let Some(output) = run_body(spec.on_lost, &lease.state, body).await else {
+        if !began.load(Ordering::Relaxed) {
+            // A grant too late to run the body: its hold, the body's, would keep the key for
+            // nobody.
+            lease.state.waive_hold();
+        }
         // Returns at once; dropping the lease queues its release.
         return on_failure(
             &spec,

@@ -189,7 +189,8 @@ impl LockOptions {
     ///   permit or none, without queueing); each held permit is renewed in the locker's batch,
     ///   as any lease.
     ///
-    /// Zero admits nobody: [`Locker::lock`](crate::Locker::lock) fails with
+    /// Zero admits nobody, and more than [`MAX_PERMITS`](Self::MAX_PERMITS) is refused (a
+    /// waiter waits on every permit at once): [`Locker::lock`](crate::Locker::lock) fails with
     /// [`LockError::InvalidOptions`].
     ///
     /// ```
@@ -212,6 +213,22 @@ impl LockOptions {
         self.permits = permits;
         self
     }
+
+    /// The most permits a key may have ([`permits`](Self::permits)): a waiter waits on every
+    /// permit at once, each a key of the store's with a place in its queue, so a key with more
+    /// would cost each waiter more than the concurrency it buys. The attribute refuses more at
+    /// compile time.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use dlock::{LockError, LockOptions, Locker};
+    ///
+    /// let too_many = LockOptions::new().permits(LockOptions::MAX_PERMITS + 1);
+    /// let refused = Locker::memory().lock("exports", too_many).await;
+    /// assert!(matches!(refused, Err(LockError::InvalidOptions { .. })));
+    /// # }
+    /// ```
+    pub const MAX_PERMITS: u32 = 1024;
 
     /// The longest wait honoured: a century, which is forever for a lock, and far enough from
     /// the end of `Instant`'s range that adding it to the present never overflows.
@@ -238,6 +255,16 @@ impl LockOptions {
         if self.permits == 0 {
             return Err(LockError::InvalidOptions {
                 reason: "permits is 0, which admits nobody; give at least 1 (1 is a mutex)".into(),
+            });
+        }
+        if self.permits > Self::MAX_PERMITS {
+            return Err(LockError::InvalidOptions {
+                reason: format!(
+                    "permits is {}, more than the {} a key may have: a waiter waits on every \
+                     permit at once",
+                    self.permits,
+                    Self::MAX_PERMITS
+                ),
             });
         }
         if ttl_is_too_short(self.ttl) {

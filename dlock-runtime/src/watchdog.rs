@@ -184,7 +184,7 @@ impl Shared {
         }
         let _on_its_way = batch
             .iter()
-            .any(|state| state.hold_until.is_some())
+            .any(|state| state.hold_until().is_some())
             .then(|| self.holds.renewal_on_its_way());
         let sent_at = Instant::now();
         let renewals: Vec<Renewal<'_>> = batch
@@ -252,7 +252,7 @@ impl Shared {
     /// renewal that a connection sends again after a time-out and that lands later still is not
     /// covered.
     fn end_again_if_held_over(&self, state: &LeaseState) {
-        if state.is_released() && state.hold_until.is_some() {
+        if state.is_released() && state.hold_until().is_some() {
             self.holds.end_again(state);
         }
     }

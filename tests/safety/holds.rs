@@ -1,15 +1,17 @@
 //! A lease held at least some time after its grant (`hold_at_least`) keeps the key to the end of
 //! its hold whatever comes after its release, and no longer: a renewal of the watchdog's that was
 //! on its way and lands after the hold's expiry was set, or a first try at setting it that fails.
+//! A hold is its body's: a lease no body ran under keeps none.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use dlock::backend::{AcquireRequest, Acquired, Backend, MemoryBackend, Renewal};
-use dlock::{LockError, LockOptions, Locker, Owner};
+use dlock::{distributed_lock, LockError, LockOptions, Locker, Owner};
 
 use crate::support::unique_key;
+use crate::Late;
 
 /// The in-process store, whose renewals wait `renew_delay` before they reach it (a request held
 /// up on its way), and whose first `failing_expiries` expiries set at a time fail. Counts the
@@ -213,5 +215,39 @@ async fn a_hold_whose_expiry_fails_once_is_set_all_the_same() {
         matches!(in_the_window, Err(LockError::Busy { .. })),
         "the hold ended with the failure of its expiry: another replica ran in the window ({:?})",
         in_the_window.map(|lease| lease.fence())
+    );
+}
+
+#[distributed_lock(key = "<key>", ttl = "1s", hold_at_least = "30s", locker = locker)]
+async fn nightly_job(locker: &Locker, key: &str, ran: &AtomicBool) -> Result<(), LockError> {
+    ran.store(true, Ordering::SeqCst);
+    Ok(())
+}
+
+/// A grant that reaches a stalled caller after the client's validity ran out, but while the
+/// store still holds the key, runs no body: and keeps no hold either, which would leave the key
+/// to nobody for the hold's 30 s.
+#[tokio::test(flavor = "current_thread")]
+async fn a_grant_too_late_to_run_its_body_keeps_no_hold() {
+    let late = Late {
+        // Past the client's validity (0.9 of the 1 s ttl), short of the store's expiry.
+        acquire_delay: Duration::from_millis(950),
+        acquire_blocks: true,
+        ..Late::default()
+    };
+    let locker = Locker::with_backend(late.clone());
+    let key = unique_key("late-hold");
+    let ran = AtomicBool::new(false);
+    let answer = nightly_job(&locker, &key, &ran).await;
+    assert!(matches!(answer, Err(LockError::Lost { .. })), "{answer:?}");
+    assert!(
+        !ran.load(Ordering::SeqCst),
+        "the body ran on an expired grant"
+    );
+    // Past the store's own expiry of the grant (1 s after it).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !late.store.is_held(&key),
+        "a lease no body ran under kept the key for its hold"
     );
 }

@@ -62,6 +62,19 @@ impl Backend for Late {
     fn release_now(&self, key: &str, owner: Owner) -> bool {
         self.store.release_now(key, owner)
     }
+
+    fn expires_at_a_set_time(&self) -> bool {
+        true
+    }
+
+    async fn expire_after(
+        &self,
+        key: &str,
+        owner: Owner,
+        after: Duration,
+    ) -> Result<bool, LockError> {
+        self.store.expire_after(key, owner, after).await
+    }
 }
 
 #[test]

@@ -425,7 +425,7 @@ impl Locker {
         if !options.hold_at_least.is_zero() {
             // Counted from now, when the grant is known: `valid_from` may be an instant made up
             // to schedule the first renewal (a Redis hand-off), long before the grant.
-            state.hold_until = Instant::now().checked_add(options.hold_at_least);
+            state.hold = Instant::now().checked_add(options.hold_at_least);
         }
         match part {
             Part::Whole => {

@@ -161,7 +161,7 @@ impl HoldEndings for HoldEndingsOf {
     /// The hold's expiry, whose sending becomes a release once the hold is over and is retried
     /// past its end as one (as [`Ending::ExpireAt`] always is), counted as a queued release.
     fn end_again(&self, state: &LeaseState) {
-        let Some(hold_until) = state.hold_until else {
+        let Some(hold_until) = state.hold_until() else {
             return;
         };
         send_ending(
@@ -269,7 +269,7 @@ pub(super) enum Ending {
 impl Ending {
     /// How `state`, released now, ends: released, or left to expire at the end of its hold.
     pub(super) fn of(state: &LeaseState) -> Ending {
-        match state.hold_until {
+        match state.hold_until() {
             Some(until) if until > Instant::now() => Ending::ExpireAt(until),
             _ => Ending::Release,
         }

@@ -97,6 +97,8 @@ impl<'a> Taken<'a> {
 impl Drop for Taken<'_> {
     fn drop(&mut self) {
         if let Some(state) = self.state.take() {
+            // Given back before its caller had it: no body ran under it to hold the key for.
+            state.waive_hold();
             self.locker.release_in_background(&state);
         }
     }
@@ -190,13 +192,10 @@ impl Locker {
             }
         };
 
-        if let Some(turnstile) = turnstile {
-            let turnstile = turnstile.keep();
-            if let Err(error) = self.release(&turnstile).await {
-                // The next in line gets it at its ttl instead; the permit is ours either way.
-                tracing::warn!(%key, %error, "distributed_lock: a semaphore's turnstile was not released; it expires at its ttl");
-            }
-        }
+        // Let go in the background, which frees it as soon for the next in line: awaiting the
+        // release here would keep a granted permit from its caller (past its validity, for a
+        // short unrenewed ttl), and a caller that stopped waiting meanwhile would give it back.
+        drop(turnstile);
         let state = permit.keep();
         tracing::debug!(%key, permits, fence = state.fence, "distributed_lock: permit acquired");
         Ok(state)

@@ -114,7 +114,8 @@ pub async fn a_leader_whose_term_is_taken_away_stops_its_work<S: Store>(store: &
     next.resign().await.unwrap();
 }
 
-/// A campaign cannot be made without renewal, and a bounded one ends `Busy`.
+/// A campaign cannot be made without renewal or with a hold (which would keep the key after a
+/// resignation, leaderless), and a bounded one ends `Busy`.
 pub async fn a_campaign_needs_renewal_and_respects_its_wait<S: Store>(store: &S) {
     let key = unique_key("campaign-options");
     let locker: Locker = locker(store).await;
@@ -124,6 +125,15 @@ pub async fn a_campaign_needs_renewal_and_respects_its_wait<S: Store>(store: &S)
     assert!(
         matches!(unrenewed, Err(LockError::InvalidOptions { .. })),
         "{unrenewed:?}"
+    );
+    let held_over = LockOptions::new().hold_at_least(Duration::from_secs(5));
+    let held_over = locker.campaign(&*key, held_over).await;
+    assert!(
+        matches!(held_over, Err(LockError::InvalidOptions { .. })),
+        "a campaign with a hold was accepted: {}",
+        held_over
+            .map(|l| l.fence())
+            .map_or("an error".into(), |f| format!("fence {f}"))
     );
     let leading = locker.campaign(&*key, LockOptions::new()).await.unwrap();
     let bounded = LockOptions::new().wait(Duration::from_millis(100));

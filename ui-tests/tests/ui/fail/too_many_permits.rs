@@ -1,0 +1,6 @@
+use dlock::distributed_lock;
+
+#[distributed_lock(key = "exports", permits = 5000)]
+async fn export() {}
+
+fn main() {}
