@@ -193,7 +193,8 @@
 //! acquire call of that owner arriving later finds the marker and takes no effect. A lease
 //! granted to a call sent twice (its first connection dropped) is released the same way, as
 //! the first copy may still be on its way; so is an acquisition not granted after such a
-//! resend, and, on a cluster, every lease (see *Redis Cluster*); where such a lease is released
+//! resend, and, on a cluster, every lease and every acquisition not granted (see *Redis
+//! Cluster*); where such a lease is released
 //! before the end of its hold (`hold_at_least`), the expiry set for the hold's end leaves the
 //! marker too, for the hold and a minute after it. Checking for the marker
 //! costs the uncontended acquire one more key in its `EXISTS`, no command and no round trip.
@@ -248,7 +249,12 @@
 //! is sent as an undo (see *Cancellation*), and leaves the owner's cancel marker, which turns
 //! such a late copy away rather than let it grant the key to nobody for a full ttl. That costs
 //! each release one more write, a `SET` of the marker (expiring after a minute): an uncontended
-//! acquire and release run nine commands on a cluster, eight on a single node.
+//! acquire and release run nine commands on a cluster, eight on a single node. The same goes for
+//! an acquisition not granted (busy at `wait = 0`, or a waiter that gave up at its deadline): the
+//! copy that answered may have been the second, the first landing only after the holder's
+//! release, to find the key free. So on a cluster such an acquisition is undone too, with a
+//! release script that writes the marker: one more round trip and write per acquisition not
+//! granted.
 //!
 //! # Fail-over
 //!
@@ -351,10 +357,16 @@ struct Inner {
 impl Backend for RedisBackend {
     async fn acquire(&self, request: &AcquireRequest<'_>) -> Result<Option<Acquired>, LockError> {
         let acquired = self.acquire_or_wait(request).await?;
-        if acquired.is_none() && self.was_resent(request.key, request.owner) {
+        // On a cluster, any call may have been sent twice: redis-rs's cluster client sends a
+        // command again by itself (after a dropped connection, a redirection) without saying
+        // so, as releases and hold expiries assume too. The cost is one more write per
+        // acquisition not granted, on a cluster only.
+        if acquired.is_none() && (self.inner.cluster || self.was_resent(request.key, request.owner))
+        {
             // Not granted, but a copy of one of its calls may still be on its way, to grant the
-            // key (or queue this owner) once it lands: undone, that copy takes no effect. An
-            // error hands the undo to the caller's.
+            // key (or queue this owner) once it lands — after the holder's release, for a full
+            // ttl to nobody: undone, that copy takes no effect. An error hands the undo to the
+            // caller's.
             self.release_or_leave(request.key, request.owner, true)
                 .await?;
         }
