@@ -1,6 +1,7 @@
 //! Leases on ZooKeeper trusted no longer than the session that holds their nodes: through a
 //! partition, a server outage and a follower cut off from the quorum, a ttl beyond what the
-//! session allows, and the leader's view of the session's expiry.
+//! session allows, and the leader's view of the session's expiry; and a waiter kept waiting
+//! through a silent link that its session outlives.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -710,4 +711,58 @@ async fn health_asks_the_ensemble() {
         matches!(probed, Ok(Err(_))),
         "health with the server down: {probed:?}"
     );
+}
+
+/// A link that goes silent — nothing closes, nothing gets through — for half the session
+/// timeout while a waiter's request is on it, then comes back. The client fails that request
+/// with the error that broke the connection ("no response from connection in …", not
+/// `ConnectionLoss`) and reconnects on the same session, which the silence did not outlast. The
+/// waiter must go on waiting within its wait, and get the key once its holder releases it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_request_meets_a_silent_link_waits_on_when_the_session_survives() {
+    let zk = Zookeeper::shared().await;
+    let key = unique_key("silent-link");
+    let holder = Locker::with_backend(zk.backend().await);
+    let lease = holder.lock(&*key, ttl(60)).await.unwrap();
+    let (link, url) = FaultProxy::in_front_of(&zk.url);
+    let session = Duration::from_secs(4);
+    let waiter = Locker::with_backend(backend_at(&url, session).await);
+
+    // Silent from now on, both ways, for new connections too: the waiter's create goes into
+    // it. The client gives the connection up after 40% of the session timeout (its connection
+    // timeout), and its reconnection gets through once the link is back at 50%.
+    link.stall(Direction::Both);
+    let silent_at = Instant::now();
+    let task = tokio::spawn({
+        let (waiter, key) = (waiter.clone(), key.clone());
+        async move {
+            waiter
+                .lock(&*key, ttl(2).wait(Duration::from_secs(20)))
+                .await
+        }
+    });
+    tokio::time::sleep(session / 2).await;
+    link.resume(Direction::Both);
+
+    // The holder releases once the waiter is queued behind it (or once the waiter gave up).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while zk.queue(&key).await.len() < 2 && !task.is_finished() {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    lease.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the waiter hung")
+        .unwrap();
+    let got = got.unwrap_or_else(|error| {
+        panic!(
+            "the waiter gave up {:?} after the link went silent, within its wait of 20 s and \
+             though its session lived on: {error:?}",
+            silent_at.elapsed()
+        )
+    });
+    assert!(got.is_held());
+    assert_eq!(zk.queue(&key).await.len(), 1, "an orphan node stayed");
+    got.release().await.unwrap();
 }

@@ -4,11 +4,12 @@
 //!
 //! A node left behind blocks its key for as long as its session lives, and the session can
 //! outlive the connection by far: the client reconnects within the session timeout. A request
-//! in flight when the connection breaks fails with `ConnectionLoss` without saying whether it
-//! landed, so the only safe end is an answer: the node deleted, or already gone, or the session
-//! ended (which deletes it). A fixed count of tries is never enough: a link that breaks under
-//! every request can outlast any count while the session survives. The pause between tries
-//! grows from [`FIRST_PAUSE`] to [`LONGEST_PAUSE`], so a long outage costs one request a second.
+//! in flight when the connection breaks fails (see [`lost_connection`]) without saying whether
+//! it landed, so the only safe end is an answer: the node deleted, or already gone, or the
+//! session ended (which deletes it). A fixed count of tries is never enough: a link that breaks
+//! under every request can outlast any count while the session survives. The pause between
+//! tries grows from [`FIRST_PAUSE`] to [`LONGEST_PAUSE`], so a long outage costs one request a
+//! second.
 
 use std::future::Future;
 use std::time::Duration;
@@ -18,7 +19,7 @@ use zookeeper_client::{Client, Error as ZkError};
 use super::node::delete_node;
 use super::paths::sequence;
 use super::queue::list_or_empty;
-use super::session::ends_session;
+use super::session::{ends_session, lost_connection};
 
 /// The pause after the first failed try.
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
@@ -89,7 +90,7 @@ where
                 tracing::warn!(%path, %error, "distributed_lock: cannot clean up a ZooKeeper lock node; it goes when its session ends");
                 return None;
             }
-            Err(ZkError::ConnectionLoss) => {
+            Err(error) if lost_connection(&error) => {
                 tracing::debug!(%path, "distributed_lock: ZooKeeper connection lost while cleaning up a lock node; trying again");
             }
             Err(error) if !warned => {

@@ -380,4 +380,122 @@ mod tests {
         assert!(bunched.allow(&ZkError::SessionExpired, start));
         assert!(!bunched.allow(&ZkError::SessionExpired, start));
     }
+
+    /// zookeeper-client fails a request with the error that broke its connection, which is
+    /// `ConnectionLoss` only for a clean end of stream: a silent link and a reset come as
+    /// `Custom`, while the session lives on. Those are tried again, as lost connections are;
+    /// what the server answered, or a session that cannot be had, is not, however far apart.
+    #[tokio::test]
+    async fn a_connection_broken_by_silence_or_a_reset_is_lost_and_a_server_s_answer_final() {
+        let silent = broken_connection_error(Break::Silence).await;
+        let reset = broken_connection_error(Break::Reset).await;
+        assert!(
+            matches!(&silent, ZkError::Custom(_)) && silent.to_string().contains("no response"),
+            "{silent:?}"
+        );
+        assert!(matches!(&reset, ZkError::Custom(_)), "{reset:?}");
+        for lost in [&silent, &reset, &ZkError::ConnectionLoss] {
+            assert!(is_retryable(lost), "{lost:?}");
+            assert!(Retries::default().allow(lost, Instant::now()), "{lost:?}");
+        }
+
+        let start = Instant::now();
+        for error in [
+            ZkError::NoAuth,
+            ZkError::BadArguments(&"invalid path"),
+            ZkError::InvalidAcl,
+            ZkError::Unimplemented,
+            ZkError::NoNode,
+            ZkError::NodeExists,
+            ZkError::QuotaExceeded,
+            ZkError::UnexpectedError("the parent /dlock/k kept vanishing".into()),
+            ZkError::Timeout,
+            ZkError::NoHosts,
+        ] {
+            assert!(!is_retryable(&error), "{error:?}");
+            let mut retries = Retries::default();
+            for n in 0..5 {
+                let at = start + Duration::from_secs(60) * n;
+                assert!(!retries.allow(&error, at), "{error:?}, try {n}");
+            }
+        }
+    }
+
+    /// How [`broken_connection_error`] breaks the connection under the request.
+    #[derive(Clone, Copy)]
+    enum Break {
+        /// Nothing more comes, and nothing closes.
+        Silence,
+        /// The server's side closes with the request unread: the client's socket is reset.
+        Reset,
+    }
+
+    /// The error zookeeper-client fails a request with when its connection breaks as `how`
+    /// says. Its `Custom` errors cannot be made outside it, so a listener here plays a server
+    /// just far enough for the client to have a session (its handshake and pings) and send the
+    /// request; the backend's behaviour on a real server is the integration tests' to show.
+    async fn broken_connection_error(how: Break) -> ZkError {
+        use std::io::{Read, Write};
+        use std::net::{TcpListener, TcpStream};
+
+        fn frame(stream: &mut TcpStream) -> Option<Vec<u8>> {
+            let mut len = [0; 4];
+            stream.read_exact(&mut len).ok()?;
+            let mut body = vec![0; usize::try_from(i32::from_be_bytes(len)).ok()?];
+            stream.read_exact(&mut body).ok()?;
+            Some(body)
+        }
+        fn send(stream: &mut TcpStream, body: &[u8]) {
+            let len = i32::try_from(body.len()).unwrap().to_be_bytes();
+            stream.write_all(&[&len[..], body].concat()).unwrap();
+        }
+
+        const PING_XID: i32 = -2;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            frame(&mut stream).expect("a connect request");
+            // Protocol 0, a session of 2 s, id 1, a password of 16 bytes, not read-only.
+            let mut granted = 0_i32.to_be_bytes().to_vec();
+            granted.extend(2000_i32.to_be_bytes());
+            granted.extend(1_i64.to_be_bytes());
+            granted.extend(16_i32.to_be_bytes());
+            granted.extend([0; 16]);
+            granted.push(0);
+            send(&mut stream, &granted);
+            // Pings are answered until a request comes, which is left unread.
+            loop {
+                let mut head = [0; 8];
+                while stream.peek(&mut head).unwrap() < head.len() {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let xid = i32::from_be_bytes(head[4..].try_into().unwrap());
+                if xid != PING_XID {
+                    break;
+                }
+                frame(&mut stream).unwrap();
+                let mut pong = PING_XID.to_be_bytes().to_vec();
+                pong.extend(0_i64.to_be_bytes());
+                pong.extend(0_i32.to_be_bytes());
+                send(&mut stream, &pong);
+            }
+            match how {
+                // Held open until the client gives up on it.
+                Break::Silence => while frame(&mut stream).is_some() {},
+                // Closed with the request unread, which resets the connection.
+                Break::Reset => {}
+            }
+        });
+        let session = super::super::session::open(&address, Duration::from_secs(2))
+            .await
+            .unwrap();
+        let error = session.client.check_stat("/k").await.unwrap_err();
+        assert!(
+            !session.client.state().is_terminated(),
+            "the session ended with the connection: {:?}",
+            session.client.state()
+        );
+        error
+    }
 }

@@ -150,9 +150,27 @@ pub(super) fn ends_session(error: &ZkError) -> bool {
 }
 
 /// Errors a second try may not meet: a lost connection (the client reconnects by itself) or an
-/// ended session (the backend opens a new one).
+/// ended session (the backend opens a new one). Anything the server answered — `NoAuth`,
+/// `BadArguments`, `InvalidAcl`, `Unimplemented`, `NoNode`, … — it would answer again.
 pub(super) fn is_retryable(error: &ZkError) -> bool {
-    matches!(error, ZkError::ConnectionLoss) || ends_session(error)
+    lost_connection(error) || ends_session(error)
+}
+
+/// Errors that say the connection broke under the request, not what the server made of it: it
+/// may or may not have landed, and the client reconnects by itself within the session.
+///
+/// zookeeper-client (0.11) fails the requests in flight with whatever error broke the
+/// connection (`Session::serve_once`, `Depot::error`), and the session only goes
+/// `Disconnected` and lives on. That is `ConnectionLoss` only for a clean end of stream; a link
+/// gone silent ("no response from connection in …ms", after 40% of the session timeout) and a
+/// socket error (a reset, a broken pipe) come as `Custom`. The client makes `Custom` only in its
+/// session task, of a connection's failure, never of a server's answer, so all of it is a lost
+/// connection. Not here: `Timeout`, which only establishing a session returns (`connect`), never
+/// a request; and `UnexpectedError`/`UnmarshalError`, which a garbled reply also breaks the
+/// connection with, but which say a server or client is broken (dlock's own `UnexpectedError`
+/// says a parent kept vanishing), not that a second try may fare better.
+pub(super) fn lost_connection(error: &ZkError) -> bool {
+    matches!(error, ZkError::ConnectionLoss | ZkError::Custom(_))
 }
 
 /// A ZooKeeper error as a caller of the backend sees it.
