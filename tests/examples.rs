@@ -11,12 +11,27 @@ mod support;
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::OnceLock;
 
-/// Builds example `name` with the features this test was built with, and returns its path.
-/// Cargo holds no lock on the build directory while tests run, so this nested build works under
-/// both `cargo test` and nextest; it is a no-op when the example is up to date.
+/// Example `name`'s binary, built with the features this test was built with. All examples are
+/// built by one cargo call, the first time any is asked for in this process (each cargo call costs
+/// about a second even when there is nothing to do). Cargo holds no lock on the build directory
+/// while tests run, so this nested build works under both `cargo test` and nextest.
 fn example_binary(name: &str) -> PathBuf {
-    // The same features as this test build, so the example reuses its compiled crates.
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(build_examples);
+    let deps = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    deps.parent().unwrap().join("examples").join(name)
+}
+
+/// Builds every example, reusing this test build's compiled crates: a no-op when they are up to
+/// date.
+fn build_examples() {
+    // The same features as this test build, so the examples reuse its compiled crates.
     let features: Vec<&str> = [
         ("memory", cfg!(feature = "memory")),
         ("mysql", cfg!(feature = "mysql")),
@@ -34,8 +49,7 @@ fn example_binary(name: &str) -> PathBuf {
         .args([
             "build",
             "--quiet",
-            "--example",
-            name,
+            "--examples",
             "--no-default-features",
             "--features",
         ])
@@ -43,13 +57,7 @@ fn example_binary(name: &str) -> PathBuf {
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
         .unwrap();
-    assert!(status.success(), "building example {name} failed");
-    let deps = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    deps.parent().unwrap().join("examples").join(name)
+    assert!(status.success(), "building the examples failed");
 }
 
 fn run(name: &str, url: Option<&str>) -> String {

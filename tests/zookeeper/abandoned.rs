@@ -122,11 +122,12 @@ async fn a_waiter_dropped_before_its_create_was_answered_leaves_no_node() {
     drop(waiter);
 }
 
-/// A link that flaps for half a minute: every new connection gets the session back, then
-/// breaks on the first request it carries. A release whose delete keeps being lost must keep
-/// trying for as long as the session lives, and succeed once the link holds.
+/// A link that flaps past the release's patience (10 s): every new connection gets the session
+/// back, then breaks on the first request it carries. A release whose delete keeps being lost
+/// must keep trying after its caller was told so, for as long as the session lives, and succeed
+/// once the link holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_released_node_goes_after_the_link_flapped_for_half_a_minute() {
+async fn a_released_node_goes_after_the_link_flapped_past_the_release_s_patience() {
     let zk = Zookeeper::shared().await;
     let key = unique_key("flapping-release");
     let (link, url) = FaultProxy::in_front_of(&zk.url);
@@ -141,7 +142,7 @@ async fn a_released_node_goes_after_the_link_flapped_for_half_a_minute() {
     link.cut_all();
     let release = tokio::spawn(lease.release());
 
-    tokio::time::sleep(Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_secs(13)).await;
     assert!(
         release.is_finished(),
         "the release did not answer while the link flapped"
@@ -151,7 +152,7 @@ async fn a_released_node_goes_after_the_link_flapped_for_half_a_minute() {
         "the release's delete got through"
     );
     let cuts = link.cuts();
-    assert!(cuts >= 20, "the link broke only {cuts} times");
+    assert!(cuts >= 8, "the link broke only {cuts} times");
     assert_eq!(
         zk.queue(&key).await.len(),
         1,
@@ -159,7 +160,7 @@ async fn a_released_node_goes_after_the_link_flapped_for_half_a_minute() {
     );
     link.break_after(Direction::ToServer, 0);
 
-    the_key_comes_free(&zk, &key, "a release whose delete was lost for 30 s").await;
+    the_key_comes_free(&zk, &key, "a release whose delete was lost for 13 s").await;
     drop(holder);
 }
 
