@@ -112,6 +112,14 @@ pub struct BenchArgs {
     /// The prefix of the keys the benchmark locks (a random run id follows it)
     #[arg(long, value_name = "PREFIX", default_value = "dlock-bench:")]
     pub key_prefix: String,
+    /// With more than 1, a third workload: the tasks share one key as a semaphore of N permits,
+    /// against the same tasks on the key as a mutex, each turn `--work` long
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub permits: u32,
+    /// How long each turn of the permits workload works, in milliseconds (a call to the
+    /// resource the permits share)
+    #[arg(long, value_name = "MS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub work: u64,
 }
 
 /// `--interval`: positive seconds, fractions allowed.
@@ -169,9 +177,29 @@ mod tests {
             Command::Bench(BenchArgs {
                 tasks: 3,
                 seconds: 5,
+                permits: 1,
+                work: 5,
                 ..
             })
         ));
+        let cli = Cli::parse_from([
+            "dlock",
+            "bench",
+            "redis://h",
+            "--permits",
+            "4",
+            "--work",
+            "2",
+        ]);
+        assert!(matches!(
+            cli.command,
+            Command::Bench(BenchArgs {
+                permits: 4,
+                work: 2,
+                ..
+            })
+        ));
+        assert!(Cli::try_parse_from(["dlock", "bench", "redis://h", "--permits", "0"]).is_err());
     }
 
     #[test]

@@ -467,7 +467,43 @@ async fn bench_loses_no_update() {
         3,
         "{summary}"
     );
+    assert_eq!(contended["most_inside"], 1, "{summary}");
+    assert!(summary.get("permits").is_none(), "{summary}");
     // Every lease was released: nothing is left under the run's prefix.
+    let output = dlock(&["--json", "list", &url]).await;
+    assert_eq!(json(&output)["keys"], serde_json::json!([]));
+}
+
+/// With `--permits`, the tasks share the key as a semaphore, against the mutex in the same run:
+/// never more bodies inside than permits, and with more tasks than permits, every permit used.
+#[tokio::test(flavor = "multi_thread")]
+async fn bench_with_permits_never_lets_more_in_than_the_permits() {
+    let url = redis_url();
+    let args = [
+        "--json",
+        "bench",
+        &url,
+        "--seconds",
+        "1",
+        "--tasks",
+        "6",
+        "--permits",
+        "3",
+        "--work",
+        "5",
+    ];
+    let output = dlock(&args).await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let summary = json(&output);
+    let permits = &summary["permits"];
+    assert_eq!(permits["permits"], 3, "{summary}");
+    assert_eq!(permits["mutex"]["most_inside"], 1, "{summary}");
+    assert_eq!(permits["mutex"]["lost_updates"], 0, "{summary}");
+    assert_eq!(permits["semaphore"]["most_inside"], 3, "{summary}");
+    for run in ["mutex", "semaphore"] {
+        assert!(permits[run]["sections"].as_u64().unwrap() > 0, "{summary}");
+        assert_eq!(permits[run]["errors"], 0, "{summary}");
+    }
     let output = dlock(&["--json", "list", &url]).await;
     assert_eq!(json(&output)["keys"], serde_json::json!([]));
 }

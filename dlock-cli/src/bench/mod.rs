@@ -6,9 +6,14 @@
 //!   A body that ran beside another would lose an increment, so the summary counts lost
 //!   updates (0 where the lock excludes); it also shows how long each acquisition waited and
 //!   how the turns were shared among the tasks.
+//! - permits (with `--permits N`, N > 1): the same tasks on one key as a semaphore of N permits,
+//!   each turn `--work` long (a call to a resource that takes N at a time), against the same
+//!   tasks on the key as a mutex, in the same run: turns per second and their ratio, how many
+//!   bodies were ever inside at once (never more than N), and how the turns were shared.
 //!
 //! Keys are `<key prefix><run id>:…`, fresh each run, and every lease is released.
 
+mod permits;
 mod stats;
 
 use std::io::IsTerminal;
@@ -20,6 +25,7 @@ use dlock::{mask_password, LockError, LockOptions, Locker, Owner};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
+use self::permits::Permits;
 use self::stats::Spread;
 use crate::cli::BenchArgs;
 use crate::commands::{connect, finish, print_json};
@@ -38,6 +44,9 @@ struct Summary {
     seconds: u64,
     uncontended: Uncontended,
     contended: Contended,
+    /// The permits workload, where `--permits` asked for one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    permits: Option<Permits>,
 }
 
 /// The uncontended workload's results.
@@ -63,8 +72,10 @@ struct Contended {
     /// Turns per second.
     per_second: f64,
     /// Increments of the counter that were lost: bodies that overlapped. 0 where the lock
-    /// excludes.
+    /// excludes. Counted only where the key is a mutex.
     lost_updates: u64,
+    /// The most bodies inside at once: 1 for a mutex, at most the permits for a semaphore.
+    most_inside: u64,
     /// How long an acquisition waited for the key, in milliseconds.
     wait_ms: Spread,
     /// Turns per task, in task order.
@@ -104,14 +115,21 @@ async fn measure(locker: &Locker, args: &BenchArgs, json: bool) -> Result<Summar
         &format!("{prefix}hot"),
         length,
         args.tasks,
+        Turn::COUNTER,
         progress("contended", length, show),
     )
     .await;
+    let permits = if args.permits > 1 {
+        Some(permits::measure(locker, &prefix, length, args, show).await)
+    } else {
+        None
+    };
     Ok(Summary {
         store: mask_password(&args.url),
         seconds: args.seconds,
         uncontended,
         contended,
+        permits,
     })
 }
 
@@ -182,33 +200,52 @@ struct Worker {
     errors: u64,
 }
 
+/// What a turn of the contended workloads does, and on how many permits.
+#[derive(Debug, Clone, Copy)]
+struct Turn {
+    /// The key's permits: 1 for a mutex.
+    permits: u32,
+    /// How long a turn works (sleeps) inside.
+    work: Duration,
+}
+
+impl Turn {
+    /// The contended workload's turn: on a mutex, a read-yield-write of a counter and no more.
+    const COUNTER: Turn = Turn {
+        permits: 1,
+        work: Duration::ZERO,
+    };
+}
+
 /// `tasks` tasks taking turns on `key` for `length`, each turn a read-yield-write of a shared
-/// counter.
+/// counter that works `turn.work` in between.
 async fn contended(
     locker: &Locker,
     key: &str,
     length: Duration,
     tasks: u64,
+    turn: Turn,
     bar: ProgressBar,
 ) -> Contended {
     let counter = Arc::new(AtomicU64::new(0));
     let sections = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicU64::new(0));
+    let most_inside = Arc::new(AtomicU64::new(0));
+    let options = LockOptions::new().ttl(TTL).permits(turn.permits);
     let started = Instant::now();
     let deadline = started + length;
     let workers: Vec<_> = (0..tasks)
         .map(|_| {
             let (locker, key) = (locker.clone(), key.to_owned());
             let (counter, sections) = (counter.clone(), sections.clone());
+            let (inside, most_inside) = (inside.clone(), most_inside.clone());
             tokio::spawn(async move {
                 let mut worker = Worker::default();
                 while Instant::now() < deadline {
                     // Wait out every other task's turn: a turn missed is no measurement.
                     let wait = deadline.saturating_duration_since(Instant::now()) + TTL;
                     let asked = Instant::now();
-                    let lease = match locker
-                        .lock(key.clone(), LockOptions::new().ttl(TTL).wait(wait))
-                        .await
-                    {
+                    let lease = match locker.lock(key.clone(), options.wait(wait)).await {
                         Ok(lease) => lease,
                         Err(_) => {
                             worker.errors += 1;
@@ -220,9 +257,15 @@ async fn contended(
                     worker.waits.push(asked.elapsed());
                     // The critical section: an increment that another body running at the same
                     // time would overwrite.
+                    let now_inside = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most_inside.fetch_max(now_inside, Ordering::SeqCst);
                     let seen = counter.load(Ordering::SeqCst);
                     tokio::task::yield_now().await;
+                    if !turn.work.is_zero() {
+                        tokio::time::sleep(turn.work).await;
+                    }
                     counter.store(seen + 1, Ordering::SeqCst);
+                    inside.fetch_sub(1, Ordering::SeqCst);
                     worker.sections += 1;
                     sections.fetch_add(1, Ordering::Relaxed);
                     if lease.release().await.is_err() {
@@ -256,11 +299,17 @@ async fn contended(
         errors += worker.errors;
     }
     let total: u64 = per_worker.iter().sum();
+    // Bodies inside at once on a semaphore overwrite one another's increments by design.
+    let lost_updates = match turn.permits {
+        1 => total - counter.load(Ordering::SeqCst).min(total),
+        _ => 0,
+    };
     Contended {
         tasks,
         sections: total,
         per_second: total as f64 / elapsed.as_secs_f64(),
-        lost_updates: total - counter.load(Ordering::SeqCst).min(total),
+        lost_updates,
+        most_inside: most_inside.load(Ordering::SeqCst),
         wait_ms: Spread::of(&mut waits),
         per_worker,
         errors,
@@ -303,10 +352,15 @@ fn render(summary: &Summary) -> String {
     } else {
         "BODIES OVERLAPPED: the lock did not exclude"
     };
-    format!(
+    let mut page = format!(
         "dlock bench on {}, {}s per workload\n\n{table}\nlost updates: {} of {} ({verdict})\n\n{workers}",
         summary.store, summary.seconds, c.lost_updates, c.sections
-    )
+    );
+    if let Some(permits) = &summary.permits {
+        page.push('\n');
+        page.push_str(&permits::render(permits));
+    }
+    page
 }
 
 #[cfg(test)]
@@ -334,10 +388,12 @@ mod tests {
                 sections: 900,
                 per_second: 180.0,
                 lost_updates: 0,
+                most_inside: 1,
                 wait_ms: spread,
                 per_worker: vec![450, 450],
                 errors: 0,
             },
+            permits: None,
         };
         let page = render(&summary);
         assert!(
