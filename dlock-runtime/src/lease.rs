@@ -73,12 +73,15 @@ pub(crate) struct LeaseState {
     /// Until when the key stays held however soon the lease is released
     /// ([`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)): a release before
     /// then sets the store to expire the key then instead. Read through
-    /// [`hold_until`](Self::hold_until), which leaves out a waived hold.
+    /// [`hold_until`](Self::hold_until), which leaves it out until the lease was put to use.
     pub(crate) hold: Option<Instant>,
-    /// Set when the lease is given back unused (a grant that came too late to run its body, a
-    /// permit taken for a caller that stopped waiting): the hold is its body's, and a lease no
-    /// body ran under would otherwise keep the key for nobody until the hold's end.
-    hold_waived: AtomicBool,
+    /// Set when the lease is put to use: its body first polled, or the lease handed to a
+    /// caller of [`Locker::lock`](crate::Locker::lock). The hold is its body's: a lease given back
+    /// unused (a grant too late to run its body, a permit whose caller stopped waiting, a lease
+    /// a shutdown ended before its body's first poll) frees the key rather than keep it for
+    /// nobody until the hold's end. Opt-in, so that no ending sent before a give-back was
+    /// noticed can carry the hold.
+    in_use: AtomicBool,
 }
 
 /// Releases a lease on the store at the instant given, unless it was released before.
@@ -149,20 +152,20 @@ impl LeaseState {
             release_at_loss: Mutex::new(None),
             held: metrics::Held::uncounted(),
             hold: None,
-            hold_waived: AtomicBool::new(false),
+            in_use: AtomicBool::new(false),
         }
     }
 
     /// Until when the key stays held however soon the lease is released; `None` without a hold,
-    /// or where it was [waived](Self::waive_hold).
+    /// or where the lease was never [put to use](Self::put_to_use).
     pub(crate) fn hold_until(&self) -> Option<Instant> {
-        self.hold
-            .filter(|_| !self.hold_waived.load(Ordering::Acquire))
+        self.hold.filter(|_| self.in_use.load(Ordering::Acquire))
     }
 
-    /// Gives up the hold of a lease no body ran under: its release frees the key.
-    pub(crate) fn waive_hold(&self) {
-        self.hold_waived.store(true, Ordering::Release);
+    /// Marks the lease as put to use (its body polled, or handed to a caller): its hold, if any,
+    /// applies from now on.
+    pub(crate) fn put_to_use(&self) {
+        self.in_use.store(true, Ordering::Release);
     }
 
     /// The same lease, never valid past its full ttl, `full_ttl`, counted from `valid_from`:

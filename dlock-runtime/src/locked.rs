@@ -3,7 +3,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -205,17 +204,14 @@ where
     };
     // From here `lease` releases on every exit: its `Drop` queues the release when the body
     // panics or this future is dropped, and the release below awaits it on a normal return.
-    let began = AtomicBool::new(false);
-    let body = reentry::scope(lease.state.clone(), async {
-        began.store(true, Ordering::Relaxed);
+    // The lease's hold, if any, is its body's: it applies from the body's first poll, so a
+    // grant too late to run the body (or a shutdown before it ran) frees the key.
+    let in_use = lease.state.clone();
+    let body = reentry::scope(lease.state.clone(), async move {
+        in_use.put_to_use();
         body.await
     });
     let Some(output) = run_body(spec.on_lost, &lease.state, body).await else {
-        if !began.load(Ordering::Relaxed) {
-            // A grant too late to run the body: its hold, the body's, would keep the key for
-            // nobody.
-            lease.state.waive_hold();
-        }
         // Returns at once; dropping the lease queues its release.
         return on_failure(
             &spec,

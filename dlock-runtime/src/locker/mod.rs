@@ -300,6 +300,8 @@ impl Locker {
         options: LockOptions,
     ) -> Result<Lease, LockError> {
         let state = self.acquire(key.into(), options).await?;
+        // In the caller's hands: its hold, if any, applies.
+        state.put_to_use();
         Ok(Lease {
             state,
             locker: self.clone(),

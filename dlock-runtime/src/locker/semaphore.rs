@@ -97,8 +97,6 @@ impl<'a> Taken<'a> {
 impl Drop for Taken<'_> {
     fn drop(&mut self) {
         if let Some(state) = self.state.take() {
-            // Given back before its caller had it: no body ran under it to hold the key for.
-            state.waive_hold();
             self.locker.release_in_background(&state);
         }
     }
