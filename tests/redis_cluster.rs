@@ -462,84 +462,51 @@ async fn inspect_reads_each_node_and_list_walks_every_primary() {
 /// to nobody for a full ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_copy_of_an_acquire_call_answered_busy_takes_no_effect() {
-    let cluster = Cluster::start();
-    let backend = RedisBackend::connect(&cluster.cluster.url()).await.unwrap();
-    let locker = Locker::connect(&cluster.cluster.url()).await.unwrap();
-    let mut raw = cluster.raw().await;
-    let key = unique_key("late-copy-busy");
-    let ttl = Duration::from_secs(30);
-    let holder = locker
-        .lock(&*key, LockOptions::new().ttl(ttl))
-        .await
-        .unwrap();
-    let owner = dlock::Owner::random();
-    let request = dlock::backend::AcquireRequest::new(&key, owner, ttl, Duration::ZERO);
-    assert!(backend.acquire(&request).await.unwrap().is_none());
-    holder.release().await.unwrap();
-
-    // The late first copy: a first try, as the backend sent it.
-    let lock_key = cluster.names.lock_key(&key);
-    let prefix = lock_key
-        .strip_suffix(&format!("{{{key}}}"))
-        .expect("the lock key is the prefix and the hash-tagged key");
-    let _: redis::Value = redis::cmd("EVAL")
-        .arg(acquire_script())
-        .arg(3)
-        .arg(&lock_key)
-        .arg(cluster.names.fence_key(&key))
-        .arg(cluster.names.queue_key(&key))
-        .arg(owner.to_string())
-        .arg(ttl.as_millis() as u64)
-        .arg(prefix)
-        .arg(format!("{}/host/late-copy", std::process::id()))
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(&lock_key)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    assert_eq!(
-        pttl, -2,
-        "a late copy of an acquire call answered busy granted the released key to nobody, for {pttl} ms"
-    );
-    locker
-        .lock(&*key, LockOptions::new())
-        .await
-        .expect("the key is free")
-        .release()
-        .await
-        .unwrap();
+    a_late_copy_of_a_call_not_granted_takes_no_effect(
+        Duration::ZERO,
+        "an acquire call answered busy",
+    )
+    .await;
 }
 
 /// As above, for a waiter that gave up at its deadline: a late copy of one of its queueing
 /// calls, landing after the holder released, takes no effect either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_copy_of_a_queueing_call_of_a_waiter_that_gave_up_takes_no_effect() {
+    a_late_copy_of_a_call_not_granted_takes_no_effect(
+        Duration::from_millis(300),
+        "a queueing call of a waiter that gave up",
+    )
+    .await;
+}
+
+/// An acquisition of a known owner, waiting `wait`, is not granted while another holds the key;
+/// the holder releases; then a late copy of the acquisition's call (`what`) lands: a first try's,
+/// or for a waiter one of its queueing calls. It must leave the key free.
+async fn a_late_copy_of_a_call_not_granted_takes_no_effect(wait: Duration, what: &str) {
     let cluster = Cluster::start();
     let backend = RedisBackend::connect(&cluster.cluster.url()).await.unwrap();
     let locker = Locker::connect(&cluster.cluster.url()).await.unwrap();
     let mut raw = cluster.raw().await;
-    let key = unique_key("late-copy-waiter");
+    let key = unique_key("late-copy-not-granted");
     let ttl = Duration::from_secs(30);
     let holder = locker
         .lock(&*key, LockOptions::new().ttl(ttl))
         .await
         .unwrap();
     let owner = dlock::Owner::random();
-    let request = dlock::backend::AcquireRequest::new(&key, owner, ttl, Duration::from_millis(300));
+    let request = dlock::backend::AcquireRequest::new(&key, owner, ttl, wait);
     assert!(backend.acquire(&request).await.unwrap().is_none());
     holder.release().await.unwrap();
 
-    // The late copy of a queueing call: a first try's arguments, then the liveness window in
-    // ms, the waiter's backend's id and the call's number.
+    // A first try's arguments, as the backend sent them; a queueing call's add the liveness
+    // window in ms, the waiter's backend's id and the call's number.
     let lock_key = cluster.names.lock_key(&key);
     let prefix = lock_key
         .strip_suffix(&format!("{{{key}}}"))
         .expect("the lock key is the prefix and the hash-tagged key");
-    let _: redis::Value = redis::cmd("EVAL")
-        .arg(acquire_script())
+    let mut call = redis::cmd("EVAL");
+    call.arg(acquire_script())
         .arg(3)
         .arg(&lock_key)
         .arg(cluster.names.fence_key(&key))
@@ -547,13 +514,11 @@ async fn a_late_copy_of_a_queueing_call_of_a_waiter_that_gave_up_takes_no_effect
         .arg(owner.to_string())
         .arg(ttl.as_millis() as u64)
         .arg(prefix)
-        .arg(format!("{}/host/late-copy", std::process::id()))
-        .arg(5_000)
-        .arg("late-copy-instance")
-        .arg(1)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+        .arg(format!("{}/host/late-copy", std::process::id()));
+    if !wait.is_zero() {
+        call.arg(5_000).arg("late-copy-instance").arg(1);
+    }
+    let _: redis::Value = call.query_async(&mut raw).await.unwrap();
     let pttl: i64 = redis::cmd("PTTL")
         .arg(&lock_key)
         .query_async(&mut raw)
@@ -561,7 +526,7 @@ async fn a_late_copy_of_a_queueing_call_of_a_waiter_that_gave_up_takes_no_effect
         .unwrap();
     assert_eq!(
         pttl, -2,
-        "a late copy of a queueing call of a waiter that gave up granted the released key to nobody, for {pttl} ms"
+        "a late copy of {what} granted the released key to nobody, for {pttl} ms"
     );
     locker
         .lock(&*key, LockOptions::new())
