@@ -536,3 +536,52 @@ async fn a_late_copy_of_a_call_not_granted_takes_no_effect(wait: Duration, what:
         .await
         .unwrap();
 }
+
+/// On a cluster, the backend gives up on a slot's renewal after its bound while the client may
+/// keep trying it: a copy landing after the lease's release set the hold's expiry must not
+/// stretch the hold to a whole ttl. Replayed here by hand: the renew script, with the keys and
+/// arguments a plain renewal of the owner sends, after the hold (which on a cluster leaves the
+/// owner's cancel marker too) was set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_a_renewal_after_the_hold_was_set_does_not_stretch_it() {
+    use dlock::backend::AcquireRequest;
+    use dlock::Owner;
+
+    let cluster = Cluster::start();
+    let backend = RedisBackend::connect(&cluster.cluster.url()).await.unwrap();
+    let mut raw = cluster.raw().await;
+    let (key, owner) = (unique_key("late-renewal"), Owner::random());
+    let ttl = Duration::from_secs(30);
+    let request = AcquireRequest::new(&key, owner, ttl, Duration::ZERO);
+    backend.acquire(&request).await.unwrap().expect("free");
+    let lock_key = cluster.names.lock_key(&key);
+    let hold = Duration::from_millis(300);
+    assert!(backend.expire_after(&key, owner, hold).await.unwrap());
+
+    let renewed: i64 = redis::cmd("EVAL")
+        .arg(include_str!("../dlock-runtime/src/backend/redis/renew.lua"))
+        .arg(1)
+        .arg(&lock_key)
+        .arg(owner.to_string())
+        .arg(ttl.as_millis() as u64)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&lock_key)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(
+        pttl <= hold.as_millis() as i64,
+        "a late renewal stretched the hold to {pttl} ms (renewal answered {renewed})"
+    );
+    assert_eq!(renewed, 0, "a lease whose hold was set is not renewed");
+    tokio::time::sleep(hold + Duration::from_millis(200)).await;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&lock_key)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(pttl, -2, "the key outlived its hold");
+}

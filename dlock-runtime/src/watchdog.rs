@@ -16,7 +16,9 @@
 //! to the hold's end. A renewal landing after the hold's expiry was set would stretch it to a
 //! ttl after the renewal (renewals never shorten an expiry), and the key would be held by
 //! nobody until then: such a lease's ending is sent again once the renewal is answered, so that
-//! the ending is the last word on the store.
+//! the ending is the last word on the store. (A copy of the renewal landing later still, one the
+//! watchdog no longer waits for, is the store's to refuse: Redis marks a lock whose hold was
+//! set, and its renew script leaves such a lock as it is; see renew.lua.)
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -250,7 +252,7 @@ impl Shared {
     /// after the renewal took effect, if it did (an exact expiry, so the same again; a release
     /// once the hold is over), so that the ending is the store's last word. A copy of the
     /// renewal that a connection sends again after a time-out and that lands later still is not
-    /// covered.
+    /// covered here: the store refuses it (Redis: the hold's mark, see renew.lua).
     fn end_again_if_held_over(&self, state: &LeaseState) {
         if state.is_released() && state.hold_until().is_some() {
             self.holds.end_again(state);

@@ -245,7 +245,7 @@ async fn a_ttl_with_a_fraction_of_a_millisecond_is_never_trusted_past_the_server
 }
 
 /// A lease's hold sets the lock's expiry exactly, sooner or later; a renewal after it (one held
-/// up on its way while the lease was released) never shortens it.
+/// up on its way while the lease was released) neither shortens it nor renews the lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_never_shortens_the_expiry_a_hold_set() {
     use dlock::backend::{AcquireRequest, Backend, Renewal};
@@ -272,7 +272,8 @@ async fn a_renewal_never_shortens_the_expiry_a_hold_set() {
             .renew(&[Renewal::new(&key, owner, ttl)])
             .await
             .unwrap(),
-        [true]
+        [false],
+        "a lease whose hold was set is released: not renewed"
     );
     let after_renewal = pttl(&mut raw).await;
     assert!(
@@ -289,4 +290,54 @@ async fn a_renewal_never_shortens_the_expiry_a_hold_set() {
         .expire_after(&key, Owner::random(), Duration::from_secs(60))
         .await
         .unwrap());
+}
+
+/// A renewal sent before the lease's release and held up on its way past the watchdog's wait
+/// (a copy a connection sent again after a time-out, the first still on its way; on a cluster, a
+/// slot's call given up on while the client kept trying it) lands after the hold set the lock's
+/// expiry to the hold's end. It must not stretch that end to a whole ttl: the key would be held
+/// for nobody for 30 s, and a job due at the end of the hold window skipped. Replayed here by
+/// hand: the renew script, with the keys and arguments a plain renewal of the owner sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_renewal_copy_does_not_stretch_a_hold() {
+    use dlock::backend::{AcquireRequest, Backend};
+
+    let redis = Redis::start();
+    let backend = crate::support::Store::backend(&redis).await;
+    let mut raw = redis.raw().await;
+    let (key, owner) = (unique_key("late-renewal"), Owner::random());
+    let ttl = Duration::from_secs(30);
+    let request = AcquireRequest::new(&key, owner, ttl, Duration::ZERO);
+    backend.acquire(&request).await.unwrap().expect("free");
+    let lock_key = redis.names.lock_key(&key);
+    let hold = Duration::from_millis(300);
+    assert!(backend.expire_after(&key, owner, hold).await.unwrap());
+
+    // The late copy: KEYS the lock; ARGV the owner and the ttl in ms, as a renewal sends them.
+    let renewed: i64 = redis::cmd("EVAL")
+        .arg(include_str!(
+            "../../dlock-runtime/src/backend/redis/renew.lua"
+        ))
+        .arg(1)
+        .arg(&lock_key)
+        .arg(owner.to_string())
+        .arg(ttl.as_millis() as u64)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let pttl: i64 = raw.pttl(&lock_key).await.unwrap();
+    assert!(
+        pttl <= hold.as_millis() as i64,
+        "a late renewal stretched the hold to {pttl} ms (renewal answered {renewed})"
+    );
+    assert_eq!(renewed, 0, "a lease whose hold was set is not renewed");
+    let started = Instant::now();
+    while raw.exists::<_, bool>(&lock_key).await.unwrap() {
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "the key outlived its hold (PTTL {} ms)",
+            raw.pttl::<_, i64>(&lock_key).await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

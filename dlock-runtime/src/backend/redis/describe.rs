@@ -78,6 +78,9 @@ fn decode(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The last line renew.lua's exact expiry (a lease's hold) adds to the lock's value.
+const HOLD_MARK: &str = "\nhold";
+
 /// What a lock's value says of its holder: `None` where it holds no owner dlock wrote (a value
 /// set from outside).
 ///
@@ -85,6 +88,9 @@ fn decode(field: &str) -> String {
 /// which an older dlock's grant (the owner alone) is described by: its fence, and the time the
 /// fence was counted, which the counter floors by the server's clock in µs.
 pub(super) fn parse_holder(value: &str, pttl: i64, counter: Option<u64>) -> Option<Holder> {
+    // A lease's hold marks its lock with a last line (see "The hold's mark" in renew.lua): the
+    // lease is released, the key kept to the hold's end; the holder is described all the same.
+    let value = value.strip_suffix(HOLD_MARK).unwrap_or(value);
     let (first_line, meta) = match value.split_once('\n') {
         Some((first_line, meta)) => (first_line, Some(meta)),
         None => (value, None),
@@ -156,6 +162,19 @@ mod tests {
             );
             assert_eq!(holder.time_left(), Some(Duration::from_millis(2500)));
         }
+    }
+
+    #[test]
+    fn a_lock_kept_for_its_hold_is_described_as_before() {
+        let owner = Owner::random();
+        let meta = holder_meta("job");
+        let value = format!("{owner}\n{meta}/17/1764633600000000");
+        let unmarked = parse_holder(&value, 200, None).unwrap();
+        let marked = parse_holder(&format!("{value}{HOLD_MARK}"), 200, None).unwrap();
+        assert_eq!(marked, unmarked);
+        assert!(include_str!("renew.lua").contains("local held = '\\nhold'\n"));
+        let older = parse_holder(&format!("{owner}{HOLD_MARK}"), -1, Some(5)).unwrap();
+        assert_eq!((older.owner(), older.fence()), (owner, 5));
     }
 
     #[test]

@@ -207,11 +207,13 @@ fn renew_call(lock: String, lease: &Renewal<'_>, expiry: Expiry) -> ScriptInvoca
 /// How a renewal sets each lock's expiry.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Expiry {
-    /// Extended to the lease's ttl from now, never shortened: a renewal.
+    /// Extended to the lease's ttl from now, never shortened: a renewal. Refused where the
+    /// lock's hold was set (it is marked so, see renew.lua): the lease was released.
     Extend,
     /// Set to the lease's ttl from now, sooner or later: a lease's hold
-    /// ([`expire_lease`](RedisBackend::expire_lease)). Where `cancel`, the owner's cancel
-    /// marker is left too (see renew.lua).
+    /// ([`expire_lease`](RedisBackend::expire_lease)), which marks the lock so that a renewal
+    /// landing late does not stretch it. Where `cancel`, the owner's cancel marker is left too
+    /// (see renew.lua).
     Exactly { cancel: bool },
 }
 
