@@ -27,7 +27,7 @@ rule='| --- | --- | --- | --- | --- | --- | --- |'
 
 # The order of the table: scenarios and backends not listed here follow the listed ones, in the
 # order the run printed them.
-scenario_order='random-cuts server-restart stalled-holder deaf-holder skewed-clock killed-holder
+scenario_order='random-cuts permits-cuts server-restart stalled-holder deaf-holder skewed-clock killed-holder
     stalled-leader killed-leader leader-killed follower-partitioned fenced-pause aborted-tasks'
 backend_order='redis redis-cluster mysql postgres zookeeper zookeeper-ensemble memory'
 # The scenario run without the lock, to show the checker fails it; reported below the table.

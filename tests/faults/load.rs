@@ -7,7 +7,7 @@ use dlock::Locker;
 
 use crate::scenario::{longest_pause, millis, ms, LockServer, Scenario};
 use crate::support::history::{self, Log};
-use crate::worker::{run_bodies, Backend, Context};
+use crate::worker::{run_bodies, Backend, Body, Context, PERMITS};
 
 /// Three processes of two tasks each run bodies on two keys for `run_for` while every
 /// connection of theirs is cut, at random, once in a hundred chunks forwarded.
@@ -31,6 +31,51 @@ pub fn random_cuts(backend: Backend, run_for: Duration) {
         ),
     );
     verdict.assert_clean(scenario.name);
+    assert!(
+        cuts > 0,
+        "no connection was cut: the scenario tested nothing"
+    );
+}
+
+/// Three processes of three tasks each hold permits of ONE key of [`PERMITS`] permits (a
+/// semaphore: nine callers, two inside at a time) for `run_for`, while every connection of
+/// theirs is cut, at random, once in a hundred chunks forwarded. The verdict: never more than
+/// two bodies inside at once (`history::check_permits`), and two at once reached, or the run
+/// tested nothing of a semaphore. Fence order is not checked here: a permit's fence is its own,
+/// and a lease does not say which permit it holds, so entries of one key carry fences of
+/// different permits in no order; nor are counter writes, which two bodies may interleave.
+pub fn permit_cuts(backend: Backend, run_for: Duration) {
+    let mut scenario = Scenario::new("permits-cuts", backend, 1);
+    for name in ["a", "b", "c"] {
+        let mut spec = scenario.spec(name, run_for);
+        spec.tasks = 3;
+        spec.body = Body::Permit;
+        let worker = scenario.spawn(spec, &[]);
+        scenario.proxy(worker).cut_randomly(0.01);
+    }
+    let Some((sections, _)) = scenario.finish(run_for + Duration::from_secs(60)) else {
+        return;
+    };
+    let found = history::check_permits(&sections, &scenario.killed, PERMITS);
+    let cuts: u64 = (0..3).map(|w| scenario.proxy(w).cuts()).sum();
+    scenario.report(
+        &found.verdict,
+        &format!(
+            "{PERMITS} permits, 9 callers: at most {} inside at once, {PERMITS} reached {} times; \
+             {cuts} connections cut; longest pause {}",
+            found.most_inside,
+            found.filled,
+            ms(longest_pause(&sections))
+        ),
+    );
+    found.verdict.assert_clean(scenario.name);
+    assert!(
+        found.most_inside == PERMITS,
+        "{}: never {PERMITS} bodies inside at once (at most {}): the scenario tested nothing \
+         of a semaphore",
+        scenario.name,
+        found.most_inside
+    );
     assert!(
         cuts > 0,
         "no connection was cut: the scenario tested nothing"

@@ -11,7 +11,9 @@
 //! scenario prints a row of the table in docs/correctness.md (`./scripts/write-docs.sh` collects
 //! them).
 //!
-//! The scenarios: [`load`] (many bodies through random cuts, a restart, aborted tasks),
+//! The scenarios: [`load`] (many bodies through random cuts, a restart, aborted tasks; and a
+//! semaphore's bodies through random cuts, judged by [`history::check_permits`]: never more
+//! inside than permits),
 //! [`holders`] (one holder stalled, deaf, skewed, killed or paused, and who gets in after it)
 //! and [`ensemble`] (a ZooKeeper ensemble losing its leader or a follower). Below them, the
 //! tests that run each on each backend.
@@ -31,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use ensemble::{follower_partitioned, leader_killed};
 use holders::{killed_holder, paused_holder_is_fenced_off, skewed_clock_holder, stalled_holder};
-use load::{memory_with_aborted_tasks, random_cuts, restart_under_load};
+use load::{memory_with_aborted_tasks, permit_cuts, random_cuts, restart_under_load};
 use scenario::Scenario;
 use support::fault_proxy::{Direction, FaultProxy};
 use support::history::{self, Section, Write};
@@ -84,6 +86,11 @@ macro_rules! scenarios {
                 #[test]
                 fn random_connection_cuts_lose_nothing() {
                     random_cuts($variant, cut_run());
+                }
+
+                #[test]
+                fn random_connection_cuts_never_let_in_more_than_the_permits() {
+                    permit_cuts($variant, cut_run());
                 }
 
                 #[test]
@@ -291,4 +298,70 @@ fn the_checker_finds_what_it_looks_for() {
     assert!(history::check(&sections, &killed, &none)
         .overlaps
         .is_empty());
+}
+
+/// The semaphore's checker: two inside at once is within two permits, a third is not, however
+/// the bodies interleave; a body that leaves as another enters is not inside with it; a killed
+/// worker's body lasts until the kill, another's unfinished body for ever.
+#[test]
+fn the_permits_checker_counts_bodies_inside_at_once() {
+    fn run(worker: &str, body: u64, start: i64, end: Option<i64>) -> Section {
+        Section {
+            key: "k".into(),
+            fence: body,
+            worker: worker.into(),
+            start,
+            end,
+            finished: end.is_some(),
+        }
+    }
+    let no_kills: BTreeMap<String, i64> = BTreeMap::new();
+    // Two at a time, in a chain: each enters as the oldest leaves.
+    let chain = [
+        run("a", 1, 0, Some(20)),
+        run("b", 1, 10, Some(30)),
+        run("c", 1, 20, Some(40)),
+        run("a", 2, 30, Some(50)),
+    ];
+    let found = history::check_permits(&chain, &no_kills, 2);
+    assert!(found.verdict.overlaps.is_empty(), "{}", found.verdict);
+    assert_eq!((found.most_inside, found.filled), (2, 3));
+    // The same bodies under one permit: every second one is one too many.
+    assert_eq!(
+        history::check_permits(&chain, &no_kills, 1)
+            .verdict
+            .overlaps
+            .len(),
+        3
+    );
+
+    // A long body under two short ones: three inside while the second short one runs.
+    let three = [
+        run("a", 1, 0, Some(100)),
+        run("b", 1, 10, Some(30)),
+        run("c", 1, 20, Some(40)),
+        run("b", 2, 50, Some(60)),
+    ];
+    let found = history::check_permits(&three, &no_kills, 2);
+    assert_eq!(found.verdict.overlaps.len(), 1, "{}", found.verdict);
+    assert_eq!(found.most_inside, 3);
+
+    // Unfinished bodies: a killed worker's ends at the kill, another's never.
+    let killed = BTreeMap::from([("a".to_owned(), 25)]);
+    let sections = [
+        run("a", 1, 0, None),
+        run("b", 1, 10, Some(100)),
+        run("c", 1, 30, Some(40)),
+    ];
+    assert!(history::check_permits(&sections, &killed, 2)
+        .verdict
+        .overlaps
+        .is_empty());
+    assert_eq!(
+        history::check_permits(&sections, &no_kills, 2)
+            .verdict
+            .overlaps
+            .len(),
+        1
+    );
 }

@@ -59,6 +59,8 @@ pub enum Body {
     CountUnlocked,
     /// [`lead`]: campaign for the key, then count for a whole term as its leader.
     Lead,
+    /// [`permit`]: hold one of the key's [`PERMITS`] permits, log entry and exit around a pause.
+    Permit,
 }
 
 impl Body {
@@ -68,6 +70,7 @@ impl Body {
             Body::WriteFenced => "write-fenced",
             Body::CountUnlocked => "count-unlocked",
             Body::Lead => "lead",
+            Body::Permit => "permit",
         }
     }
 
@@ -77,6 +80,7 @@ impl Body {
             "write-fenced" => Body::WriteFenced,
             "count-unlocked" => Body::CountUnlocked,
             "lead" => Body::Lead,
+            "permit" => Body::Permit,
             other => panic!("unknown body {other}"),
         }
     }
@@ -272,6 +276,34 @@ const JOURNALED_SET: &str = r"
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('RPUSH', KEYS[2], ARGV[2])";
 
+/// The permits of [`permit`]'s keys: the most bodies the checker lets be inside a key at once.
+pub const PERMITS: usize = 2;
+
+/// A body holding one of [`PERMITS`] permits of the key (a semaphore): logs its entry, pauses
+/// for `context.work`, logs its exit. Up to `PERMITS` bodies may be inside at once, so it
+/// writes no counter (their read-modify-writes would legitimately lose updates).
+///
+/// Its log lines carry, where the other bodies put the fence, a number of the body's own
+/// (unique in its process): a permit's fence is that permit's, so two bodies of one process
+/// may enter with one fence value (on two permits) and their entries and exits could not be
+/// paired by it. The fence is not judged for a semaphore anyway (`history::check_permits`).
+/// (`permits = 2` is [`PERMITS`]: the attribute takes a literal only.)
+#[distributed_lock(key = "<key>", ttl = "2s", wait = "30s", locker = locker, permits = 2)]
+pub async fn permit(
+    locker: &Locker,
+    key: &str,
+    context: &Context,
+    entered: &AtomicU64,
+) -> Result<(), LockError> {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let body = NEXT.fetch_add(1, Ordering::SeqCst);
+    entered.store(body, Ordering::SeqCst);
+    context.record("enter", key, body).await;
+    tokio::time::sleep(context.work).await;
+    context.record("exit", key, body).await;
+    Ok(())
+}
+
 /// The fenced body: pause, then write with the fence; a holder that lost its lease meanwhile
 /// runs on (`on_lost = "continue"`) and its write is judged by the data server alone.
 #[distributed_lock(key = "<key>", ttl = "2s", wait = "30s", locker = locker, on_lost = "continue")]
@@ -403,6 +435,7 @@ pub async fn run_bodies(
                 Ok(())
             }
             Body::Lead => lead(locker, key, context, &entered).await,
+            Body::Permit => permit(locker, key, context, &entered).await,
         };
         let fence = entered.load(Ordering::SeqCst);
         if fence != 0 {

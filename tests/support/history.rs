@@ -192,6 +192,16 @@ impl Write {
     }
 }
 
+/// When `section` ended, for the checkers: its `exit` or `lost`, else the kill of its worker (a
+/// killed worker's body ended then at the latest), else never (a body that neither finished
+/// nor was killed is taken to be inside still).
+fn end_of(section: &Section, killed: &BTreeMap<String, i64>) -> i64 {
+    section
+        .end
+        .or_else(|| killed.get(&section.worker).copied())
+        .unwrap_or(i64::MAX)
+}
+
 /// Judges a history: `killed` gives, per killed worker, the time of the kill (its unfinished
 /// body ended then at the latest); `journals` each key's counter writes in the order the data
 /// server ran them — including writes of bodies stopped before they could log their exit.
@@ -247,10 +257,7 @@ pub fn check(
                     ));
                 }
             }
-            let end = run
-                .end
-                .or_else(|| killed.get(&run.worker).copied())
-                .unwrap_or(i64::MAX);
+            let end = end_of(run, killed);
             if latest.is_none_or(|(_, latest_end)| end > latest_end) {
                 latest = Some((run, end));
             }
@@ -276,4 +283,81 @@ pub fn check(
         }
     }
     verdict
+}
+
+/// What [`check_permits`] found: the [`Verdict`] (its `overlaps` are the moments a key had more
+/// bodies inside than permits; no fences or writes judged) and how full the keys were.
+#[derive(Debug, Default)]
+pub struct PermitVerdict {
+    pub verdict: Verdict,
+    /// The most bodies of one key inside at once.
+    pub most_inside: usize,
+    /// How many entries filled a key to exactly its permits.
+    pub filled: usize,
+}
+
+/// Judges a history of bodies on keys of `permits` permits each (a semaphore): never more than
+/// `permits` bodies of one key inside at once. A sweep over the sections' `[start, end)`
+/// intervals, each ended as [`check`] ends it (an unfinished body of a killed worker at the
+/// kill, of another worker never); a body that leaves at the instant another enters is not
+/// inside with it, as [`check`] counts no overlap there.
+///
+/// Fences are not judged: a permit's fence is its own (two holders at once may carry one fence
+/// value, and a holder cannot tell which permit it holds), so the order of entries says nothing
+/// about fences. Nor are counter writes: up to `permits` bodies legitimately overlap.
+pub fn check_permits(
+    sections: &[Section],
+    killed: &BTreeMap<String, i64>,
+    permits: usize,
+) -> PermitVerdict {
+    let mut found = PermitVerdict {
+        verdict: Verdict {
+            entered: sections.len(),
+            finished: sections.iter().filter(|s| s.finished).count(),
+            ..Verdict::default()
+        },
+        ..PermitVerdict::default()
+    };
+    let mut by_key: BTreeMap<&str, Vec<&Section>> = BTreeMap::new();
+    for section in sections {
+        by_key.entry(&section.key).or_default().push(section);
+    }
+    for (key, runs) in by_key {
+        // (time, 0 for a leave and 1 for an entry — leaves first at one instant —, section).
+        let mut moments: Vec<(i64, u8, usize)> = Vec::new();
+        for (index, run) in runs.iter().enumerate() {
+            moments.push((run.start, 1, index));
+            moments.push((end_of(run, killed), 0, index));
+        }
+        moments.sort_unstable();
+        let mut inside: Vec<usize> = Vec::new();
+        for (at, entry, index) in moments {
+            if entry == 0 {
+                inside.retain(|&i| i != index);
+                continue;
+            }
+            inside.push(index);
+            found.most_inside = found.most_inside.max(inside.len());
+            if inside.len() == permits {
+                found.filled += 1;
+            }
+            if inside.len() > permits {
+                let who: Vec<String> = inside
+                    .iter()
+                    .map(|&i| {
+                        format!(
+                            "{} #{} from {}",
+                            runs[i].worker, runs[i].fence, runs[i].start
+                        )
+                    })
+                    .collect();
+                found.verdict.overlaps.push(format!(
+                    "{key}: {} inside at {at} (permits {permits}): {}",
+                    inside.len(),
+                    who.join(", ")
+                ));
+            }
+        }
+    }
+    found
 }
