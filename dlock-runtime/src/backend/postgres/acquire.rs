@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::rows::{Attempt, Line};
-use super::waiting::{Start, Turn};
+use super::waiting::{Place, Start, Turn};
 use super::{check_key, PostgresBackend};
 use crate::backend::sql::{not_granted, ttl_micros, Backoff, Limits, UNKNOWN_FENCE};
 use crate::backend::{AcquireRequest, Acquired};
@@ -69,9 +69,7 @@ impl PostgresBackend {
         // next grant must not keep its fence.
         loop {
             if place.hand_over_lost() {
-                return Err(LockError::backend(
-                    "PostgreSQL: the connection of a release that was handing this waiter the key broke; whether it was handed over is unknown, and what it may have written is deleted",
-                ));
+                return Err(hand_over_lost());
             }
             if let Turn::Behind(head_lapses) = place.turn() {
                 waited_before = true;
@@ -82,7 +80,7 @@ impl PostgresBackend {
                     () = place.woken() => continue,
                     () = tokio::time::sleep_until(until.into()) => {
                         if Instant::now() >= deadline {
-                            return not_granted("PostgreSQL", unknown);
+                            return wait_ran_out(&place, unknown);
                         }
                         continue;
                     }
@@ -97,7 +95,7 @@ impl PostgresBackend {
                     tokio::select! {
                         () = place.woken() => continue,
                         () = tokio::time::sleep_until(deadline.into()) => {
-                            return not_granted("PostgreSQL", unknown)
+                            return wait_ran_out(&place, unknown)
                         }
                     }
                 }
@@ -109,7 +107,7 @@ impl PostgresBackend {
                         () = place.woken() => continue,
                         () = tokio::time::sleep_until(until.into()) => {
                             if Instant::now() >= deadline {
-                                return not_granted("PostgreSQL", unknown);
+                                return wait_ran_out(&place, unknown);
                             }
                             continue;
                         }
@@ -174,7 +172,7 @@ impl PostgresBackend {
                         // undo (by owner, see `sql::claimed`) is safe only once the acquisition
                         // has ended. In real time the answer's bound ends past the deadline
                         // anyway; under a paused tokio clock it can end at once.
-                        return not_granted("PostgreSQL", unknown);
+                        return wait_ran_out(&place, unknown);
                     }
                     waited_before = true;
                     None
@@ -182,7 +180,7 @@ impl PostgresBackend {
             };
             let now = Instant::now();
             if now >= deadline {
-                return not_granted("PostgreSQL", unknown);
+                return wait_ran_out(&place, unknown);
             }
             let pause = if listening.is_some() && listening == self.shared.waiting.listening() {
                 // A release is announced; the holder's expiry is not, nor a place in line
@@ -202,4 +200,24 @@ impl PostgresBackend {
             }
         }
     }
+}
+
+/// The answer of a waiting acquisition whose wait ran out without the key: no key (or the
+/// error of a try whose outcome stayed unknown), its place left saying whether a release of its
+/// owner is to come; the error of a lost hand-over where one was recorded for it first.
+fn wait_ran_out(place: &Place, unknown: bool) -> Result<Option<Acquired>, LockError> {
+    let answer = not_granted("PostgreSQL", unknown);
+    if place.gives_up(answer.is_err()) {
+        // Its owner is kept for the release that undoes a failed acquisition, which `Ok(None)`
+        // would never bring.
+        return Err(hand_over_lost());
+    }
+    answer
+}
+
+/// The error of an acquisition a release was handing the key to when it lost its answer.
+fn hand_over_lost() -> LockError {
+    LockError::backend(
+        "PostgreSQL: the connection of a release that was handing this waiter the key broke; whether it was handed over is unknown, and what it may have written is deleted",
+    )
 }

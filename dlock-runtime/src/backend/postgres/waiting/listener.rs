@@ -68,21 +68,25 @@ impl Waiting {
 /// The listener's task: connects, listens, wakes the heads the notifications name, and on a
 /// lost connection wakes every head and connects again, with back-off, until the backend goes.
 async fn listen(weak: Weak<Shared>, options: PgConnectOptions, channel: String, timeout: Duration) {
-    // A pool of one connection of the listener's own, which it uses only to (re)connect.
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .min_connections(0)
-        .max_lifetime(None)
-        .idle_timeout(None)
-        .acquire_timeout(timeout)
-        .connect_lazy_with(options);
     let mut backoff = Backoff::new(
         Duration::from_millis(50),
         MAX_RECONNECT_PAUSE,
         Owner::random(),
     );
     loop {
-        match connect(&pool, &channel).await {
+        // A pool of one connection of the listener's own, which it uses only to connect, and
+        // a new one for each connection: a listener given up on while its `LISTEN` is under
+        // way (see `connect`) keeps its pool's one connection until TCP gives up on it (sqlx
+        // sends `UNLISTEN *` on a listener's connection as it is dropped, and waits for the
+        // answer, in a task of its own), and a listener on that pool could not connect again.
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .acquire_timeout(timeout)
+            .connect_lazy_with(options.clone());
+        match connect(&pool, &channel, timeout).await {
             Ok(mut listener) => {
                 let Some(shared) = weak.upgrade() else { return };
                 {
@@ -119,13 +123,29 @@ async fn listen(weak: Weak<Shared>, options: PgConnectOptions, channel: String, 
     }
 }
 
-async fn connect(pool: &sqlx::PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
+/// Connects (within `timeout`, the pool's acquire timeout) and listens on `channel`, within
+/// `timeout` too: a connection gone silent after its handshake (half-open) would leave its
+/// `LISTEN` unanswered until TCP gives up, many minutes on, nobody listening meanwhile; it is
+/// given up on as a lost one, and the listener connects again.
+async fn connect(
+    pool: &sqlx::PgPool,
+    channel: &str,
+    timeout: Duration,
+) -> Result<PgListener, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener.ignore_pool_close_event(true);
     // A lost connection is reported (`Ok(None)`) before it is replaced, so that the heads poll
     // while nobody listens.
     listener.eager_reconnect(false);
-    listener.listen(channel).await?;
+    match tokio::time::timeout(timeout, listener.listen(channel)).await {
+        Ok(listened) => listened?,
+        Err(_) => {
+            return Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "LISTEN was not answered within the connect timeout",
+            )))
+        }
+    }
     Ok(listener)
 }
 

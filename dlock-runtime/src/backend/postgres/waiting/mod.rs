@@ -80,7 +80,10 @@ struct State {
     /// Places in line this backend's last waiter for the key left without the key: to give up.
     leaving: HashSet<Vec<u8>>,
     /// Owners whose acquisition failed as a hand-over to them was lost (see
-    /// [`Waiting::hand_over_lost`]), until the release of what they may hold.
+    /// [`Waiting::hand_over_lost`]), or failed or was dropped while one was on its way (see
+    /// `Place::leave`), until the release of what they may hold: only owners whose release is
+    /// to come (the locker undoes an acquisition that failed or was dropped, not one that ended
+    /// without the key), so that each entry is taken.
     lost_owners: HashSet<Arc<str>>,
 }
 
@@ -407,5 +410,52 @@ mod tests {
         // Fences only grow; a smaller one recorded later changes nothing.
         head.withdrew(5);
         assert_eq!(head.withdrawn(), 42);
+    }
+
+    /// A waiter whose wait ran out (`Ok(None)`: no release of its owner comes) while a release
+    /// was handing it the key, and whose hand-over was then lost: its owner is not kept for a
+    /// release that never comes. An owner whose release is to come is kept until it comes: one
+    /// whose acquisition fails as the hand-over was lost first, or that failed or was dropped
+    /// while the hand-over was on its way.
+    #[tokio::test]
+    async fn a_lost_hand_over_keeps_an_owner_only_until_its_release() {
+        let waiting = Waiting::new("w".to_owned());
+        let lost_owners = || waiting.shared.state().lost_owners.len();
+
+        let place = waiting.join(b"k", "gave up", 1_000_000, "");
+        let offered = waiting
+            .offer(b"k")
+            .expect("the head at rest is offered the key");
+        assert!(!place.gives_up(false), "no hand-over was lost yet");
+        drop(place);
+        waiting.hand_over_lost(b"k", &offered);
+        assert_eq!(
+            lost_owners(),
+            0,
+            "the owner of a waiter that gave up is kept"
+        );
+
+        // Lost first: the waiter's acquisition fails, and its release finds the owner.
+        let place = waiting.join(b"k", "failed", 1_000_000, "");
+        let offered = waiting
+            .offer(b"k")
+            .expect("the head at rest is offered the key");
+        waiting.hand_over_lost(b"k", &offered);
+        assert!(place.hand_over_lost());
+        assert!(
+            place.gives_up(false),
+            "the wait ran out after the loss: it fails"
+        );
+        drop(place);
+        assert!(waiting.take_lost_owner("failed") && lost_owners() == 0);
+
+        // Dropped (or failed) with the hand-over on its way: its undo finds the owner.
+        let place = waiting.join(b"k", "dropped", 1_000_000, "");
+        let offered = waiting
+            .offer(b"k")
+            .expect("the head at rest is offered the key");
+        drop(place);
+        waiting.hand_over_lost(b"k", &offered);
+        assert!(waiting.take_lost_owner("dropped") && lost_owners() == 0);
     }
 }

@@ -106,20 +106,36 @@ impl Waiting {
     /// Tells the waiter `offered` that its hand-over ended without a known answer: its
     /// acquisition fails at its next poll (see [`Place::hand_over_lost`](super::Place::hand_over_lost)), and its turn is over
     /// (passed over 1 s on if it is not polled), so the waiters behind it go on.
+    ///
+    /// Its owner is kept for the release of the failed acquisition (see
+    /// [`take_lost_owner`](Self::take_lost_owner)) only while the waiter is still in its queue:
+    /// one that left already either ended without the key, and no release of its owner comes
+    /// (kept, the owner would stay for good), or was dropped or failed, and its place kept the
+    /// owner as it left (see `Place::leave`). What the hand-over may have written is deleted by
+    /// the releaser's clean-up either way.
     pub(in crate::backend::postgres) fn hand_over_lost(&self, key: &[u8], offered: &Offered) {
-        // Recorded before the waiter can see it failed: its acquisition's release must find it.
-        self.shared
-            .state()
-            .lost_owners
-            .insert(offered.owner.clone());
-        offered.lost.store(true, Ordering::SeqCst);
+        {
+            let mut state = self.shared.state();
+            let waiting = state.queues.get(key).is_some_and(|queue| {
+                queue.iter().any(|waiter| {
+                    waiter.is(&offered.wake) && matches!(waiter.offer, Offer::InFlight)
+                })
+            });
+            if waiting {
+                // Recorded before the waiter can see it failed, under the lock its place leaves
+                // under: its acquisition's release must find it.
+                state.lost_owners.insert(offered.owner.clone());
+                offered.lost.store(true, Ordering::SeqCst);
+            }
+        }
         let _ = self.settle(key, offered, None);
         offered.wake.notify_one();
     }
 
-    /// Whether `owner`'s acquisition failed as a hand-over to it was lost; forgets it. Its
-    /// release (the locker's, of the failed acquisition) is a plain delete: handed on to the
-    /// next waiter, a row a lost hand-over's clean-up is to delete could leave its reach.
+    /// Whether `owner`'s acquisition failed (or was dropped) as a hand-over to it was lost or
+    /// on its way; forgets it. Its release (the locker's, of the failed acquisition) is a plain
+    /// delete: handed on to the next waiter, a row a lost hand-over's clean-up is to delete
+    /// could leave its reach.
     pub(in crate::backend::postgres) fn take_lost_owner(&self, owner: &str) -> bool {
         self.shared.state().lost_owners.remove(owner)
     }

@@ -182,14 +182,42 @@ impl Place {
     /// meanwhile has it rest again until its new expiry (so it keeps its turn while it waits
     /// behind a lease renewed past its first ttl).
     pub(in crate::backend::postgres) fn holds_until(self, expires: Instant) {
-        self.leave(Some(expires));
+        self.leave(Some(expires), true);
     }
 
-    /// Leaves the queue; the next head is due to try at `next_due`, or now.
-    fn leave(&self, next_due: Option<Instant>) {
+    /// Leaves the queue as the acquisition ends without the key (its wait ran out), with no
+    /// release of its owner to come if `released` is false (the acquisition answers `Ok(None)`),
+    /// or with one (it fails: the locker undoes it). Returns whether a release that was handing
+    /// this waiter the key lost its answer before: the acquisition then fails rather than answer
+    /// `Ok(None)`, as whether it holds the key is unknown, and its owner was kept for that
+    /// release (see [`Waiting::hand_over_lost`](super::Waiting::hand_over_lost)).
+    pub(in crate::backend::postgres) fn gives_up(&self, released: bool) -> bool {
+        self.leave(None, released)
+    }
+
+    /// Leaves the queue; the next head is due to try at `next_due`, or now. `released`: whether
+    /// a release of this waiter's owner is to come (the acquisition failed, was dropped, or
+    /// holds the key). Returns whether a release that was handing this waiter the key lost its
+    /// answer, read under the lock [`Waiting::hand_over_lost`](super::Waiting::hand_over_lost)
+    /// records it under: recorded before, the owner is kept for its release; after, this waiter
+    /// is gone and nothing is recorded.
+    fn leave(&self, next_due: Option<Instant>, released: bool) -> bool {
         let mut state = self.shared.state();
+        let lost = self.lost.load(Ordering::SeqCst);
+        let handing = state.queues.get(&self.key).is_some_and(|queue| {
+            queue
+                .iter()
+                .any(|waiter| waiter.is(&self.wake) && matches!(waiter.offer, Offer::InFlight))
+        });
+        if handing && released {
+            // Dropped or failed while a release hands it the key, whose answer may yet be lost:
+            // its owner's release (the locker's undo) is then a plain delete (see
+            // `Waiting::take_lost_owner`), as it would be had the hand-over been lost first;
+            // the undo comes in any case, and takes it.
+            state.lost_owners.insert(self.owner.clone());
+        }
         let Some(queue) = state.queues.get_mut(&self.key) else {
-            return;
+            return lost;
         };
         let was_head = queue.front().is_some_and(|head| head.is(&self.wake));
         queue.retain(|waiter| !waiter.is(&self.wake));
@@ -217,11 +245,14 @@ impl Place {
                 _ => state.wake_head(&self.key),
             }
         }
+        lost
     }
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
-        self.leave(None);
+        // Dropped without `gives_up` or `holds_until` (which left already): the acquisition
+        // failed or its future was dropped, and the locker undoes it.
+        self.leave(None, true);
     }
 }
