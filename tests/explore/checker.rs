@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use dlock::{current_lease, LeaseInfo};
 
-use crate::calls::OnLost;
+use crate::calls::{OnLost, Variant};
 use crate::support::chaos::LeaseBook;
 
 /// How long after a lease was invalid for sure a poll of its body still counts as a race of
@@ -122,12 +122,16 @@ pub enum Kind {
     /// A re-entered body under `on_lost = "cancel"`, inside bodies that all continue, was polled
     /// after the lease was invalid for sure: its own on_lost was ignored.
     ReenteredCancelIgnored,
-    /// Two bodies of one key ran at once, each on a lease the client held.
+    /// Two bodies of one key ran at once, each on a lease the client held (for a semaphore of N
+    /// permits: N + 1 bodies).
     TwoHoldersAtOnce,
     /// Two sibling calls re-entering one lease ran at once.
     SiblingsAtOnce,
     /// A body entered after another of its key, with a fence no greater than that one's.
     FenceOutOfOrder,
+    /// A body entered a key before the hold (`hold_at_least`) of an earlier body, released on
+    /// a lease still valid, had run out.
+    EnteredDuringHold,
     /// A key stayed held after every worker had finished and released.
     HeldByNobody,
     /// A lease whose every renewal was answered within a tenth of its ttl was lost.
@@ -146,6 +150,7 @@ impl Kind {
             Kind::TwoHoldersAtOnce => "two bodies ran at once on one key",
             Kind::SiblingsAtOnce => "two siblings joined inside a body ran at once",
             Kind::FenceOutOfOrder => "fences did not rise in order of entry",
+            Kind::EnteredDuringHold => "a body entered a key before an earlier body's hold ended",
             Kind::HeldByNobody => "a key was held by nobody",
             Kind::KeptLeaseLost => "a lease renewed in time was lost",
             Kind::Broken => "a worker panicked, hung or failed unexpectedly",
@@ -182,12 +187,35 @@ struct Active {
     lease: LeaseInfo,
 }
 
-#[derive(Default)]
-struct KeyState {
-    active: Vec<Active>,
-    /// The greatest fence of an outermost body that entered, and when.
-    last_entry: Option<(u64, Instant)>,
+/// A hold (`hold_at_least`) that keeps a key from every other body until `until`.
+struct Hold {
+    until: Instant,
+    fence: u64,
+    worker: usize,
+    /// When its body ended.
+    ended: Instant,
 }
+
+struct KeyState {
+    /// The key's permits: 1 for a mutex.
+    permits: usize,
+    active: Vec<Active>,
+    /// Per store key (the key itself for a mutex, the permit's for a semaphore, whose fences
+    /// are counted per permit): the greatest fence of an outermost body that entered, and when.
+    last_entry: HashMap<String, (u64, Instant)>,
+    /// The holds of the bodies that ended on a lease still valid.
+    holds: Vec<Hold>,
+    /// No hold of a body of this key lasts past this instant.
+    holds_end: Option<Instant>,
+}
+
+/// How much earlier than a hold's end by the book another body may enter: the store's expiry is
+/// set from the hold's end by a clock read a moment later (on Redis, as a time to live).
+const HOLD_TOLERANCE: Duration = Duration::from_millis(10);
+
+/// How long a lease must stay valid (by the book) after its body ended for its hold to be
+/// judged: the time its release takes to reach the store.
+const RELEASE_MARGIN: Duration = Duration::from_millis(30);
 
 /// What happened in one seed, besides the findings.
 #[derive(Default, Debug, Clone, Copy)]
@@ -200,6 +228,13 @@ pub struct Tally {
     /// Suspects left unjudged: a poll during which the thread was preempted, a kept lease lost
     /// while the process was starved of CPU.
     pub unjudged: u64,
+    /// Bodies on a semaphore's permit, and how many of them could not be told which permit
+    /// they hold (two permits granted with the same fence), for which neither the lease's
+    /// validity nor the fence order is judged.
+    pub permit_bodies: u64,
+    pub permit_unknown: u64,
+    /// Bodies with a hold that ended on a lease still valid, whose hold is judged.
+    pub holds: u64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -210,6 +245,9 @@ impl std::ops::AddAssign for Tally {
         self.store_errors += other.store_errors;
         self.cut += other.cut;
         self.unjudged += other.unjudged;
+        self.permit_bodies += other.permit_bodies;
+        self.permit_unknown += other.permit_unknown;
+        self.holds += other.holds;
     }
 }
 
@@ -228,6 +266,10 @@ pub struct Inside<'a> {
     pub frame: Frame,
     worker: usize,
     lease: LeaseInfo,
+    /// The key the store holds the lease under: the key for a mutex, a permit's key for a
+    /// semaphore (`None` where the permit could not be told).
+    store_key: Option<String>,
+    hold: Duration,
     /// The frames of the same lease around this body: it re-entered if there are any.
     same_lease_outer: Vec<OnLost>,
     /// The ids of every body around this one.
@@ -264,9 +306,20 @@ impl Checker {
 
     /// Called by a body as its first statement, inside the annotated function; `outer` are the
     /// frames of the bodies it runs inside, innermost last.
-    pub fn enter(&self, worker: usize, outer: &[Frame], on_lost: OnLost) -> Inside<'_> {
+    pub fn enter(
+        &self,
+        worker: usize,
+        outer: &[Frame],
+        on_lost: OnLost,
+        variant: &Variant,
+    ) -> Inside<'_> {
         let now = Instant::now();
         let lease = current_lease().expect("a body runs inside its lease");
+        let store_key = if variant.permits > 1 {
+            self.book.permit_of(lease.key(), lease.fence())
+        } else {
+            Some(lease.key().to_owned())
+        };
         let frame = Frame {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             key: lease.key().to_owned(),
@@ -283,6 +336,8 @@ impl Checker {
             frame,
             worker,
             lease,
+            store_key,
+            hold: Duration::from_millis(variant.hold_ms),
             same_lease_outer,
             outer_ids: outer.iter().map(|f| f.id).collect(),
             reported: false,
@@ -290,30 +345,90 @@ impl Checker {
         // Under either on_lost, a body must never start on an invalid lease. First, before
         // anything here that takes a lock.
         inside.check_poll(true);
-        self.count(|t| t.bodies += 1);
+        let permit_unknown = inside.store_key.is_none();
+        self.count(|t| {
+            t.bodies += 1;
+            if variant.permits > 1 {
+                t.permit_bodies += 1;
+                t.permit_unknown += u64::from(permit_unknown);
+            }
+        });
         let mut keys = self.keys.lock().unwrap();
-        let state = keys.entry(inside.frame.key.clone()).or_default();
+        let state = keys
+            .entry(inside.frame.key.clone())
+            .or_insert_with(|| KeyState {
+                permits: variant.permits as usize,
+                active: Vec::new(),
+                last_entry: HashMap::new(),
+                holds: Vec::new(),
+                holds_end: None,
+            });
         if inside.lease.is_held() {
+            // The other leases held inside the key, one entry per lease (bodies re-entering
+            // one lease share its fence).
+            let mut others: Vec<&Active> = Vec::new();
             for other in &state.active {
                 if outer.iter().any(|f| f.id == other.id) || !other.lease.is_held() {
                     continue;
                 }
-                let kind = if other.fence == inside.frame.fence {
-                    Kind::SiblingsAtOnce
-                } else {
-                    Kind::TwoHoldersAtOnce
-                };
+                if other.fence == inside.frame.fence {
+                    self.report(
+                        Kind::SiblingsAtOnce,
+                        format!(
+                            "`{}`: worker {} entered with fence {} while worker {} was inside with the same fence, both leases held",
+                            inside.frame.key, worker, inside.frame.fence, other.worker
+                        ),
+                    );
+                } else if others.iter().all(|o| o.fence != other.fence) {
+                    others.push(other);
+                }
+            }
+            if others.len() >= state.permits {
+                let inside_now: Vec<String> = others
+                    .iter()
+                    .map(|o| format!("worker {} with fence {}", o.worker, o.fence))
+                    .collect();
                 self.report(
-                    kind,
+                    Kind::TwoHoldersAtOnce,
                     format!(
-                        "`{}`: worker {} entered with fence {} while worker {} was inside with fence {}, both leases held",
-                        inside.frame.key, worker, inside.frame.fence, other.worker, other.fence
+                        "`{}` ({} permits): worker {} entered with fence {} while {} were inside, every lease held",
+                        inside.frame.key,
+                        state.permits,
+                        worker,
+                        inside.frame.fence,
+                        inside_now.join(", ")
                     ),
                 );
             }
         }
         if inside.same_lease_outer.is_empty() {
-            match state.last_entry {
+            // A hold keeps everyone else out until its end, held or not.
+            state.holds.retain(|h| h.until > now);
+            for hold in &state.holds {
+                if hold.fence == inside.frame.fence {
+                    continue;
+                }
+                if starved_between(hold.ended, now) {
+                    self.count(|t| t.unjudged += 1);
+                    continue;
+                }
+                self.report(
+                    Kind::EnteredDuringHold,
+                    format!(
+                        "`{}`: worker {} entered with fence {} {:?} before the hold of worker {}'s body with fence {} ran out ({:?} after that body ended)",
+                        inside.frame.key,
+                        worker,
+                        inside.frame.fence,
+                        hold.until - now,
+                        hold.worker,
+                        hold.fence,
+                        now - hold.ended
+                    ),
+                );
+            }
+        }
+        if let (true, Some(order_key)) = (inside.same_lease_outer.is_empty(), &inside.store_key) {
+            match state.last_entry.get(order_key).copied() {
                 Some((last, at)) if inside.frame.fence <= last => {
                     if preempted_in_this_poll() {
                         self.count(|t| t.unjudged += 1);
@@ -322,7 +437,7 @@ impl Checker {
                             Kind::FenceOutOfOrder,
                             format!(
                                 "`{}`: worker {} entered with fence {}, {:?} after a body with fence {} entered",
-                                inside.frame.key,
+                                order_key,
                                 worker,
                                 inside.frame.fence,
                                 now - at,
@@ -331,7 +446,11 @@ impl Checker {
                         );
                     }
                 }
-                _ => state.last_entry = Some((inside.frame.fence, now)),
+                _ => {
+                    state
+                        .last_entry
+                        .insert(order_key.clone(), (inside.frame.fence, now));
+                }
             }
         }
         state.active.push(Active {
@@ -344,22 +463,68 @@ impl Checker {
     }
 
     /// The bodies inside `key` on a lease their client holds, other than `id` and the bodies
-    /// around it: (worker, fence) of each.
-    fn holders_besides(&self, key: &str, id: u64, outer_ids: &[u64]) -> Vec<(usize, u64)> {
+    /// around it: (worker, fence) of each, one per lease; and the key's permits.
+    fn holders_besides(&self, key: &str, id: u64, outer_ids: &[u64]) -> (Vec<(usize, u64)>, usize) {
         let keys = self.keys.lock().unwrap();
-        keys.get(key).map_or_else(Vec::new, |state| {
-            state
-                .active
-                .iter()
-                .filter(|a| a.id != id && !outer_ids.contains(&a.id) && a.lease.is_held())
-                .map(|a| (a.worker, a.fence))
-                .collect()
-        })
+        keys.get(key).map_or_else(
+            || (Vec::new(), 1),
+            |state| {
+                let mut holders: Vec<(usize, u64)> = Vec::new();
+                for a in &state.active {
+                    if a.id != id
+                        && !outer_ids.contains(&a.id)
+                        && a.lease.is_held()
+                        && holders.iter().all(|&(_, fence)| fence != a.fence)
+                    {
+                        holders.push((a.worker, a.fence));
+                    }
+                }
+                (holders, state.permits)
+            },
+        )
     }
 
-    fn leave(&self, key: &str, id: u64) {
-        if let Some(state) = self.keys.lock().unwrap().get_mut(key) {
-            state.active.retain(|a| a.id != id);
+    /// Until when the holds of `key`'s bodies may keep it held, if any had one.
+    pub fn holds_end(&self, key: &str) -> Option<Instant> {
+        self.keys.lock().unwrap().get(key).and_then(|s| s.holds_end)
+    }
+
+    fn leave(&self, inside: &Inside<'_>) {
+        let now = Instant::now();
+        // The hold of an outermost body (a re-entered one ends before its lease is released),
+        // judged where the lease was still valid for a while after the body ended, by the
+        // client and by the book (a refused renewal, or a validity about to run out, may let
+        // the key go before its release sets the hold's expiry).
+        let hold = (!inside.hold.is_zero() && inside.same_lease_outer.is_empty())
+            .then(|| {
+                let booked = self
+                    .book
+                    .lease(inside.store_key.as_deref()?, inside.frame.fence)?;
+                Some((booked, inside.lease.is_held()))
+            })
+            .flatten();
+        let mut keys = self.keys.lock().unwrap();
+        let Some(state) = keys.get_mut(&inside.frame.key) else {
+            return;
+        };
+        state.active.retain(|a| a.id != inside.frame.id);
+        if !inside.hold.is_zero() {
+            let end = now + inside.hold;
+            state.holds_end = Some(state.holds_end.map_or(end, |e| e.max(end)));
+        }
+        if let Some((booked, held)) = hold {
+            if held
+                && booked.refused_at.is_none()
+                && booked.valid_at_most_until > now + RELEASE_MARGIN
+            {
+                self.count(|t| t.holds += 1);
+                state.holds.push(Hold {
+                    until: booked.granted_at + inside.hold - HOLD_TOLERANCE,
+                    fence: inside.frame.fence,
+                    worker: inside.worker,
+                    ended: now,
+                });
+            }
         }
     }
 }
@@ -375,9 +540,9 @@ impl Inside<'_> {
         }
         let preempted = preempted_in_this_poll();
         let Some(since) = self
-            .checker
-            .book
-            .invalid_since(&self.frame.key, self.frame.fence)
+            .store_key
+            .as_deref()
+            .and_then(|key| self.checker.book.invalid_since(key, self.frame.fence))
         else {
             return;
         };
@@ -415,10 +580,13 @@ impl Inside<'_> {
         );
         // A body the runtime must not poll runs all the same: it is inside beside whoever holds
         // the key now.
-        for (worker, fence) in
+        let (holders, permits) =
             self.checker
-                .holders_besides(&self.frame.key, self.frame.id, &self.outer_ids)
-        {
+                .holders_besides(&self.frame.key, self.frame.id, &self.outer_ids);
+        if holders.len() < permits {
+            return;
+        }
+        for (worker, fence) in holders {
             self.checker.report(
                 Kind::TwoHoldersAtOnce,
                 format!(
@@ -432,6 +600,6 @@ impl Inside<'_> {
 
 impl Drop for Inside<'_> {
     fn drop(&mut self) {
-        self.checker.leave(&self.frame.key, self.frame.id);
+        self.checker.leave(self);
     }
 }

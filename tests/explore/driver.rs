@@ -13,7 +13,7 @@ use dlock::{LockError, LockOptions, Locker};
 
 use crate::calls::{call, Ctx, VARIANTS};
 use crate::checker::{marked, starved_between, watch_starvation, Checker, Finding, Kind, Tally};
-use crate::plan::{Cut, Op, Scenario, SeedPlan, TaskPlan, WorkerPlan};
+use crate::plan::{Cut, KeyKind, Op, Scenario, SeedPlan, TaskPlan, WorkerPlan};
 use crate::store::Store;
 use crate::support::chaos::{Chaos, LeaseBook, SplitMix};
 
@@ -29,6 +29,7 @@ pub struct Run {
     pub checker: Checker,
     pub book: Arc<LeaseBook>,
     pub keys: Vec<String>,
+    pub kinds: Vec<KeyKind>,
     /// Set once the seed's lease that must be kept is done (at once when it has none): churning
     /// tasks stop then.
     pub kept_done: AtomicBool,
@@ -56,6 +57,7 @@ pub fn run_seed<S: Store>(plan: &SeedPlan, store: &S) -> Outcome {
         checker: Checker::new(book.clone()),
         book: book.clone(),
         keys: (0..plan.keys).map(|i| store.key(plan.seed, i)).collect(),
+        kinds: plan.kinds.clone(),
         kept_done: AtomicBool::new(!must_keep),
     });
     let workers: Vec<_> = plan
@@ -120,46 +122,108 @@ pub fn run_seed<S: Store>(plan: &SeedPlan, store: &S) -> Outcome {
 }
 
 /// After every worker finished, every key must be free: at once on the store, and acquirable
-/// with no wait.
+/// with no wait. A semaphore's every store key (its permits, and its turnstile, which is never
+/// renewed and may be left to expire within the longest ttl of its calls), and a key with holds
+/// once the last hold ran out.
 fn check_keys_free<S: Store>(store: &S, run: &Run) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     let locker = Locker::with_backend(store.client(0));
-    for key in &run.keys {
-        let mut deadline = Instant::now() + SETTLE;
-        let hard_deadline = deadline + 10 * SETTLE;
-        loop {
-            let free = store.is_held(key) != Some(true)
-                && match runtime.block_on(locker.lock(key.as_str(), LockOptions::new())) {
-                    Ok(lease) => {
-                        let _ = runtime.block_on(lease.release());
-                        true
-                    }
-                    Err(LockError::Busy { .. }) => false,
-                    Err(error) => {
-                        run.checker
-                            .report(Kind::Broken, format!("final check of `{key}`: {error}"));
-                        true
-                    }
-                };
-            if free {
-                break;
+    for (key, kind) in run.keys.iter().zip(&run.kinds) {
+        match *kind {
+            KeyKind::Mutex => check_key_free(store, run, &runtime, &locker, key, SETTLE),
+            KeyKind::Hold => {
+                if let Some(end) = run.checker.holds_end(key) {
+                    std::thread::sleep(end.saturating_duration_since(Instant::now()));
+                }
+                check_key_free(store, run, &runtime, &locker, key, SETTLE);
             }
-            let now = Instant::now();
-            if now >= deadline && now < hard_deadline && starved_between(deadline - SETTLE, now) {
-                // The releases had no CPU to run on: give them the time again.
-                deadline = Instant::now() + SETTLE;
-            } else if now >= deadline {
-                run.checker.report(
-                    Kind::HeldByNobody,
-                    format!("`{key}` was still held {SETTLE:?} after every worker had finished"),
+            KeyKind::Semaphore(permits) => {
+                for permit in 0..permits {
+                    let permit = format!("{key}\u{1f}permit:{permit}");
+                    check_key_free(store, run, &runtime, &locker, &permit, SETTLE);
+                }
+                let longest_ttl = VARIANTS
+                    .iter()
+                    .filter(|v| v.permits == permits)
+                    .map(|v| Duration::from_millis(v.ttl_ms))
+                    .max()
+                    .unwrap_or_default();
+                let turnstile = format!("{key}\u{1f}turnstile");
+                check_key_free(
+                    store,
+                    run,
+                    &runtime,
+                    &locker,
+                    &turnstile,
+                    SETTLE + longest_ttl,
                 );
-                break;
+                // And every permit at once, through the semaphore.
+                let options = LockOptions::new().permits(permits);
+                let mut taken = Vec::new();
+                for _ in 0..permits {
+                    match runtime.block_on(locker.lock(key.as_str(), options)) {
+                        Ok(lease) => taken.push(lease),
+                        Err(error) => {
+                            run.checker.report(
+                                Kind::HeldByNobody,
+                                format!("`{key}` ({permits} permits): only {} permits could be taken once every store key was free: {error}", taken.len()),
+                            );
+                            break;
+                        }
+                    }
+                }
+                for lease in taken {
+                    let _ = runtime.block_on(lease.release());
+                }
             }
-            std::thread::sleep(Duration::from_millis(2));
         }
+    }
+}
+
+/// Checks that the store key `key` is free within `patience` (more where the process was starved
+/// meanwhile).
+fn check_key_free<S: Store>(
+    store: &S,
+    run: &Run,
+    runtime: &tokio::runtime::Runtime,
+    locker: &Locker,
+    key: &str,
+    patience: Duration,
+) {
+    let mut deadline = Instant::now() + patience;
+    let hard_deadline = deadline + 10 * SETTLE;
+    loop {
+        let free = store.is_held(key) != Some(true)
+            && match runtime.block_on(locker.lock(key, LockOptions::new())) {
+                Ok(lease) => {
+                    let _ = runtime.block_on(lease.release());
+                    true
+                }
+                Err(LockError::Busy { .. }) => false,
+                Err(error) => {
+                    run.checker
+                        .report(Kind::Broken, format!("final check of `{key:?}`: {error}"));
+                    true
+                }
+            };
+        if free {
+            break;
+        }
+        let now = Instant::now();
+        if now >= deadline && now < hard_deadline && starved_between(deadline - patience, now) {
+            // The releases had no CPU to run on: give them the time again.
+            deadline = Instant::now() + patience;
+        } else if now >= deadline {
+            run.checker.report(
+                Kind::HeldByNobody,
+                format!("`{key:?}` was still held {patience:?} after every worker had finished"),
+            );
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

@@ -2,12 +2,15 @@
 //! runtime of its own) on one store, each run's faults, stalls, cancellations, nesting and ttls
 //! drawn from its seed, checked for the promises a lock makes:
 //!
-//! - no two bodies inside one key at once (a body under `on_lost = "continue"` counts while its
-//!   lease is held), and no two siblings re-entering one lease at once;
+//! - no two bodies inside one key at once, no more than N inside a semaphore of N permits (a
+//!   body under `on_lost = "continue"` counts while its lease is held), and no two siblings
+//!   re-entering one lease at once;
+//! - no body entering a key before the hold (`hold_at_least`) of an earlier one ran out;
 //! - no body polled on a lease that was invalid for sure: never started after the lease ran
 //!   out, and under `on_lost = "cancel"` never resumed after it;
-//! - fences rising in the order bodies enter;
-//! - no key held by nobody: once every worker has finished, every key is free at once;
+//! - fences rising in the order bodies enter (per permit, on a semaphore);
+//! - no key held by nobody: once every worker has finished, every key is free at once (every
+//!   store key of a semaphore; a key with holds once they ran out);
 //! - a lease whose renewals are all answered in time is kept, however short the other leases
 //!   of its `Locker`.
 //!
@@ -173,7 +176,7 @@ fn explore<S: Store>(test: &str, default_seeds: u64, store: impl Fn(u64) -> S + 
     let (tally, slowest) = *totals.lock().unwrap();
     let failures = failures.into_inner().unwrap();
     println!(
-        "explore {test}: {} seeds in {:?} (slowest {:?}); {} bodies, {} lost, {} busy, {} store errors, {} cut short, {} suspects unjudged (thread preempted or process starved); {} seeds failing",
+        "explore {test}: {} seeds in {:?} (slowest {:?}); {} bodies, {} lost, {} busy, {} store errors, {} cut short, {} suspects unjudged (thread preempted or process starved); {} bodies on a semaphore's permit ({} whose permit could not be told), {} holds judged; {} seeds failing",
         seeds.len(),
         started.elapsed(),
         slowest,
@@ -183,6 +186,9 @@ fn explore<S: Store>(test: &str, default_seeds: u64, store: impl Fn(u64) -> S + 
         tally.store_errors,
         tally.cut,
         tally.unjudged,
+        tally.permit_bodies,
+        tally.permit_unknown,
+        tally.holds,
         failures.len()
     );
     if failures.is_empty() {

@@ -18,12 +18,36 @@ pub enum Scenario {
     RenewalPressure,
 }
 
+/// What a key is used as: every call on it is of a variant of that kind (a key is always used
+/// with one `permits` value, mixing them does not exclude by design).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyKind {
+    Mutex,
+    /// A semaphore of this many permits.
+    Semaphore(u32),
+    /// A mutex whose calls have a `hold_at_least`.
+    Hold,
+}
+
+impl KeyKind {
+    /// Whether calls of `variant` may be made on a key of this kind.
+    pub fn admits(self, variant: &Variant) -> bool {
+        match self {
+            KeyKind::Mutex => variant.permits == 1 && variant.hold_ms == 0,
+            KeyKind::Semaphore(permits) => variant.permits == permits,
+            KeyKind::Hold => variant.permits == 1 && variant.hold_ms > 0,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct SeedPlan {
     pub seed: u64,
     pub scenario: Scenario,
     /// How many keys the calls share; a renewal-pressure seed has one more, of its long lease.
     pub keys: usize,
+    /// The kind of each key.
+    pub kinds: Vec<KeyKind>,
     pub workers: Vec<WorkerPlan>,
 }
 
@@ -131,7 +155,18 @@ fn variants_where(keep: impl Fn(&Variant) -> bool) -> Vec<usize> {
 }
 
 fn chaos(seed: u64, rng: &mut SplitMix) -> SeedPlan {
-    let keys = rng.between(1, 3) as usize;
+    // 1–3 mutexes, in half the seeds a semaphore, in a third a key whose calls hold it: each
+    // call picks one of them, so a seed makes as many calls as before.
+    let mutexes = rng.between(1, 3) as usize;
+    let mut kinds = vec![KeyKind::Mutex; mutexes];
+    if rng.chance(500) {
+        kinds.push(KeyKind::Semaphore(if rng.chance(500) { 2 } else { 3 }));
+    }
+    if rng.chance(330) {
+        kinds.push(KeyKind::Hold);
+    }
+    let keys = kinds.len();
+    let kinds = &kinds;
     let worker_count = rng.between(2, 4) as usize;
     let calm = rng.chance(150);
     let workers = (0..worker_count)
@@ -152,7 +187,7 @@ fn chaos(seed: u64, rng: &mut SplitMix) -> SeedPlan {
             let mut tasks: Vec<TaskPlan> = (0..rng.between(1, 3))
                 .map(|_| TaskPlan {
                     ops: (0..rng.between(1, 4))
-                        .map(|_| chaos_op(rng, keys))
+                        .map(|_| chaos_op(rng, kinds))
                         .collect(),
                     churn: false,
                     together: false,
@@ -160,7 +195,7 @@ fn chaos(seed: u64, rng: &mut SplitMix) -> SeedPlan {
                 })
                 .collect();
             if threads > 1 && rng.chance(600) {
-                tasks.extend((0..rng.between(1, 3)).map(|_| hand_off_race(rng, keys)));
+                tasks.extend((0..rng.between(1, 3)).map(|_| hand_off_race(rng, mutexes)));
             }
             WorkerPlan {
                 chaos_seed: rng.next_u64(),
@@ -175,6 +210,7 @@ fn chaos(seed: u64, rng: &mut SplitMix) -> SeedPlan {
         seed,
         scenario: Scenario::Chaos,
         keys,
+        kinds: kinds.clone(),
         workers,
     }
 }
@@ -183,10 +219,10 @@ fn chaos(seed: u64, rng: &mut SplitMix) -> SeedPlan {
 /// as the waiter's wait (or its caller's patience): the release and the giving up fall on the
 /// same timer tick. The waiter's ttl is long, so a key left to it after it gave up is still
 /// held when the seed ends.
-fn hand_off_race(rng: &mut SplitMix, keys: usize) -> TaskPlan {
-    let key = rng.below(keys as u64) as usize;
-    let holder = variants_where(|v| v.wait_ms == 0);
-    let waiter = variants_where(|v| v.wait_ms > 0 && v.ttl_ms >= 2000);
+fn hand_off_race(rng: &mut SplitMix, mutexes: usize) -> TaskPlan {
+    let key = rng.below(mutexes as u64) as usize;
+    let holder = variants_where(|v| v.wait_ms == 0 && KeyKind::Mutex.admits(v));
+    let waiter = variants_where(|v| v.wait_ms > 0 && v.ttl_ms >= 2000 && KeyKind::Mutex.admits(v));
     let wait = Duration::from_millis(VARIANTS[waiter[0]].wait_ms);
     let holder = Op {
         start_after: Duration::ZERO,
@@ -235,22 +271,22 @@ fn chaos_faults(rng: &mut SplitMix) -> Faults {
     }
 }
 
-fn chaos_op(rng: &mut SplitMix, keys: usize) -> Op {
+fn chaos_op(rng: &mut SplitMix, kinds: &[KeyKind]) -> Op {
     let cut = match rng.below(100) {
         0..70 => Cut::None,
         70..85 => Cut::Timeout(rng.millis(0, 60)),
         _ => Cut::Abort(rng.millis(0, 60)),
     };
-    let key = rng.below(keys as u64) as usize;
+    let key = rng.below(kinds.len() as u64) as usize;
     Op {
         start_after: rng.millis(0, 20),
-        call: chaos_call(rng, keys, key, 0),
+        call: chaos_call(rng, kinds, key, 0),
         cut,
         must_keep_lease: false,
     }
 }
 
-fn chaos_call(rng: &mut SplitMix, keys: usize, key: usize, depth: u32) -> Call {
+fn chaos_call(rng: &mut SplitMix, kinds: &[KeyKind], key: usize, depth: u32) -> Call {
     let steps = (0..rng.between(1, 4))
         .map(|_| {
             let roll = rng.below(100);
@@ -258,22 +294,23 @@ fn chaos_call(rng: &mut SplitMix, keys: usize, key: usize, depth: u32) -> Call {
                 0..45 => Step::Sleep(rng.millis(0, 12)),
                 45..60 => Step::Yield,
                 60..68 => Step::Block(rng.millis(5, 100)),
-                68..83 if depth < 2 => Step::Nested(chaos_call(rng, keys, key, depth + 1)),
+                68..83 if depth < 2 => Step::Nested(chaos_call(rng, kinds, key, depth + 1)),
                 83..93 if depth < 2 => Step::Joined(
-                    chaos_call(rng, keys, key, depth + 1),
-                    chaos_call(rng, keys, key, depth + 1),
+                    chaos_call(rng, kinds, key, depth + 1),
+                    chaos_call(rng, kinds, key, depth + 1),
                 ),
                 93..100 if depth < 2 => {
-                    let other = rng.below(keys as u64) as usize;
-                    Step::Nested(chaos_call(rng, keys, other, depth + 1))
+                    let other = rng.below(kinds.len() as u64) as usize;
+                    Step::Nested(chaos_call(rng, kinds, other, depth + 1))
                 }
                 _ => Step::Sleep(rng.millis(0, 5)),
             }
         })
         .collect();
+    let variants = variants_where(|v| kinds[key].admits(v));
     Call {
         key,
-        variant: rng.below(VARIANTS.len() as u64) as usize,
+        variant: *rng.pick(&variants),
         steps,
     }
 }
@@ -292,9 +329,13 @@ fn renewal_pressure(seed: u64, rng: &mut SplitMix) -> SeedPlan {
         ..Faults::default()
     };
     let long = variants_where(|v| {
-        v.ttl_ms == LONG_TTL_MS && v.wait_ms == 0 && v.renew && v.on_lost == OnLost::Cancel
+        v.ttl_ms == LONG_TTL_MS
+            && v.wait_ms == 0
+            && v.renew
+            && v.on_lost == OnLost::Cancel
+            && KeyKind::Mutex.admits(v)
     })[0];
-    let short = variants_where(|v| v.ttl_ms == SHORT_TTL_MS && v.renew);
+    let short = variants_where(|v| v.ttl_ms == SHORT_TTL_MS && v.renew && KeyKind::Mutex.admits(v));
     let churn = |rng: &mut SplitMix| TaskPlan {
         ops: (0..rng.between(2, 4))
             .map(|_| Op {
@@ -349,6 +390,7 @@ fn renewal_pressure(seed: u64, rng: &mut SplitMix) -> SeedPlan {
         seed,
         scenario: Scenario::RenewalPressure,
         keys: keys + 1,
+        kinds: vec![KeyKind::Mutex; keys + 1],
         workers: vec![holder, neighbour],
     }
 }

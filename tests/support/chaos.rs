@@ -103,6 +103,9 @@ pub struct BookedLease {
     pub owner: Owner,
     /// The ttl asked for.
     pub ttl: Duration,
+    /// When the grant was handed back to the caller: its hold (`hold_at_least`), counted from
+    /// when the caller knows of the grant, ends no earlier than a hold after this.
+    pub granted_at: Instant,
     /// No later than this the lease's client-side validity ends, unless a later renewal is
     /// confirmed: each confirmation counts at most a ttl from when its request left the caller,
     /// which was no later than it reached this layer.
@@ -133,6 +136,7 @@ impl LeaseBook {
             BookedLease {
                 owner,
                 ttl,
+                granted_at: Instant::now(),
                 valid_at_most_until: acquired.valid_from + ttl,
                 refused_at: None,
                 slowest_answer: took,
@@ -220,6 +224,20 @@ impl LeaseBook {
             .unwrap()
             .get(&(key.to_owned(), fence))
             .copied()
+    }
+
+    /// The store key of the permit of semaphore `key` granted with `fence` (`key`, U+001F,
+    /// `permit:` and its number): `None` where no permit or more than one was granted with that
+    /// fence (fences are counted per store key, so two permits may share one).
+    pub fn permit_of(&self, key: &str, fence: u64) -> Option<String> {
+        let prefix = format!("{key}\u{1f}permit:");
+        let leases = self.leases.lock().unwrap();
+        let mut found = leases
+            .keys()
+            .filter(|(k, f)| *f == fence && k.starts_with(&prefix))
+            .map(|(k, _)| k.clone());
+        let first = found.next()?;
+        found.next().is_none().then_some(first)
     }
 
     /// From when on the lease of `key` with `fence` is invalid for sure, by what the caller was
@@ -390,6 +408,28 @@ impl<B: Backend> Backend for Chaos<B> {
             }
         }
         renewed
+    }
+
+    fn expires_at_a_set_time(&self) -> bool {
+        self.inner.expires_at_a_set_time()
+    }
+
+    /// A hold's end (`hold_at_least`), suffering the faults of a release.
+    async fn expire_after(
+        &self,
+        key: &str,
+        owner: Owner,
+        after: Duration,
+    ) -> Result<bool, LockError> {
+        let mut set = self.inner.expire_after(key, owner, after).await;
+        if self.chance(self.faults.duplicate) {
+            let _ = self.inner.expire_after(key, owner, after).await;
+        }
+        self.late_reply().await;
+        if let Some(error) = self.lost_reply("expire_after") {
+            set = Err(error);
+        }
+        set
     }
 
     fn release_now(&self, key: &str, owner: Owner) -> bool {
