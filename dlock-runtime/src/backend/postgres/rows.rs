@@ -358,7 +358,6 @@ pub(super) async fn release_row(
     shared.cleanups.spawn(async move {
         if claim.withdrawn_after(window).await {
             tracing::debug!("distributed_lock: a PostgreSQL waiter did not claim the key a release handed it; given back");
-            let _permit = undo_shared.tries.acquire().await;
             undo_hand_over(&undo_shared, &undo_key, &offered.owner, fence).await;
         }
     });
@@ -441,8 +440,9 @@ const HAND_OVER_PATIENCE: Duration = super::waiting::TRY_TURN;
 /// How many times a release sends its hand-over statement at most, within its patience.
 const HAND_OVER_SENDS: u32 = 5;
 
-/// How many times the clean-up of a hand-over of unknown outcome tries its delete before it
-/// gives up (the row then expires with its ttl): with its pauses, half a minute to a minute.
+/// How many times the clean-up of a hand-over of unknown outcome, or the undo of one not
+/// claimed, tries its delete before it gives up (the row then expires with its ttl): with its
+/// pauses, half a minute to a minute.
 const UNKNOWN_HAND_OVER_TRIES: u32 = 12;
 
 impl Drop for OfferGuard<'_> {
@@ -454,9 +454,29 @@ impl Drop for OfferGuard<'_> {
 }
 
 /// Deletes the row a hand-over to `owner` wrote, the grant of `fence` only: its waiter did not
-/// claim it.
+/// claim it. Tried again as the clean-up of a hand-over of unknown outcome is: nobody else
+/// deletes that row (its waiter answered busy, or is gone), so a delete lost with its
+/// connection would leave the key to nobody for the waiter's whole ttl. Deleting by owner and
+/// fence, a try sent twice deletes that grant and nothing after it.
 async fn undo_hand_over(shared: &Shared, key: &[u8], owner: &str, fence: u64) {
-    if let Err(error) = delete_row(shared, key, owner, Some(fence)).await {
-        tracing::warn!(%error, "distributed_lock: cannot give back a PostgreSQL key handed to a waiter that is gone; its row expires with its ttl");
+    let mut pause = Duration::from_millis(100);
+    for _ in 0..UNKNOWN_HAND_OVER_TRIES {
+        // A permit for each try, not across the pauses: a store that keeps failing must not
+        // hold up the acquisitions' statements for as long as this tries.
+        let deleted = tokio::time::timeout(HAND_OVER_PATIENCE, async {
+            let _permit = shared.tries.acquire().await;
+            delete_row(shared, key, owner, Some(fence)).await
+        })
+        .await;
+        match deleted {
+            Ok(Ok(_)) => return,
+            _ if shared.pool.is_closed() => break,
+            failed => {
+                tracing::debug!(?failed, "distributed_lock: cannot give back a PostgreSQL key handed to a waiter that is gone yet; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+        }
     }
+    tracing::warn!("distributed_lock: cannot give back a PostgreSQL key handed to a waiter that is gone; its row expires with its ttl");
 }
