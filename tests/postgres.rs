@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use dlock::backend::{Backend, PostgresBackend, Renewal};
 use dlock::{LockError, LockOptions, Locker, Owner};
 use sqlx::postgres::PgPool;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Connection, Row};
 use support::postgres_url;
 
 #[path = "postgres/channels.rs"]
@@ -63,10 +63,11 @@ impl<const PREPARED: bool> Postgres<PREPARED> {
             .rows_affected()
     }
 
-    /// How many rows the table holds for `key`.
+    /// How many rows the table holds for `key` under an owner: a released row stays, owned by
+    /// nobody (`''`), for the key's next grant to take over.
     async fn rows(&self, key: &str) -> i64 {
         let sql = format!(
-            "SELECT COUNT(*) FROM \"{}\" WHERE lock_key = $1",
+            "SELECT COUNT(*) FROM \"{}\" WHERE lock_key = $1 AND owner <> ''",
             self.table
         );
         sqlx::query(AssertSqlSafe(sql))
@@ -87,12 +88,6 @@ impl<const PREPARED: bool> Postgres<PREPARED> {
             left.as_millis()
         );
         self.execute_on(sql, key).await;
-    }
-
-    /// Makes every `DELETE` of the lock table sleep `pause` before it looks for its rows (a
-    /// statement-level trigger, which takes no row lock while it sleeps).
-    async fn slow_down_deletes(&self, pause: Duration) {
-        self.slow_down("DELETE", pause).await;
     }
 
     /// Makes a release's hand-over statement (and no other) sleep `pause` before it writes (a
@@ -119,20 +114,19 @@ impl<const PREPARED: bool> Postgres<PREPARED> {
     }
 
     /// Makes a release statement (a plain release, and the undo of a grant nobody claimed, which
-    /// deletes by its fence) sleep `pause` before it looks for its row (a statement-level trigger
-    /// that recognises it by its text, and takes no row lock); no other statement deletes from
-    /// the lock table alone.
+    /// releases by its fence) sleep `pause` before it looks for its row (a statement-level
+    /// trigger that recognises it by its text, and takes no row lock).
     async fn hold_up_releases(&self, pause: Duration) {
         let table = &self.table;
         for sql in [
             format!(
                 "CREATE FUNCTION \"{table}_release\"() RETURNS trigger LANGUAGE plpgsql AS \
-                 $$ BEGIN IF current_query() LIKE 'WITH released AS (DELETE%' THEN PERFORM pg_sleep({}); END IF; \
+                 $$ BEGIN IF current_query() LIKE 'WITH released AS (UPDATE%' THEN PERFORM pg_sleep({}); END IF; \
                  RETURN NULL; END $$",
                 pause.as_secs_f64()
             ),
             format!(
-                "CREATE TRIGGER \"{table}_release\" BEFORE DELETE ON \"{table}\" \
+                "CREATE TRIGGER \"{table}_release\" BEFORE UPDATE ON \"{table}\" \
                  FOR EACH STATEMENT EXECUTE FUNCTION \"{table}_release\"()"
             ),
         ] {
@@ -410,6 +404,74 @@ async fn a_stale_fence_is_refused_after_the_row_was_deleted_and_created_again() 
         .execute(&db.admin)
         .await
         .unwrap();
+}
+
+/// A try whose statement read the clock and then stalled before its insert, while another
+/// acquisition was granted the key and released it, still gets a fence above that one's: the
+/// release kept the row, and the late statement takes it over with a fence above its last
+/// (deleted, the row would be written fresh with the clock the statement read first). The stall
+/// is a trigger that waits on an advisory lock for the try labelled `late`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_stalled_before_its_insert_gets_a_fence_above_a_grant_made_meanwhile() {
+    let db = Postgres::fresh().await;
+    let (late, quick) = (db.locker().await, db.locker().await);
+    let key = support::unique_key("stalled-insert");
+    let table = &db.table;
+    let mut blocker = sqlx::postgres::PgConnection::connect(&postgres_url())
+        .await
+        .unwrap();
+    for sql in [
+        format!(
+            "CREATE FUNCTION \"{table}_stall\"() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN IF NEW.label = convert_to('late', 'UTF8') THEN \
+             PERFORM pg_advisory_xact_lock(424242); END IF; RETURN NEW; END $$"
+        ),
+        format!(
+            "CREATE TRIGGER \"{table}_stall\" BEFORE INSERT ON \"{table}\" \
+             FOR EACH ROW EXECUTE FUNCTION \"{table}_stall\"()"
+        ),
+    ] {
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(&db.admin)
+            .await
+            .unwrap();
+    }
+    sqlx::query("SELECT pg_advisory_lock(424242)")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+
+    let stalled = tokio::spawn({
+        let key = key.clone();
+        async move {
+            late.lock(
+                &*key,
+                LockOptions::new()
+                    .label("late")
+                    .wait(Duration::from_secs(10)),
+            )
+            .await
+        }
+    });
+    // The late try has read the clock and waits in the trigger.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!stalled.is_finished(), "the late try did not stall");
+    let meanwhile = quick.lock(&*key, LockOptions::new()).await.unwrap();
+    let meanwhile_fence = meanwhile.fence();
+    meanwhile.release().await.unwrap();
+    sqlx::query("SELECT pg_advisory_unlock(424242)")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+
+    let lease = stalled.await.unwrap().unwrap();
+    assert!(
+        lease.fence() > meanwhile_fence,
+        "the stalled try got fence {} after a grant of fence {} came and went",
+        lease.fence(),
+        meanwhile_fence
+    );
+    lease.release().await.unwrap();
 }
 
 /// A waiter in another backend (another process, as far as the database can tell) gets the key

@@ -139,8 +139,8 @@ async fn a_head_parked_mid_try_does_not_keep_an_expired_key_from_anyone() {
 
 /// The undo of a grant its caller did not claim in time deletes that grant only: the caller,
 /// polled again, may have got the key anew (the same owner, a later grant) before the undo's
-/// `DELETE` ran, and that lease must stay. The undo is held up here by a trigger that sleeps
-/// before each `DELETE` of the table, as a slow or re-sent statement would be.
+/// statement ran, and that lease must stay. The undo is held up here by a trigger that sleeps
+/// before each release statement of the table, as a slow or re-sent statement would be.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undo_late_for_a_withdrawn_grant_leaves_the_next_grant_alone() {
     use support::fault_proxy::{Direction, FaultProxy};
@@ -157,7 +157,7 @@ async fn an_undo_late_for_a_withdrawn_grant_leaves_the_next_grant_alone() {
         .release()
         .await
         .unwrap();
-    db.slow_down_deletes(Duration::from_millis(1_500)).await;
+    db.hold_up_releases(Duration::from_millis(1_500)).await;
     proxy.set_latency(Direction::ToClient, Duration::from_millis(500));
     let mut parked = Box::pin(slow.lock(key.clone(), held(60).wait(Duration::from_secs(30))));
     tokio::select! {
@@ -172,7 +172,7 @@ async fn an_undo_late_for_a_withdrawn_grant_leaves_the_next_grant_alone() {
         .await
         .expect("the caller did not get the key again")
         .expect("the caller did not get the key again");
-    // The undo's DELETE has woken from the trigger by now.
+    // The undo has woken from the trigger by now.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rival = db.locker().await;
     let rival_got = rival.lock(&*key, held(60)).await;

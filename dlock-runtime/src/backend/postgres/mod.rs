@@ -70,7 +70,7 @@ pub const MAX_KEY_BYTES: usize = 2048;
 ///
 /// # The tables
 ///
-/// One row per held key, created if missing (name configurable, default `dlock_locks`), and
+/// One row per key, created if missing (name configurable, default `dlock_locks`), and
 /// beside it the waiters table (the name with `_waiters` added): one row per process waiting
 /// for a key, its place in line (see "Waiting"). A DBA can create both ahead with
 /// [`PostgresBackend::ddl`]:
@@ -153,11 +153,16 @@ pub const MAX_KEY_BYTES: usize = 2048;
 ///   hands the row over to it (its owner, a new fence, its ttl), so the waiter takes the key
 ///   without a statement of its own — unless another process's waiter is ahead in the line
 ///   across processes (see "Waiting"). It claims that grant as it would its own try's: one it
-///   does not claim within the claim window, or whose waiter is gone, is deleted by its fence.
-///   Otherwise `DELETE … WHERE lock_key = $1 AND owner = $2` (and, undoing a grant nobody
-///   claimed, `AND fence = $3`: that grant only, never a later one of the same owner, whose
-///   caller came back and tried again while the undo was on its way) and, in the same statement,
-///   `pg_notify` on the table's channel with the key, sent when the deletion commits. The
+///   does not claim within the claim window, or whose waiter is gone, is given back by its fence.
+///   Otherwise `UPDATE … SET owner = '', expires_at = clock_timestamp() WHERE lock_key = $1 AND
+///   owner = $2` (and, undoing a grant nobody claimed, `AND fence = $3`: that grant only, never
+///   a later one of the same owner, whose caller came back and tried again while the undo was on
+///   its way) and, in the same statement, `pg_notify` on the table's channel with the key, sent
+///   when the release commits. The row stays, expired and owned by nobody, for the key's next
+///   grant to take over (see "Fences"); the rows of keys never taken again stay too, a few dozen
+///   bytes each: delete them from time to time where keys are many and short-lived
+///   (`DELETE FROM dlock_locks WHERE owner = '' AND expires_at < now() - interval '1 day'`,
+///   nothing younger, see "Fences"). The
 ///   channel is `dlock_` and a hash of the schema and name the table resolves to when the
 ///   backend connects, so every spelling of one table's name (`locks`, `public.locks`, another
 ///   `search_path`) shares it.
@@ -171,22 +176,22 @@ pub const MAX_KEY_BYTES: usize = 2048;
 /// # Fences
 ///
 /// A fence is `GREATEST(previous fence + 1, database microseconds since the epoch)`: a clock
-/// floor, as on MySQL, rather than a sequence. While the row lives, the `+ 1` makes each fence
-/// greater than the last even if the clock steps back; a fresh row, after a release deleted the
-/// old one, starts from the microsecond clock, which every earlier fence of the key stayed
-/// within a few counts of. A sequence would survive a clock stepped back, but not what a clock
+/// floor, as on MySQL, rather than a sequence. A release keeps the row, so each grant after a
+/// key's first takes over its row, under the row's lock, and the `+ 1` makes its fence greater
+/// than the last even if the clock steps back; a fresh row (a key's first grant, or one whose
+/// row was deleted by hand) starts from the microsecond clock, which every earlier fence of the
+/// key stayed within a few counts of. A sequence would survive a clock stepped back, but not what a clock
 /// floor survives: the table dropped and created again, `TRUNCATE … RESTART IDENTITY`, a
 /// fail-over to a logical replica (sequences are not replicated logically); and it needs one more
 /// object, and grant, per table. (The one thing that could break the clock floor is the
 /// database's clock stepping back after a row was deleted.)
 ///
-/// Precisely: a fence is greater than the fence of every acquisition of the key that was
-/// granted before this acquisition's statement began. A fresh row's clock floor is read as the
-/// statement's `VALUES` are evaluated, before the conflict check; a statement that then waits
-/// (on another statement's uncommitted row, on a stalled connection) can write a fresh row with
-/// a fence below that of a holder granted and released meanwhile. Exclusion holds (the rows
-/// still follow one another), and a fenced resource that saw the meanwhile holder's fence
-/// refuses the late one's writes: safe, though the late holder's fenced writes fail.
+/// A fresh row's clock floor is read as the statement's `VALUES` are evaluated, before the
+/// conflict check: had a release deleted the row, a statement that stalled between the two (a
+/// busy server, a stalled connection) while another acquisition was granted and released
+/// would write a fresh row with a fence below that acquisition's. Kept, the row makes that
+/// statement take it over, with a fence above its last. Only a row deleted while such a
+/// statement is still running (by hand, younger than the running statements) lets it happen.
 ///
 /// # Waiting
 ///

@@ -171,8 +171,14 @@ impl Statements {
                (SELECT (extract(epoch FROM lapses - clock_timestamp()) * 1000000)::bigint FROM ahead), \
                EXISTS (SELECT 1 FROM in_line) OR EXISTS (SELECT 1 FROM requeued)"
         );
+        // A release keeps the row, expired and owned by nobody (no owner is empty), as an
+        // eviction does: the key's next grant then takes the row over, with a fence above the
+        // row's last, read under its lock. Deleted, the next grant would insert a fresh row
+        // with a fence of the clock its statement read at its start: one that stalled between
+        // that read and its insert, while another grant came and went, would get a fence below
+        // that grant's. (Rows of keys never taken again stay: see the backend's docs, "Release".)
         let release = format!(
-            "WITH released AS (DELETE FROM {table} \
+            "WITH released AS (UPDATE {table} SET owner = '', expires_at = clock_timestamp() \
                WHERE lock_key = $1 AND owner = $2 AND ($3::bigint IS NULL OR fence = $3) \
                RETURNING lock_key) \
              SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM released"
@@ -180,8 +186,8 @@ impl Statements {
         // A release that hands the row to this backend's next waiter, in the same statement:
         // the waiter needs no statement of its own, and no notification to wake it. The line
         // across processes decides as for a try: where another backend's live place is ahead
-        // of this backend's (or any, where this backend has none), the row is deleted and the
-        // release announced instead, and the waiters in line get the key. A send after one that
+        // of this backend's (or any, where this backend has none), the row is released (kept,
+        // expired and owned by nobody) and the release announced instead, and the waiters in line get the key. A send after one that
         // went astray (its answer lost with its connection) may find the row handed over
         // already: it takes over a row of the waiter's owner too, whatever wrote it (that
         // waiter starts no try while offered the key, but a grant of its own try withdrawn
@@ -190,10 +196,10 @@ impl Statements {
         // announced too, its payload naming this backend: other processes' heads, woken, find
         // the key busy, and take their places in line; this backend's listener passes it by.
         // One statement for either owner: where a hand-over from one to the other is on its way
-        // still, waiting on its row lock, the delete checks the row again once it commits, and
-        // finds it under the other owner.
+        // still, waiting on its row lock, the release checks the row again once it commits,
+        // and finds it under the other owner.
         let release_any = format!(
-            "WITH released AS (DELETE FROM {table} \
+            "WITH released AS (UPDATE {table} SET owner = '', expires_at = clock_timestamp() \
                WHERE lock_key = $1 AND owner = ANY($2::text[]) RETURNING lock_key) \
              SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM released"
         );
@@ -229,7 +235,8 @@ impl Statements {
                       OR ($8 AND held.owner = $3)) \
                RETURNING held.fence), \
              released AS ( \
-               DELETE FROM {table} WHERE lock_key = $1 AND owner = $2 \
+               UPDATE {table} SET owner = '', expires_at = clock_timestamp() \
+               WHERE lock_key = $1 AND owner = $2 \
                  AND (SELECT lapses FROM ahead) IS NOT NULL \
                RETURNING lock_key), \
              {place_at_hand_over} \
