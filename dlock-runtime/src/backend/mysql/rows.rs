@@ -58,10 +58,10 @@ impl MysqlBackend {
                 None if *blind => sql::Wrote::Unknown,
                 None => sql::Wrote::Nothing,
             },
-            move |fence| async move {
-                if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner, fence).await {
-                    tracing::warn!(%error, "distributed_lock: cannot undo an abandoned MySQL acquisition; its row expires with its ttl");
-                }
+            move |fence| {
+                let (shared, key, owner) =
+                    (undo_shared.clone(), undo_key.clone(), undo_owner.clone());
+                async move { release_row(&shared, &key, &owner, fence).await }
             },
         )
         .await?;
@@ -147,9 +147,9 @@ async fn execute_timed(
     Ok((query.execute(&mut *connection).await?, sent_at))
 }
 
-/// Deletes the row of `key` where `owner` holds it (by the grant of `fence` only, where given);
-/// whether it did.
-pub(super) async fn delete_row(
+/// Releases the row of `key` where `owner` holds it (by the grant of `fence` only, where
+/// given), keeping it expired and owned by nobody; whether it did.
+pub(super) async fn release_row(
     shared: &Shared,
     key: &[u8],
     owner: &str,
