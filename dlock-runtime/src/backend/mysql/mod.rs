@@ -142,9 +142,12 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 ///   later one of the same owner): the row stays, expired and owned by nobody, so the key's next
 ///   grant takes it over with a fence above this one (see "Fences"). Retried once if its reply
 ///   is lost — the goal is that the row is no longer ours, which a second try achieves either
-///   way. Rows of keys never taken again stay in the table: a few dozen bytes each, and a DBA
-///   may delete old ones, `DELETE FROM dlock_locks WHERE owner = '' AND expires_at <
-///   UTC_TIMESTAMP(6) - INTERVAL 1 DAY`, at any time.
+///   way. Rows of keys never taken again stay in the table: a few dozen bytes each. A DBA may
+///   delete old ones at any time, in small batches so that no statement keeps the lock table's
+///   rows locked for long (every lock statement waits for such locks, up to 2 s), repeated until
+///   it deletes none: `DELETE FROM dlock_locks WHERE owner = '' AND expires_at <
+///   UTC_TIMESTAMP(6) - INTERVAL 1 DAY LIMIT 500`, in a session with `SET SESSION
+///   TRANSACTION ISOLATION LEVEL READ COMMITTED` (no gap locks).
 /// - **Renewal**: one `UPDATE … WHERE lock_key IN (…) AND (lock_key, owner) IN (…)` for every
 ///   lease of the tick (in chunks of 1,000), to `GREATEST(expires_at, …)` (a late copy of an
 ///   earlier renewal never moves an expiry back); only when fewer rows changed than leases were
@@ -412,6 +415,9 @@ impl Backend for MysqlBackend {
         if !self.shared.owns_pool {
             return;
         }
+        // Undos still being sent again (see `sql::claimed`) stop at their next try: the pool
+        // they would use closes now. (A service's own pool stays open, and they go on.)
+        self.shared.tries.close();
         let shared = self.shared.clone();
         let _ = on_background(async move {
             // sqlx waits for every connection lent out to come back: bounded, for one stuck in
