@@ -358,6 +358,7 @@ impl MysqlBuilder {
                 cleanups: Arc::default(),
                 tries,
                 waiting: Default::default(),
+                rows_seen: Default::default(),
             }),
         })
     }

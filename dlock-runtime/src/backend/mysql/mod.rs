@@ -24,6 +24,7 @@ mod inspect;
 mod renew;
 mod retry;
 mod rows;
+mod rows_seen;
 mod waiters;
 
 use builder::quote_table;
@@ -205,6 +206,8 @@ struct Shared {
     tries: Arc<tokio::sync::Semaphore>,
     /// How many acquisitions of this backend wait for each key (see [`waiters::Waiting`]).
     waiting: waiters::Waiting,
+    /// The keys this backend has seen a row of (see `rows::acquire_row`).
+    rows_seen: rows_seen::RowsSeen,
 }
 
 /// The statements, with the table name filled in once. The table name is checked by
