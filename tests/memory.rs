@@ -460,3 +460,53 @@ mod late_confirmation {
         lease.release().await.unwrap();
     }
 }
+
+/// A call nested in a semaphore's body re-enters the permit its body holds only where that
+/// permit is one of those the nested call counts: a call of `permits = 2` run inside a body
+/// holding the fifth permit of a `permits = 5` call would be a third body of the two.
+mod nested_permits {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::LazyLock;
+    use std::time::Duration;
+
+    use dlock::{distributed_lock, LockError, Locker};
+
+    static LOCKS: LazyLock<Locker> = LazyLock::new(Locker::memory);
+    static INSIDE: AtomicUsize = AtomicUsize::new(0);
+    static MOST: AtomicUsize = AtomicUsize::new(0);
+
+    #[distributed_lock(key = "nested-permits", permits = 2, wait = "5s", locker = &LOCKS)]
+    async fn narrow() -> Result<(), LockError> {
+        let now = INSIDE.fetch_add(1, SeqCst) + 1;
+        MOST.fetch_max(now, SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        INSIDE.fetch_sub(1, SeqCst);
+        Ok(())
+    }
+
+    #[distributed_lock(key = "nested-permits", permits = 5, wait = "5s", locker = &LOCKS)]
+    async fn wide() -> Result<(), LockError> {
+        narrow().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_nested_call_never_runs_beyond_its_own_permits() {
+        let first = tokio::spawn(narrow());
+        let second = tokio::spawn(narrow());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Both of narrow's permits are taken: wide's body holds another, and its nested call
+        // must not run under it.
+        let nested = wide().await;
+        first.await.unwrap().unwrap();
+        second.await.unwrap().unwrap();
+        assert!(
+            matches!(&nested, Err(LockError::InvalidOptions { reason }) if reason.contains("permit")),
+            "{nested:?}"
+        );
+        assert!(
+            MOST.load(SeqCst) <= 2,
+            "{} bodies of a two-permit semaphore ran at once (the nested call: {nested:?})",
+            MOST.load(SeqCst)
+        );
+    }
+}

@@ -193,6 +193,11 @@ impl LeaseState {
         self.shown_len != self.key.len()
     }
 
+    /// The number of the semaphore's permit this lease is, where it is one.
+    pub(crate) fn permit_number(&self) -> Option<u32> {
+        crate::locker::permit_number(&self.key[self.shown_len..])
+    }
+
     fn validity_from(confirmed_at: Instant, ttl: Duration) -> Instant {
         confirmed_at + ttl.saturating_sub(clock::safety_margin(ttl))
     }

@@ -166,21 +166,29 @@ where
 
     if let Some(parent) = reentry::holder(locker.id(), &key) {
         if !parent.takes(spec.options.permits) {
-            let reason = format!(
-                "`{}` is held by the calling body as {}, and this call asks for {}: a key is \
+            let reason = match parent.permit_number() {
+                Some(number) if spec.options.permits > 1 => format!(
+                    "`{key}` is held by the calling body as permit {number} of a semaphore, and \
+                     this call admits {} at once, of the first {} permits: it cannot run under \
+                     that one (give every call on the key the same `permits`)",
+                    spec.options.permits, spec.options.permits
+                ),
+                _ => format!(
+                    "`{}` is held by the calling body as {}, and this call asks for {}: a key is \
                  locked one way everywhere (give every call on it the same `permits`)",
-                key,
-                if spec.options.permits > 1 {
-                    "a mutex"
-                } else {
-                    "a permit of a semaphore"
-                },
-                if spec.options.permits > 1 {
-                    "a permit of a semaphore"
-                } else {
-                    "the mutex"
-                },
-            );
+                    key,
+                    if spec.options.permits > 1 {
+                        "a mutex"
+                    } else {
+                        "a permit of a semaphore"
+                    },
+                    if spec.options.permits > 1 {
+                        "a permit of a semaphore"
+                    } else {
+                        "the mutex"
+                    },
+                ),
+            };
             return on_failure(&spec, LockError::InvalidOptions { reason });
         }
         // Siblings joined inside the body take turns under the lease, each waiting for the one

@@ -82,9 +82,24 @@ struct Polled {
 impl Frame {
     /// Whether a call asking for `permits` can re-enter this frame's lease: a permit for a
     /// semaphore's call, the mutex for a mutex's. A call of the other kind on the same key would
-    /// run beside the other holders of the kind it did not ask for.
+    /// run beside the other holders of the kind it did not ask for. And a permit only where it
+    /// is one of the call's own, numbered below `permits`: callers giving a key fewer permits
+    /// share the first of them, and a call re-entering a permit beyond those would run beside
+    /// as many bodies of its kind as it admits.
     pub(crate) fn takes(&self, permits: u32) -> bool {
-        self.lease.is_permit() == (permits > 1)
+        if !self.lease.is_permit() {
+            return permits <= 1;
+        }
+        permits > 1
+            && self
+                .lease
+                .permit_number()
+                .is_some_and(|number| number < permits)
+    }
+
+    /// The number of the semaphore's permit this frame's lease is, where it is one.
+    pub(crate) fn permit_number(&self) -> Option<u32> {
+        self.lease.permit_number()
     }
 
     fn new(lease: Arc<LeaseState>, id: u64, parent: Option<Arc<Frame>>) -> Arc<Frame> {

@@ -19,6 +19,7 @@ mod operator;
 mod pending;
 mod release;
 mod semaphore;
+pub(crate) use semaphore::permit_number;
 mod shutdown;
 
 pub(crate) use default::default_locker;

@@ -49,6 +49,16 @@ fn permit_key(key: &str, permit: u32) -> String {
     format!("{key}{SEPARATOR}{PERMIT}{permit}")
 }
 
+/// The number of the permit a store key of a semaphore's names (its part after the key the
+/// caller gave), where it names one.
+pub(crate) fn permit_number(suffix: &str) -> Option<u32> {
+    suffix
+        .strip_prefix(SEPARATOR)?
+        .strip_prefix(PERMIT)?
+        .parse()
+        .ok()
+}
+
 /// How many bytes the longest store key of a semaphore of `permits` adds to its key.
 fn extra_bytes(permits: u32) -> usize {
     let digits = permits.saturating_sub(1).checked_ilog10().unwrap_or(0) as usize + 1;
