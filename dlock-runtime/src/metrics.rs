@@ -290,6 +290,7 @@ pub(crate) fn store_of(type_name: &str) -> &'static str {
         "MysqlBackend" => "mysql",
         "PostgresBackend" => "postgres",
         "ZookeeperBackend" => "zookeeper",
+        "EtcdBackend" => "etcd",
         _ => "custom",
     }
 }
