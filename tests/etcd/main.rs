@@ -1,8 +1,13 @@
-//! The etcd backend against a private one-member cluster, started once per test process.
+//! The etcd backend against a private one-member cluster, started once per test process: the
+//! shared properties, then by topic [`leases`] (the etcd lease under every node: revoked, its
+//! holders lose their locks and its waiters fail) and [`operator`] (inspect, list, force).
 
 // The support every test crate shares, one directory up.
 #[path = "../support/mod.rs"]
 mod support;
+
+mod leases;
+mod operator;
 
 use std::time::Duration;
 
@@ -68,3 +73,11 @@ impl support::Store for Etcd {
 }
 
 lock_properties!(Etcd::shared().await);
+
+/// A plain etcd client on `url` (`etcd://host:port`), for what no dlock client does.
+async fn raw_client(url: &str) -> etcd_client::Client {
+    let endpoint = url.trim_start_matches("etcd://").replace("etcd://", "");
+    etcd_client::Client::connect([format!("http://{endpoint}")], None)
+        .await
+        .unwrap()
+}

@@ -356,18 +356,31 @@ impl EtcdBackend {
         }
     }
 
-    /// Waits until `node` is deleted after revision `at`, the wait runs out, the etcd lease is
-    /// gone or the caller is.
+    /// Waits until `node` or our own node is deleted after revision `at`, the wait runs out,
+    /// the etcd lease is gone or the caller is.
     async fn until_deleted(&self, attempt: &Attempt<'_>, node: Vec<u8>, at: i64) {
         let deleted = async {
             let mut watches = self.shared.client.watch_client();
             let options = WatchOptions::new().with_start_revision(at + 1);
-            let Ok(mut stream) = self.shared.within(watches.watch(node, Some(options))).await
+            let Ok(mut stream) = self
+                .shared
+                .within(watches.watch(node, Some(options.clone())))
+                .await
             else {
                 // Read again after a pause: the next read says what became of it.
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 return;
             };
+            // Our own node too, on the same stream: deleted with an expired etcd lease (the
+            // waiter is then lost at once, not at the driver's next keep-alive) or by an
+            // operator (it queues again).
+            if stream
+                .watch(attempt.path.as_str(), Some(options))
+                .await
+                .is_err()
+            {
+                return;
+            }
             while let Ok(Some(answer)) = stream.message().await {
                 if answer.canceled()
                     || answer

@@ -171,7 +171,9 @@ impl EtcdBuilder {
     pub async fn connect(self) -> Result<EtcdBackend, LockError> {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(self.timeout)
-            .with_keep_alive(Duration::from_secs(2), self.timeout);
+            // etcd closes the connection of a client that pings more often than every 5 s
+            // (`--grpc-keepalive-min-time`), breaking every watch and keep-alive stream on it.
+            .with_keep_alive(Duration::from_secs(10), self.timeout);
         if let Some((user, password)) = &self.user {
             options = options.with_user(user.clone(), password.clone());
         }
