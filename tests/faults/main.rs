@@ -142,6 +142,7 @@ scenarios! {
     with_mysql: Backend::Mysql;
     with_postgres: Backend::Postgres;
     with_zookeeper: Backend::Zookeeper;
+    with_etcd: Backend::Etcd;
 }
 
 /// A three-server ensemble, its faults the servers' own: a leader killed, a follower cut off.

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use dlock::Owner;
 
+use super::support::etcd_server::EtcdMember;
 use super::support::fault_proxy::FaultProxy;
 use super::support::history::{self, Event, Section, Verdict, Write};
 use super::support::pg_server::PgServer;
@@ -29,6 +30,8 @@ pub enum LockServer {
     Postgres(PgServer),
     Zookeeper(ZkServer),
     ZookeeperEnsemble(ZkEnsemble),
+    /// A private one-member cluster, which a restart stops as a crash would.
+    Etcd(EtcdMember),
     /// The memory store lives in the test process.
     None,
 }
@@ -44,6 +47,7 @@ impl LockServer {
             Backend::Postgres => LockServer::Postgres(PgServer::start_new()),
             Backend::Zookeeper => LockServer::Zookeeper(ZkServer::start_new()),
             Backend::ZookeeperEnsemble => LockServer::ZookeeperEnsemble(ZkEnsemble::start()),
+            Backend::Etcd => LockServer::Etcd(EtcdMember::start_new()),
         }
     }
 
@@ -54,6 +58,7 @@ impl LockServer {
             LockServer::Postgres(server) => server.url(),
             LockServer::Zookeeper(server) => server.url(),
             LockServer::ZookeeperEnsemble(ensemble) => ensemble.url(),
+            LockServer::Etcd(server) => server.url(),
             LockServer::None => "memory://".into(),
         }
     }
