@@ -117,13 +117,17 @@ impl EtcdBackend {
             let _ = answer.send(outcome);
             return;
         };
-        let (path, revision) = (grant.held.path.clone(), grant.held.revision);
+        let (path, revision, lease) = (
+            grant.held.path.clone(),
+            grant.held.revision,
+            grant.held.lease,
+        );
         // Sent or not (the caller's future may be gone), the claim says who has the node.
         let _ = answer.send(Ok(Some(grant)));
         let window = self.shared.claim_window.min(ttl);
         if claim.withdrawn_after(window).await {
             tracing::debug!(%key, %path, "distributed_lock: etcd grant not claimed within the claim window; withdrawn");
-            self.shared.delete_abandoned(path, revision);
+            self.shared.delete_abandoned(path, revision, lease);
         }
     }
 
@@ -155,7 +159,8 @@ impl EtcdBackend {
         loop {
             if attempt.claim.is_withdrawn() {
                 if let Some(revision) = own {
-                    self.shared.delete_abandoned(attempt.path.clone(), revision);
+                    self.shared
+                        .delete_abandoned(attempt.path.clone(), revision, attempt.lease.id);
                 }
                 return Ok(None);
             }
@@ -180,7 +185,14 @@ impl EtcdBackend {
                 }
                 Checked::Behind { node, at } => {
                     if attempt.deadline.is_some_and(|d| Instant::now() >= d) {
-                        self.shared.delete_node(&attempt.path, revision).await?;
+                        if let Err(error) = self.shared.delete_node(&attempt.path, revision).await {
+                            self.shared.delete_abandoned(
+                                attempt.path.clone(),
+                                revision,
+                                attempt.lease.id,
+                            );
+                            return Err(error);
+                        }
                         return Ok(None);
                     }
                     self.until_deleted(&attempt, node, at).await;
@@ -300,7 +312,8 @@ impl EtcdBackend {
         let read = match read {
             Ok(read) => read,
             Err(error) => {
-                self.shared.delete_abandoned(attempt.path.clone(), revision);
+                self.shared
+                    .delete_abandoned(attempt.path.clone(), revision, attempt.lease.id);
                 return Err(error);
             }
         };
@@ -350,7 +363,8 @@ impl EtcdBackend {
                 key: attempt.key.to_owned(),
             }),
             Err(error) => {
-                self.shared.delete_abandoned(attempt.path.clone(), revision);
+                self.shared
+                    .delete_abandoned(attempt.path.clone(), revision, attempt.lease.id);
                 Err(error)
             }
         }

@@ -277,20 +277,28 @@ impl Shared {
     }
 
     /// Deletes `path` on the background, where its create revision is `revision`, trying again
-    /// while etcd cannot be reached, until the node's etcd lease would have expired it anyway.
-    fn delete_abandoned(self: &Arc<Self>, path: String, revision: i64) {
+    /// while etcd cannot be reached, until it is done or the node's etcd lease `lease` is no
+    /// longer the backend's live one (gone, the node with it). A node left behind would hold
+    /// the key for as long as the lease is kept alive: for good.
+    fn delete_abandoned(self: &Arc<Self>, path: String, revision: i64, lease: i64) {
         let shared = self.clone();
         self.cleanups.spawn(async move {
-            let give_up = std::time::Instant::now() + shared.lease_ttl;
             let mut pause = Duration::from_millis(50);
             while shared.delete_node(&path, revision).await.is_err() {
-                if std::time::Instant::now() >= give_up {
+                if !shared.lease_lives(lease).await {
                     return;
                 }
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(1));
             }
         });
+    }
+
+    /// Whether `lease` is the backend's etcd lease and not known gone.
+    async fn lease_lives(&self, lease: i64) -> bool {
+        self.current_lease()
+            .await
+            .is_some_and(|current| current.id == lease)
     }
 }
 
@@ -300,7 +308,6 @@ impl Shared {
     fn forget_node(self: &Arc<Self>, path: String, lease: i64) {
         let shared = self.clone();
         self.cleanups.spawn(async move {
-            let give_up = std::time::Instant::now() + shared.lease_ttl;
             let mut pause = Duration::from_millis(50);
             loop {
                 let mut kv = shared.client.kv_client();
@@ -315,7 +322,7 @@ impl Shared {
                     },
                     Err(_) => false,
                 };
-                if done || std::time::Instant::now() >= give_up {
+                if done || !shared.lease_lives(lease).await {
                     return;
                 }
                 tokio::time::sleep(pause).await;
@@ -339,12 +346,18 @@ impl Backend for EtcdBackend {
         let Some(held) = self.shared.held().get(&owner).cloned() else {
             return Ok(false);
         };
-        let deleted = self.shared.delete_node(&held.path, held.revision).await?;
+        let deleted = self.shared.delete_node(&held.path, held.revision).await;
+        if deleted.is_err() {
+            // Not left for a ttl to end, as on a store that expires keys: the node lives as
+            // long as the etcd lease, which the backend keeps alive.
+            self.shared
+                .delete_abandoned(held.path.clone(), held.revision, held.lease);
+        }
         let mut map = self.shared.held();
         if map.get(&owner).is_some_and(|h| h.revision == held.revision) {
             map.remove(&owner);
         }
-        Ok(deleted)
+        deleted
     }
 
     async fn renew(&self, leases: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
