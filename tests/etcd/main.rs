@@ -8,6 +8,7 @@ mod support;
 
 mod leases;
 mod operator;
+mod restart;
 
 use std::time::Duration;
 

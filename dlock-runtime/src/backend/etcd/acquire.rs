@@ -209,10 +209,15 @@ impl EtcdBackend {
                 Compare::create_revision(attempt.prefix.as_str(), CompareOp::Equal, 0)
                     .with_prefix(),
             ])
-            .and_then([self.put(attempt)]);
-        let mut kv = self.shared.client.kv_client();
+            .and_then([self.put(attempt)])
+            // A copy sent again after a lost answer finds the node the first one made (which,
+            // made on a key with no node, is the oldest).
+            .or_else([TxnOp::get(
+                attempt.path.as_str(),
+                Some(GetOptions::new().with_keys_only()),
+            )]);
         let (created, confirmed) = tokio::join!(
-            self.shared.within(kv.txn(txn)),
+            self.shared.txn(txn),
             attempt.lease.confirm(self.shared.timeout)
         );
         let created = match created {
@@ -223,10 +228,14 @@ impl EtcdBackend {
                 return Err(error);
             }
         };
-        if !created.succeeded() {
-            return Ok(None);
-        }
-        let revision = revision_of(&created);
+        let revision = if created.succeeded() {
+            revision_of(&created)
+        } else {
+            match first_kv(created.op_responses().first()) {
+                Some((_, revision)) => revision,
+                None => return Ok(None),
+            }
+        };
         self.granted(attempt, revision, confirmed)
     }
 
@@ -252,9 +261,8 @@ impl EtcdBackend {
                 TxnOp::get(path, Some(GetOptions::new().with_keys_only())),
                 oldest,
             ]);
-        let mut kv = self.shared.client.kv_client();
         let (created, confirmed) = tokio::join!(
-            self.shared.within(kv.txn(txn)),
+            self.shared.txn(txn),
             attempt.lease.confirm(self.shared.timeout)
         );
         let created = match created {
@@ -303,10 +311,8 @@ impl EtcdBackend {
             attempt.path.as_str(),
             Some(GetOptions::new().with_keys_only()),
         );
-        let mut kv = self.shared.client.kv_client();
         let (read, confirmed) = tokio::join!(
-            self.shared
-                .within(kv.txn(Txn::new().and_then([ahead, own]))),
+            self.shared.txn(Txn::new().and_then([ahead, own])),
             attempt.lease.confirm(self.shared.timeout)
         );
         let read = match read {

@@ -79,7 +79,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
 pub use self::builder::EtcdBuilder;
 use self::lease::{Confirmation, EtcdLease};
@@ -149,6 +149,17 @@ struct Held {
     revision: i64,
     /// The etcd lease it is attached to.
     lease: i64,
+}
+
+/// Whether `error` says the connection broke under the request (so it may or may not have
+/// reached etcd), rather than that etcd answered it.
+fn is_broken_connection(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::TransportError(_) => true,
+        // gRPC's codes: 1 cancelled, 2 unknown (hyper's broken pipes), 14 unavailable.
+        etcd_client::Error::GRpcStatus(status) => matches!(i32::from(status.code()), 1 | 2 | 14),
+        _ => false,
+    }
 }
 
 /// A failure of etcd, or of the way to it.
@@ -237,6 +248,20 @@ impl Shared {
             .map_err(etcd_error)
     }
 
+    /// Runs `txn`, sent once more where the connection broke under it: every transaction of
+    /// this backend is one a second copy cannot harm (a create that finds the node the first
+    /// made, an owner-checked delete that finds it gone, reads).
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse, LockError> {
+        let mut kv = self.client.kv_client();
+        match tokio::time::timeout(self.timeout, kv.txn(txn.clone())).await {
+            Ok(Ok(answer)) => return Ok(answer),
+            Ok(Err(error)) if !is_broken_connection(&error) => return Err(etcd_error(error)),
+            Ok(Err(_)) | Err(_) => {}
+        }
+        let mut kv = self.client.kv_client();
+        self.within(kv.txn(txn)).await
+    }
+
     /// The backend's etcd lease while it lives, granting a new one where there is none.
     async fn live_lease(&self) -> Result<Arc<EtcdLease>, LockError> {
         let mut lease = self.lease.lock().await;
@@ -272,8 +297,7 @@ impl Shared {
         let txn = Txn::new()
             .when([Compare::create_revision(path, CompareOp::Equal, revision)])
             .and_then([TxnOp::delete(path, None)]);
-        let mut kv = self.client.kv_client();
-        Ok(self.within(kv.txn(txn)).await?.succeeded())
+        Ok(self.txn(txn).await?.succeeded())
     }
 
     /// Deletes `path` on the background, where its create revision is `revision`, trying again
@@ -386,8 +410,7 @@ impl Backend for EtcdBackend {
                     TxnOp::get(held.path.as_str(), Some(GetOptions::new().with_keys_only()))
                 })
                 .collect();
-            let mut kv = self.shared.client.kv_client();
-            async move { self.shared.within(kv.txn(Txn::new().and_then(reads))).await }
+            self.shared.txn(Txn::new().and_then(reads))
         });
         let (confirmed, read) = tokio::join!(
             lease.confirm(self.shared.timeout),
