@@ -124,7 +124,9 @@ pub fn restart_under_load(backend: Backend) {
             server.start();
         }
         LockServer::None => unreachable!("processes cannot share the memory store"),
-        LockServer::ZookeeperEnsemble(_) => unreachable!("an ensemble has scenarios of its own"),
+        LockServer::ZookeeperEnsemble(_) | LockServer::EtcdCluster(_) => {
+            unreachable!("an ensemble has scenarios of its own")
+        }
         LockServer::Mysql { .. } => {
             for worker in 0..scenario.workers.len() {
                 scenario.proxy(worker).refuse_connections(true);

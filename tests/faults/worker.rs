@@ -22,6 +22,8 @@ pub enum Backend {
     ZookeeperEnsemble,
     /// A private one-member etcd cluster.
     Etcd,
+    /// A private cluster of three etcd members, every worker's URL naming all three.
+    EtcdCluster,
 }
 
 impl Backend {
@@ -34,6 +36,7 @@ impl Backend {
             Backend::Zookeeper => "zookeeper",
             Backend::ZookeeperEnsemble => "zookeeper-ensemble",
             Backend::Etcd => "etcd",
+            Backend::EtcdCluster => "etcd-cluster",
         }
     }
 
@@ -46,6 +49,7 @@ impl Backend {
             "zookeeper" => Backend::Zookeeper,
             "zookeeper-ensemble" => Backend::ZookeeperEnsemble,
             "etcd" => Backend::Etcd,
+            "etcd-cluster" => Backend::EtcdCluster,
             other => panic!("unknown backend {other}"),
         }
     }
@@ -387,7 +391,7 @@ pub async fn connect(spec: &WorkerSpec) -> Locker {
                     Err(error) => Err(error),
                 }
             }
-            Backend::Etcd => match EtcdBackend::builder(&spec.lock_url) {
+            Backend::Etcd | Backend::EtcdCluster => match EtcdBackend::builder(&spec.lock_url) {
                 Ok(builder) => builder
                     .lease_ttl(ETCD_LEASE)
                     .timeout(Duration::from_secs(1))

@@ -200,6 +200,82 @@ impl EtcdCluster {
         let endpoints: Vec<String> = self.members.iter().map(EtcdMember::endpoint).collect();
         format!("etcd://{}", endpoints.join(","))
     }
+
+    /// The member that leads now, as a member that serves says; `None` during an election or
+    /// where none answers.
+    pub fn leader(&self) -> Option<usize> {
+        for member in self.members.iter().filter(|m| m.shell.is_some()) {
+            if let Some(leader) = member.leader_port() {
+                // A member may still name a leader that was just killed: that one leads no more.
+                return self
+                    .members
+                    .iter()
+                    .position(|m| m.client_port == leader && m.shell.is_some());
+            }
+        }
+        None
+    }
+
+    /// Waits until some member leads, for up to `patience`; returns it.
+    pub fn wait_for_leader(&self, patience: Duration) -> Option<usize> {
+        let deadline = Instant::now() + patience;
+        loop {
+            if let Some(leader) = self.leader() {
+                return Some(leader);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills member `index` with SIGKILL, as a crash would; its data stays for
+    /// [`restart`](Self::restart).
+    pub fn kill(&mut self, index: usize) {
+        self.members[index].stop();
+    }
+
+    /// Starts member `index` again, with its data, and waits until it serves.
+    pub fn restart(&mut self, index: usize) {
+        self.members[index].start();
+        self.members[index].wait_until_serving();
+    }
+}
+
+impl EtcdMember {
+    /// The client port of the member this one says leads, asked on a runtime of its own (the
+    /// fault scenarios are synchronous); `None` where it does not answer within a second or
+    /// knows no leader.
+    fn leader_port(&self) -> Option<u16> {
+        let endpoint = format!("http://{}", self.endpoint());
+        let ask = async move {
+            let mut client = etcd_client::Client::connect([endpoint], None).await.ok()?;
+            let status = client.status().await.ok()?;
+            let leader = status.leader();
+            if leader == 0 {
+                return None;
+            }
+            let members = client.member_list().await.ok()?;
+            let url = members
+                .members()
+                .iter()
+                .find(|member| member.id() == leader)?
+                .client_urls()
+                .first()?
+                .clone();
+            url.rsplit(':').next()?.parse().ok()
+        };
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                tokio::time::timeout(Duration::from_secs(1), ask)
+                    .await
+                    .ok()?
+            })
+    }
 }
 
 /// The URL of the member the tests of this process share, started on first use.
