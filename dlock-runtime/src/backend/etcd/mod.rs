@@ -58,6 +58,18 @@
 //! long they wait; when etcd answers that the lease is gone (or it cannot be confirmed for a
 //! whole TTL), every lock under it is lost, and the next acquisition grants a new lease.
 //!
+//! # Confirmation through the quorum
+//!
+//! Reads (the grant's check of the line, the renewal's reads of the nodes) are linearizable:
+//! answered once the leader confirmed its leadership with a quorum. A keep-alive is answered by
+//! the leader (a follower forwards it). A leader cut off from its quorum may answer keep-alives
+//! for up to an election timeout before it steps down; etcd covers that by extending every
+//! lease by an election timeout beyond its TTL when a new leader takes over, so a confirmation
+//! a stale leader gave does not outlast the lease the new leader keeps. A leader stuck (a slow
+//! disk, a starved CPU) that does not notice it lost its leadership is another matter: etcd
+//! 3.5.8 and 3.4.25 made the leader confirm its leadership with the quorum before it renews a
+//! lease; run one of those or later.
+//!
 //! # Fences
 //!
 //! A fence is the create revision of the holder's node. etcd's revision counts every change of
