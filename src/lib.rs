@@ -404,3 +404,8 @@ pub use dlock_runtime::*;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+// The operators' page's examples, for the same reason.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/operating.md")]
+struct OperatingDoctests;

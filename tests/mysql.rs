@@ -64,7 +64,11 @@ impl support::sql_store::SqlStore for Mysql {
     }
 
     async fn rows(&self, key: &str) -> i64 {
-        let sql = format!("SELECT COUNT(*) FROM `{}` WHERE lock_key = ?", self.table);
+        // A released row stays, owned by nobody.
+        let sql = format!(
+            "SELECT COUNT(*) FROM `{}` WHERE lock_key = ? AND owner <> ''",
+            self.table
+        );
         sqlx::query(AssertSqlSafe(sql))
             .bind(key.as_bytes())
             .fetch_one(&self.admin)
@@ -130,6 +134,14 @@ impl support::sql_store::SqlStore for Mysql {
             "INSERT INTO `{}` (lock_key, owner, fence, expires_at, created_at) VALUES {}",
             self.table,
             rows.join(", ")
+        ))
+        .await;
+    }
+
+    async fn date_released_rows_ahead(&self) {
+        self.execute(format!(
+            "UPDATE `{}` SET expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR WHERE owner = ''",
+            self.table
         ))
         .await;
     }

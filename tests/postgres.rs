@@ -263,6 +263,17 @@ impl<const PREPARED: bool> support::sql_store::SqlStore for Postgres<PREPARED> {
             .unwrap();
     }
 
+    async fn date_released_rows_ahead(&self) {
+        let sql = format!(
+            "UPDATE \"{}\" SET expires_at = clock_timestamp() + interval '1 hour' WHERE owner = ''",
+            self.table
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(&self.admin)
+            .await
+            .unwrap();
+    }
+
     async fn backend_leaving_the_table(&self) -> PostgresBackend {
         PostgresBackend::builder(&postgres_url())
             .unwrap()

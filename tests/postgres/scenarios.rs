@@ -125,6 +125,17 @@ mod sql_scenarios {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_released_key_s_next_fence_is_above_its_last_whatever_the_clock() {
+        scenario::a_released_key_s_next_fence_is_above_its_last_whatever_the_clock::<Postgres>()
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_released_row_is_free_after_a_step_back_of_the_clock() {
+        scenario::a_released_row_is_free_after_a_step_back_of_the_clock::<Postgres>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn inspect_describes_the_holder_and_counts_its_waiters() {
         scenario::inspect_describes_the_holder_and_counts_its_waiters::<Postgres>().await;
     }

@@ -251,3 +251,32 @@ async fn a_grant_too_late_to_run_its_body_keeps_no_hold() {
         "a lease no body ran under kept the key for its hold"
     );
 }
+
+/// The same late grant through [`Locker::lock`]: the lease comes back not held, its caller
+/// skips the job and drops it, and the key is free at once, not kept for the hold's 30 s.
+#[tokio::test(flavor = "current_thread")]
+async fn a_lease_granted_too_late_to_use_keeps_no_hold() {
+    let late = Late {
+        // Past the client's validity (0.9 of the 1 s ttl), short of the store's expiry.
+        acquire_delay: Duration::from_millis(950),
+        acquire_blocks: true,
+        ..Late::default()
+    };
+    let locker = Locker::with_backend(late.clone());
+    let key = unique_key("late-lease-hold");
+    let job = LockOptions::new()
+        .ttl(Duration::from_secs(1))
+        .hold_at_least(Duration::from_secs(30));
+    let lease = locker.lock(&*key, job).await.unwrap();
+    assert!(
+        !lease.is_held(),
+        "a grant past its validity was handed over as held"
+    );
+    drop(lease);
+    // Past the store's own expiry of the grant (1 s after it).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !late.store.is_held(&key),
+        "a lease nobody could use kept the key for its hold"
+    );
+}

@@ -60,6 +60,9 @@ pub trait SqlStore: Store + Sized {
     ) -> impl Future<Output = ()> + Send;
     /// Writes a live row, held by a stranger for an hour, for each of `keys`, in one statement.
     fn insert_live_rows(&self, keys: &[String]) -> impl Future<Output = ()> + Send;
+    /// Moves the expiry of every released row (owned by nobody) an hour ahead of the
+    /// database's clock, as a step back of that clock would.
+    fn date_released_rows_ahead(&self) -> impl Future<Output = ()> + Send;
     /// A backend on this table that may not create or alter it (`create_table(false)`).
     fn backend_leaving_the_table(&self) -> impl Future<Output = Self::Backend> + Send;
 
@@ -647,4 +650,63 @@ pub async fn a_late_renewal_never_shortens_its_lease<S: SqlStore>() {
         got.is_err(),
         "a rival got the key 1 s into a 60 s lease: a late renewal of its holder cut it to 0.3 s"
     );
+}
+
+/// A key's next grant after a release gets a fence above every earlier grant's, even one made
+/// with a later clock than the database's now: a grant whose statement read the clock and was
+/// then held up while another came and went, or a server whose clock stepped back. The last
+/// grant here carries a fence some seventy years ahead of the clock; a fresh row's clock floor
+/// would go below it, and a fenced resource would refuse the new holder's writes.
+pub async fn a_released_key_s_next_fence_is_above_its_last_whatever_the_clock<S: SqlStore>() {
+    let db = S::fresh().await;
+    let backend = db.backend().await;
+    let locker = Locker::with_backend(backend.clone());
+    // The table exists once a locker has used it.
+    let other = unique_key("table");
+    locker
+        .lock(&*other, LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let key = unique_key("fence-ahead");
+    let (owner, ahead) = (dlock::Owner::random(), 4_000_000_000_000_000);
+    db.insert_held_row(&key, &owner.to_string(), ahead).await;
+    assert!(
+        backend.release(&key, owner).await.unwrap(),
+        "the release missed its row"
+    );
+    let lease = locker.lock(&*key, LockOptions::new()).await.unwrap();
+    assert!(
+        lease.fence() > ahead,
+        "the grant after a release of fence {ahead} got fence {}",
+        lease.fence()
+    );
+    lease.release().await.unwrap();
+}
+
+/// A released row is owned by nobody whatever its expiry says: after a step back of the
+/// database's clock (an NTP step, a fail-over to a host whose clock is behind) its expiry lies
+/// ahead of the clock again, and the key must still be free to take, and shown as free.
+pub async fn a_released_row_is_free_after_a_step_back_of_the_clock<S: SqlStore>() {
+    let db = S::fresh().await;
+    let locker = db.locker().await;
+    let key = unique_key("stepped-back");
+    let released = locker.lock(&*key, LockOptions::new()).await.unwrap();
+    let fence = released.fence();
+    released.release().await.unwrap();
+    db.date_released_rows_ahead().await;
+
+    let state = locker.inspect(&key).await.expect("inspect failed");
+    assert!(state.holders().is_empty(), "a released row shown as held");
+    let listed = locker.list(&key).await.unwrap();
+    assert!(
+        listed.is_empty(),
+        "a released row listed as held: {listed:?}"
+    );
+    let lease = locker.lock(&*key, LockOptions::new()).await;
+    let lease = lease.expect("a released key read as busy");
+    assert!(lease.fence() > fence, "the fence went back");
+    lease.release().await.unwrap();
 }

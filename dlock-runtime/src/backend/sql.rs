@@ -87,7 +87,8 @@ pub(super) fn withdrawn_bound(withdrawn: u64) -> i64 {
 /// claimed grant is the caller's lease, which the locker's own release undoes.
 ///
 /// `undo` is given the fence of the grant it undoes (`None` after an error or an unknown
-/// answer), and must delete that grant only: a caller that finds its grant withdrawn tries
+/// answer), is sent again until it is answered (for up to the ttl), and must release that grant
+/// only: a caller that finds its grant withdrawn tries
 /// again as the same owner, and may be granted the key anew before a slow undo (waiting for a
 /// connection, or sent again after a broken one) reaches the database, whose `DELETE` by owner
 /// alone would then take the new lease from under its holder. (So the acquisition records the
@@ -116,8 +117,8 @@ pub(super) async fn claimed<T, Work, Undo, UndoFut>(
 where
     T: Send + 'static,
     Work: Future<Output = Result<T, LockError>> + Send + 'static,
-    Undo: FnOnce(Option<u64>) -> UndoFut + Send + 'static,
-    UndoFut: Future<Output = ()> + Send + 'static,
+    Undo: Fn(Option<u64>) -> UndoFut + Send + Sync + 'static,
+    UndoFut: Future<Output = Result<bool, LockError>> + Send + 'static,
 {
     let (caller, claim) = Caller::new();
     let (answer, answered) = tokio::sync::oneshot::channel();
@@ -155,8 +156,7 @@ where
                     "distributed_lock: a grant was not claimed within the claim window; undone"
                 );
             }
-            let _permit = tries.acquire().await;
-            undo(granted).await;
+            undo_until_done(store, &tries, limits.ttl, || undo(granted)).await;
         }
     });
     let Ok(answered) = tokio::time::timeout(limits.bound, answered).await else {
@@ -168,6 +168,33 @@ where
     match wrote(&outcome) {
         Wrote::Grant(fence) if !caller.claim() => Ok(Claimed::Withdrawn(fence)),
         _ => Ok(Claimed::Answer(outcome)),
+    }
+}
+
+/// Sends `undo` until it is answered, for up to `ttl` (the grant it undoes has expired by
+/// then): an undo that fails leaves the row held by nobody for the rest of its ttl, and the
+/// row it is sent for may well be locked by the transaction that held up the statement it
+/// undoes, which outlasts the first try's lock wait. Each try holds a permit of `tries`.
+async fn undo_until_done<F, Fut>(store: &'static str, tries: &Semaphore, ttl: Duration, undo: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<bool, LockError>>,
+{
+    let give_up_at = Instant::now().checked_add(ttl);
+    let mut pause = Duration::from_millis(200);
+    loop {
+        let result = match tries.acquire().await {
+            Ok(_permit) => undo().await,
+            Err(_) => Err(LockError::backend(format!("{store} is shut down"))),
+        };
+        let Err(error) = result else { return };
+        if give_up_at.is_some_and(|at| Instant::now() + pause >= at) || tries.is_closed() {
+            tracing::warn!(store, %error, "distributed_lock: cannot undo an abandoned acquisition; its row expires with its ttl");
+            return;
+        }
+        tracing::debug!(store, %error, retry_in = ?pause, "distributed_lock: an undo failed; trying again");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
     }
 }
 
@@ -197,6 +224,8 @@ pub(super) struct Limits {
     pub(super) window: Duration,
     /// How long the caller waits for the statement's answer.
     pub(super) bound: Duration,
+    /// The lease's ttl: what a try writes is undone within it, after which it expires anyway.
+    pub(super) ttl: Duration,
 }
 
 impl Limits {
@@ -210,6 +239,7 @@ impl Limits {
         Limits {
             window: DEFAULT_CLAIM_WINDOW.min(ttl),
             bound: left.max(TRY_FLOOR),
+            ttl,
         }
     }
 }

@@ -306,8 +306,12 @@ impl Locker {
         options: LockOptions,
     ) -> Result<Lease, LockError> {
         let state = self.acquire(key.into(), options).await?;
-        // In the caller's hands: its hold, if any, applies.
-        state.put_to_use();
+        // In the caller's hands: its hold, if any, applies. Not to a grant that came too late
+        // to be used (the caller is handed a lease that is not held, and skips its work): like
+        // a body's call that never ran, it must leave the key to the next caller at once.
+        if state.may_run() {
+            state.put_to_use();
+        }
         Ok(Lease {
             state,
             locker: self.clone(),

@@ -292,8 +292,10 @@ impl MysqlBuilder {
                 "INSERT INTO {table} (lock_key, owner, fence, expires_at, created_at{meta_columns}) \
                  VALUES (?, ?, LAST_INSERT_ID({now_us}), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6){meta_values})"
             )),
-            // A take-over by the owner that holds the row already (a retried acquire, its first
-            // answer lost) never moves its expiry back: a late copy of the statement (re-sent
+            // A row owned by nobody (released, evicted) is free whatever its expiry says: the
+            // database's clock may have stepped back since. A take-over by the owner that holds
+            // the row already (a retried acquire, its first answer lost) never moves its
+            // expiry back: a late copy of the statement (re-sent
             // after a broken connection while the first was held up on the server) would else
             // cut the lease below what the client counts from. MySQL assigns left to right, so
             // the expiry and the fence are set while `owner` is still the old holder. Such a
@@ -310,29 +312,32 @@ impl MysqlBuilder {
                  fence = LAST_INSERT_ID(IF(owner = ? AND fence > ?, fence, GREATEST(fence + 1, {now_us}))), \
                  owner = ?, \
                  created_at = UTC_TIMESTAMP(6){meta_set} \
-                 WHERE lock_key = ? AND (expires_at <= UTC_TIMESTAMP(6) OR owner = ?)"
+                 WHERE lock_key = ? AND (owner = '' OR expires_at <= UTC_TIMESTAMP(6) OR owner = ?)"
             )),
             inspect: Arc::from(format!(
                 "SELECT owner, fence, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at), \
                  TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), {meta_read} \
-                 FROM {table} WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)"
+                 FROM {table} WHERE lock_key = ? AND owner <> '' AND expires_at > UTC_TIMESTAMP(6)"
             )),
             // A range of the primary key, a page at a time (see `description::prefix_end`).
             list: Arc::from(format!(
                 "SELECT lock_key FROM {table} WHERE lock_key >= ? \
-                 AND expires_at > UTC_TIMESTAMP(6) ORDER BY lock_key LIMIT {LIST_PAGE}"
+                 AND owner <> '' AND expires_at > UTC_TIMESTAMP(6) ORDER BY lock_key LIMIT {LIST_PAGE}"
             )),
             list_to: Arc::from(format!(
                 "SELECT lock_key FROM {table} WHERE lock_key >= ? AND lock_key < ? \
-                 AND expires_at > UTC_TIMESTAMP(6) ORDER BY lock_key LIMIT {LIST_PAGE}"
+                 AND owner <> '' AND expires_at > UTC_TIMESTAMP(6) ORDER BY lock_key LIMIT {LIST_PAGE}"
             )),
             described,
-            release: Arc::from(format!(
-                "DELETE FROM {table} WHERE lock_key = ? AND owner = ? AND (? IS NULL OR fence = ?)"
-            )),
             // The row is kept, expired and owned by nobody (no owner is empty), rather than
-            // deleted: the next grant takes it over with a fence above the evicted one, which a
-            // fresh row's clock floor only nearly promises. The reply carries the evicted fence.
+            // deleted: the key's next grant takes it over with a fence above this one, where a
+            // fresh row's clock floor would only nearly promise it (an `INSERT` that read the
+            // clock and was held up while another grant came and went; a clock stepped back).
+            release: Arc::from(format!(
+                "UPDATE {table} SET owner = '', expires_at = UTC_TIMESTAMP(6) \
+                 WHERE lock_key = ? AND owner = ? AND (? IS NULL OR fence = ?)"
+            )),
+            // Kept the same way; the reply carries the evicted fence.
             expire: Arc::from(format!(
                 "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
                  WHERE lock_key = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
@@ -353,6 +358,7 @@ impl MysqlBuilder {
                 cleanups: Arc::default(),
                 tries,
                 waiting: Default::default(),
+                rows_seen: Default::default(),
             }),
         })
     }

@@ -24,13 +24,14 @@ mod inspect;
 mod renew;
 mod retry;
 mod rows;
+mod rows_seen;
 mod waiters;
 
 use builder::quote_table;
 pub use builder::MysqlBuilder;
 use renew::{expire_row, renew_chunk};
 use retry::on_background;
-use rows::{delete_row, Attempt};
+use rows::{release_row, Attempt};
 
 /// The widest key the `lock_key` column holds. Longer keys are rejected, never truncated:
 /// truncation could merge two keys into one lock.
@@ -137,9 +138,17 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 ///   connection back. On a service's pool ([`with_pool`](Self::with_pool)) that setting is the
 ///   service's: without it, stuck tries keep their connections, and every other key's tries
 ///   wait, for up to its 50 s.
-/// - **Release**: `DELETE … WHERE lock_key = ? AND owner = ?` (and, undoing a grant nobody
-///   claimed, `AND fence = ?`: that grant only, not a later one of the same owner); retried once if its reply is lost —
-///   the goal is that the row is no longer ours, which a second delete achieves either way.
+/// - **Release**: `UPDATE … SET owner = '', expires_at = UTC_TIMESTAMP(6) WHERE lock_key = ? AND
+///   owner = ?` (and, undoing a grant nobody claimed, `AND fence = ?`: that grant only, not a
+///   later one of the same owner): the row stays, expired and owned by nobody, so the key's next
+///   grant takes it over with a fence above this one (see "Fences"). Retried once if its reply
+///   is lost — the goal is that the row is no longer ours, which a second try achieves either
+///   way. Rows of keys never taken again stay in the table: a few dozen bytes each. A DBA may
+///   delete old ones at any time, in small batches so that no statement keeps the lock table's
+///   rows locked for long (every lock statement waits for such locks, up to 2 s), repeated until
+///   it deletes none: `DELETE FROM dlock_locks WHERE owner = '' AND expires_at <
+///   UTC_TIMESTAMP(6) - INTERVAL 1 DAY LIMIT 500`, in a session with `SET SESSION
+///   TRANSACTION ISOLATION LEVEL READ COMMITTED` (no gap locks).
 /// - **Renewal**: one `UPDATE … WHERE lock_key IN (…) AND (lock_key, owner) IN (…)` for every
 ///   lease of the tick (in chunks of 1,000), to `GREATEST(expires_at, …)` (a late copy of an
 ///   earlier renewal never moves an expiry back); only when fewer rows changed than leases were
@@ -174,18 +183,12 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 ///
 /// A fence is `GREATEST(previous fence + 1, database microseconds since the epoch)`, through
 /// `LAST_INSERT_ID(expr)` so the statement's reply carries it. It strictly increases across
-/// releases, expiries and take-overs, and — because a fresh row starts from the database's
-/// microsecond clock, which every earlier fence of the key stayed within a few counts of — also
-/// across a released row being deleted. (The one thing that could break it is the database's
-/// clock stepping back after a row was deleted.)
-///
-/// Precisely: a fence is greater than the fence of every acquisition of the key that was
-/// granted before this acquisition's statement began. A fresh row's clock floor is the
-/// statement's start time (`UTC_TIMESTAMP(6)` is fixed for a statement); an `INSERT` that then
-/// waits (on a gap lock, on a stalled connection) can write a fresh row with a fence below that
-/// of a holder granted and released meanwhile. Exclusion holds (the rows still follow one
-/// another), and a fenced resource that saw the meanwhile holder's fence refuses the late one's
-/// writes: safe, though the late holder's fenced writes fail.
+/// releases, expiries, evictions and take-overs, which all keep the row: a grant after them
+/// takes the row over under its row lock, whatever the clock says. A fresh row starts from the
+/// database's microsecond clock, which every earlier fence of the key stayed within a few
+/// counts of, so it also increases across a released row being deleted by a DBA a day later.
+/// (The one thing that could break it is the database's clock stepping back by more than the
+/// age of the deleted rows.)
 #[derive(Clone)]
 pub struct MysqlBackend {
     shared: Arc<Shared>,
@@ -203,6 +206,8 @@ struct Shared {
     tries: Arc<tokio::sync::Semaphore>,
     /// How many acquisitions of this backend wait for each key (see [`waiters::Waiting`]).
     waiting: waiters::Waiting,
+    /// The keys this backend has seen a row of (see `rows::acquire_row`).
+    rows_seen: rows_seen::RowsSeen,
 }
 
 /// The statements, with the table name filled in once. The table name is checked by
@@ -405,7 +410,7 @@ impl Backend for MysqlBackend {
     async fn release(&self, key: &str, owner: Owner) -> Result<bool, LockError> {
         let shared = self.shared.clone();
         let (key, owner) = (key.as_bytes().to_vec(), owner.to_string());
-        on_background(async move { delete_row(&shared, &key, &owner, None).await }).await
+        on_background(async move { release_row(&shared, &key, &owner, None).await }).await
     }
 
     async fn close(&self) {
@@ -413,6 +418,9 @@ impl Backend for MysqlBackend {
         if !self.shared.owns_pool {
             return;
         }
+        // Undos still being sent again (see `sql::claimed`) stop at their next try: the pool
+        // they would use closes now. (A service's own pool stays open, and they go on.)
+        self.shared.tries.close();
         let shared = self.shared.clone();
         let _ = on_background(async move {
             // sqlx waits for every connection lent out to come back: bounded, for one stuck in

@@ -58,10 +58,10 @@ impl MysqlBackend {
                 None if *blind => sql::Wrote::Unknown,
                 None => sql::Wrote::Nothing,
             },
-            move |fence| async move {
-                if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner, fence).await {
-                    tracing::warn!(%error, "distributed_lock: cannot undo an abandoned MySQL acquisition; its row expires with its ttl");
-                }
+            move |fence| {
+                let (shared, key, owner) =
+                    (undo_shared.clone(), undo_key.clone(), undo_owner.clone());
+                async move { release_row(&shared, &key, &owner, fence).await }
             },
         )
         .await?;
@@ -75,14 +75,19 @@ impl MysqlBackend {
     }
 }
 
-/// `INSERT`s the row of `key` for `owner`, or takes an expired (or already ours) row over;
-/// `Some((fence, sent_at))` when the key is ours, `sent_at` being when the statement that made
-/// it ours left on a connection of its own: the row's ttl starts no earlier. Measured after the
-/// wait for a pooled connection, which on a busy pool would otherwise eat into the lease.
-/// `label` is written with the row where the table has the column. And whether a copy of a
-/// statement went astray (see [`sql::retry_transient_blind`]): a grant it made is this owner's
-/// row, which a copy sent again takes over as its own, unless that copy finds the row locked by
-/// another transaction past the lock timeout.
+/// `INSERT`s the row of `key` for `owner`, or takes an expired, released (or already ours) row
+/// over; `Some((fence, sent_at))` when the key is ours, `sent_at` being when the statement that
+/// made it ours left on a connection of its own: the row's ttl starts no earlier. Measured
+/// after the wait for a pooled connection, which on a busy pool would otherwise eat into the
+/// lease. `label` is written with the row where the table has the column. And whether a copy
+/// of a statement went astray (see [`sql::retry_transient_blind`]): a grant it made is this
+/// owner's row, which a copy sent again takes over as its own, unless that copy finds the row
+/// locked by another transaction past the lock timeout.
+///
+/// A key this backend has seen a row of is tried with the take-over first: releases keep the
+/// row, so a key taken again (a contended key, a key of a busy account) is granted by one
+/// statement rather than by a failed `INSERT` and the take-over. Where that takes nothing, the
+/// `INSERT` follows, as for a key never seen (its row may have been deleted since).
 async fn acquire_row(
     shared: &Shared,
     key: &[u8],
@@ -91,6 +96,22 @@ async fn acquire_row(
     ttl_us: i64,
     withdrawn: u64,
 ) -> Result<(Option<(u64, Instant)>, bool), LockError> {
+    let take_over = || take_over_row(shared, key, owner, label, ttl_us, withdrawn);
+    let row_seen = shared.rows_seen.contains(key);
+    let mut blind = false;
+    if row_seen {
+        let (taken, took_over_blind) = take_over().await;
+        blind = took_over_blind;
+        match taken {
+            Ok((done, sent_at)) if done.rows_affected() == 1 => {
+                return Ok((Some((done.last_insert_id(), sent_at)), false))
+            }
+            // Held by another, or no row: the `INSERT` tells.
+            Ok(_) => {}
+            Err(error) if lock_timed_out(&error) => return Ok((None, blind)),
+            Err(error) => return Err(backend_error(error)),
+        }
+    }
     let described = shared.sql.described;
     let (insert, inserted_blind) = retry_transient_blind(|| {
         let query = sqlx::query(AssertSqlSafe(shared.sql.insert.clone()))
@@ -100,15 +121,53 @@ async fn acquire_row(
         execute_timed(shared, if described { query.bind(label) } else { query })
     })
     .await;
+    blind |= inserted_blind;
     match insert {
-        Ok((done, sent_at)) => return Ok((Some((done.last_insert_id(), sent_at)), inserted_blind)),
+        Ok((done, sent_at)) => {
+            shared.rows_seen.insert(key);
+            return Ok((Some((done.last_insert_id(), sent_at)), blind));
+        }
         // The row stayed locked by another transaction for longer than the lock wait timeout.
-        Err(error) if lock_timed_out(&error) => return Ok((None, inserted_blind)),
+        Err(error) if lock_timed_out(&error) => return Ok((None, blind)),
         Err(error) if !is_duplicate_key(&error) => return Err(backend_error(error)),
-        Err(_) => {}
+        Err(_) => shared.rows_seen.insert(key),
     }
-    // Held or expired? Take the row over only if it expired by the database's clock.
-    let (take_over, took_over_blind) = retry_transient_blind(|| {
+    if row_seen && !inserted_blind {
+        // The take-over answered that the row was not to be taken (held), or that there was
+        // none, and another's `INSERT` came first since: busy either way, as of then. And not
+        // this owner's (the take-over takes its own row), which no copy of the `INSERT` that
+        // went astray could have written since.
+        return Ok((None, false));
+    }
+    // Held, expired or released? Take the row over only if it is free by the database's clock.
+    let (taken, took_over_blind) = take_over().await;
+    let blind = blind || took_over_blind;
+    let (taken, sent_at) = match taken {
+        Ok(answer) => answer,
+        Err(error) if lock_timed_out(&error) => return Ok((None, blind)),
+        Err(error) => return Err(backend_error(error)),
+    };
+    let granted = (taken.rows_affected() == 1).then(|| (taken.last_insert_id(), sent_at));
+    // Answered: a row of this owner's, written by a copy that went astray, would have been taken
+    // over as its own (`owner = ?`), so an answer that grants nothing says there is none. Only a
+    // lock timeout leaves that unknown (above).
+    Ok((granted, false))
+}
+
+/// The take-over `UPDATE` of `key`'s row for `owner` (see [`Statements`](super::Statements)),
+/// and whether a copy of it went astray.
+async fn take_over_row(
+    shared: &Shared,
+    key: &[u8],
+    owner: &str,
+    label: &str,
+    ttl_us: i64,
+    withdrawn: u64,
+) -> (
+    Result<(sqlx::mysql::MySqlQueryResult, Instant), sqlx::Error>,
+    bool,
+) {
+    retry_transient_blind(|| {
         let query = sqlx::query(AssertSqlSafe(shared.sql.take_over.clone()))
             .bind(owner)
             .bind(ttl_us)
@@ -116,21 +175,14 @@ async fn acquire_row(
             .bind(owner)
             .bind(sql::withdrawn_bound(withdrawn))
             .bind(owner);
-        let query = if described { query.bind(label) } else { query };
+        let query = if shared.sql.described {
+            query.bind(label)
+        } else {
+            query
+        };
         execute_timed(shared, query.bind(key).bind(owner))
     })
-    .await;
-    let blind = inserted_blind || took_over_blind;
-    let (take_over, sent_at) = match take_over {
-        Ok(answer) => answer,
-        Err(error) if lock_timed_out(&error) => return Ok((None, blind)),
-        Err(error) => return Err(backend_error(error)),
-    };
-    let granted = (take_over.rows_affected() == 1).then(|| (take_over.last_insert_id(), sent_at));
-    // Answered: a row of this owner's, written by a copy that went astray, would have been taken
-    // over as its own (`owner = ?`), so an answer that grants nothing says there is none. Only a
-    // lock timeout leaves that unknown (above).
-    Ok((granted, false))
+    .await
 }
 
 /// Runs `query` on a connection of its own from the pool, and says when it was sent: after the
@@ -147,9 +199,9 @@ async fn execute_timed(
     Ok((query.execute(&mut *connection).await?, sent_at))
 }
 
-/// Deletes the row of `key` where `owner` holds it (by the grant of `fence` only, where given);
-/// whether it did.
-pub(super) async fn delete_row(
+/// Releases the row of `key` where `owner` holds it (by the grant of `fence` only, where
+/// given), keeping it expired and owned by nobody; whether it did.
+pub(super) async fn release_row(
     shared: &Shared,
     key: &[u8],
     owner: &str,

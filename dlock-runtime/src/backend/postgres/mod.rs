@@ -15,13 +15,14 @@ use std::time::Duration;
 
 use sqlx::postgres::PgPool;
 
-use super::sql::{self, micros, ttl_micros, TTL_LIMIT};
+use super::sql::{micros, ttl_micros, TTL_LIMIT};
 use super::{AcquireRequest, Acquired, Backend, Renewal};
 use crate::cleanups::{Cleanups, CLEANUP_PATIENCE};
 use crate::{KeyState, LockError, Owner};
 
 mod acquire;
 mod builder;
+mod errors;
 mod inspect;
 mod line;
 mod query;
@@ -32,6 +33,7 @@ mod waiting;
 
 use builder::quote_table;
 pub use builder::PostgresBuilder;
+use errors::{backend_error, is_conflict, lock_timed_out, on_background};
 use statements::Statements;
 use waiting::Waiting;
 
@@ -553,6 +555,9 @@ impl Backend for PostgresBackend {
         if !self.shared.owns_pool {
             return;
         }
+        // Undos still being sent again (see `sql::claimed`) stop at their next try: the pool
+        // they would use closes now. (A service's own pool stays open, and they go on.)
+        self.shared.tries.close();
         let shared = self.shared.clone();
         let _ = on_background(async move {
             // sqlx waits for every connection lent out to come back: bounded, for one stuck in
@@ -564,37 +569,9 @@ impl Backend for PostgresBackend {
     }
 }
 
-/// Runs `task` on dlock's background runtime, where the pool's connections live.
-async fn on_background<T: Send + 'static>(
-    task: impl std::future::Future<Output = Result<T, LockError>> + Send + 'static,
-) -> Result<T, LockError> {
-    sql::on_background("PostgreSQL", task).await
-}
-
-/// A deadlock (40P01) or a serialization failure (40001): the statement was rolled back whole.
-fn is_conflict(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("40P01" | "40001")),
-        _ => false,
-    }
-}
-
-/// A row lock not granted within the connection's `lock_timeout` (55P03): the row is another
-/// transaction's for longer than a lock statement takes.
-fn lock_timed_out(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Database(db) => db.code().as_deref() == Some("55P03"),
-        _ => false,
-    }
-}
-
 /// `duration` in microseconds, as the statements take it (a `bigint`).
 fn micros_i64(duration: Duration) -> i64 {
     i64::try_from(micros(duration)).unwrap_or(i64::MAX)
-}
-
-fn backend_error(error: sqlx::Error) -> LockError {
-    LockError::backend(format!("PostgreSQL: {error}"))
 }
 
 fn check_key(key: &str) -> Result<(), LockError> {

@@ -100,10 +100,10 @@ impl PostgresBackend {
                 Attempt::Busy { unknown: true, .. } => sql::Wrote::Unknown,
                 Attempt::Busy { .. } | Attempt::Abandoned { .. } => sql::Wrote::Nothing,
             },
-            move |fence| async move {
-                if let Err(error) = delete_row(&undo_shared, &undo_key, &undo_owner, fence).await {
-                    tracing::warn!(%error, "distributed_lock: cannot undo an abandoned PostgreSQL acquisition; its row expires with its ttl");
-                }
+            move |fence| {
+                let (shared, key, owner) =
+                    (undo_shared.clone(), undo_key.clone(), undo_owner.clone());
+                async move { delete_row(&shared, &key, &owner, fence).await }
             },
         )
         .await?;
@@ -197,8 +197,8 @@ async fn acquire_row(
     })
 }
 
-/// Deletes the row of `key` where `owner` holds it (by the grant of `fence` only, where given),
-/// announcing the release; whether it did.
+/// Releases the row of `key` where `owner` holds it (by the grant of `fence` only, where given),
+/// keeping it expired and owned by nobody, and announces the release; whether it did.
 pub(super) async fn delete_row(
     shared: &Shared,
     key: &[u8],

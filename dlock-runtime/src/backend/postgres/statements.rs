@@ -149,7 +149,8 @@ impl Statements {
                    THEN GREATEST(held.expires_at, excluded.expires_at) \
                    ELSE excluded.expires_at END, \
                  created_at = excluded.created_at{acquire_set} \
-               WHERE held.expires_at <= clock_timestamp() OR held.owner = excluded.owner \
+               WHERE held.owner = '' OR held.expires_at <= clock_timestamp() \
+                  OR held.owner = excluded.owner \
                RETURNING fence), \
              {place_at_acquire}, \
              in_line AS ( \
@@ -167,10 +168,13 @@ impl Statements {
                  AND EXISTS (SELECT 1 FROM attempt)) \
              SELECT (SELECT fence FROM attempt), \
                (SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint \
-                FROM {table} WHERE lock_key = $1), \
+                FROM {table} WHERE lock_key = $1 AND owner <> ''), \
                (SELECT (extract(epoch FROM lapses - clock_timestamp()) * 1000000)::bigint FROM ahead), \
                EXISTS (SELECT 1 FROM in_line) OR EXISTS (SELECT 1 FROM requeued)"
         );
+        // A row owned by nobody is free whatever its expiry says (the database's clock may have
+        // stepped back since), in every statement that reads rows.
+        //
         // A release keeps the row, expired and owned by nobody (no owner is empty), as an
         // eviction does: the key's next grant then takes the row over, with a fence above the
         // row's last, read under its lock. Deleted, the next grant would insert a fresh row
@@ -285,7 +289,8 @@ impl Statements {
                WHERE waiter = $1 AND lock_key = ANY($2::bytea[]) AND expires_at > clock_timestamp()) \
              SELECT waited.lock_key FROM unnest($4::bytea[]) AS waited(lock_key) \
              WHERE NOT EXISTS (SELECT 1 FROM {table} AS held \
-               WHERE held.lock_key = waited.lock_key AND held.expires_at > clock_timestamp())"
+               WHERE held.lock_key = waited.lock_key AND held.owner <> '' \
+                 AND held.expires_at > clock_timestamp())"
         );
         let leave = format!(
             "WITH gone AS (DELETE FROM {waiters} WHERE lock_key = $1 AND waiter = $2 RETURNING lock_key) \
@@ -300,16 +305,16 @@ impl Statements {
              (extract(epoch FROM held.created_at) * 1000000)::bigint, \
              (extract(epoch FROM held.expires_at - clock_timestamp()) * 1000000)::bigint, {read} \
              FROM (SELECT 1) AS one LEFT JOIN {table} AS held \
-               ON held.lock_key = $1 AND held.expires_at > clock_timestamp()"
+               ON held.lock_key = $1 AND held.owner <> '' AND held.expires_at > clock_timestamp()"
         );
         // A range of the primary key, a page at a time (see `description::prefix_end`).
         let list = format!(
             "SELECT lock_key FROM {table} WHERE lock_key >= $1 \
-               AND expires_at > clock_timestamp() ORDER BY lock_key LIMIT {LIST_PAGE}"
+               AND owner <> '' AND expires_at > clock_timestamp() ORDER BY lock_key LIMIT {LIST_PAGE}"
         );
         let list_to = format!(
             "SELECT lock_key FROM {table} WHERE lock_key >= $1 AND lock_key < $2 \
-               AND expires_at > clock_timestamp() ORDER BY lock_key LIMIT {LIST_PAGE}"
+               AND owner <> '' AND expires_at > clock_timestamp() ORDER BY lock_key LIMIT {LIST_PAGE}"
         );
         Statements {
             inspect: Statement::new(inspect, protocol),
