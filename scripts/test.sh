@@ -70,6 +70,8 @@ need java default-jre-headless
 need /usr/share/java/zookeeper.jar zookeeper
 need faketime faketime       # the skewed-clock client of tests/faults/
 need /usr/sbin/pgbouncer pgbouncer  # the PgBouncer tests of tests/postgres/pgbouncer.rs
+need protoc protobuf-compiler  # the `etcd` feature's client generates its gRPC code with it
+need etcd etcd-server        # the private etcd members of tests/etcd/ and tests/faults/
 
 if cargo nextest --version >/dev/null 2>&1; then
     # The UI tests compile a crate against dlock with the in-memory store only: a fraction of

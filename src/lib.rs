@@ -196,13 +196,13 @@
 //! Each store is behind the cargo feature of the same name; `memory` and `redis` are on by
 //! default. Take the store you already run, and check that its promise is the one you need:
 //!
-//! | | memory | Redis | MySQL / MariaDB | PostgreSQL | ZooKeeper |
-//! | --- | --- | --- | --- | --- | --- |
-//! | URL | `memory://` | `redis://`, `rediss://`, `redis+cluster://` | `mysql://` | `postgres://`, `postgresql://` | `zk://host:port[/chroot]` |
-//! | exclusion across a fail-over | one process only | no by default: a replica promoted before it saw the lock (or the last renewals) forgets it; yes with `min_replicas = N` (grants and renewals count after `WAIT N`, one more command in the same round trip) where the promoted replica is one of those counted; fences rise either way | as far as the database's replication is synchronous | as far as the database's replication is synchronous | yes: quorum writes |
-//! | fencing | store counter | per-key counter, floored by the server's µs clock | `GREATEST(fence + 1, database µs clock)` | `GREATEST(fence + 1, database µs clock)` | node `czxid` |
-//! | fair (FIFO) waiting | yes | yes (queue + hand-off) | no (jittered back-off) | yes (woken by `NOTIFY`; a line in the table across processes) | yes (each waiter watches its predecessor) |
-//! | expiry judged by | its own clock | the server (`PX`) | the database (`UTC_TIMESTAMP(6)`) | the database (`clock_timestamp()`) | the session |
+//! | | memory | Redis | MySQL / MariaDB | PostgreSQL | ZooKeeper | etcd |
+//! | --- | --- | --- | --- | --- | --- | --- |
+//! | URL | `memory://` | `redis://`, `rediss://`, `redis+cluster://` | `mysql://` | `postgres://`, `postgresql://` | `zk://host:port[/chroot]` | `etcd://host:port[,host:port]` |
+//! | exclusion across a fail-over | one process only | no by default: a replica promoted before it saw the lock (or the last renewals) forgets it; yes with `min_replicas = N` (grants and renewals count after `WAIT N`, one more command in the same round trip) where the promoted replica is one of those counted; fences rise either way | as far as the database's replication is synchronous | as far as the database's replication is synchronous | yes: quorum writes | yes: quorum writes, linearizable reads |
+//! | fencing | store counter | per-key counter, floored by the server's µs clock | `GREATEST(fence + 1, database µs clock)` | `GREATEST(fence + 1, database µs clock)` | node `czxid` | key create revision |
+//! | fair (FIFO) waiting | yes | yes (queue + hand-off) | no (jittered back-off) | yes (woken by `NOTIFY`; a line in the table across processes) | yes (each waiter watches its predecessor) | yes (each waiter watches its predecessor) |
+//! | expiry judged by | its own clock | the server (`PX`) | the database (`UTC_TIMESTAMP(6)`) | the database (`clock_timestamp()`) | the session | the backend's etcd lease |
 //!
 //! Whatever the store, the client also judges loss on its own clock (see *Loss* above), and the
 //! fence lets the resource itself reject a stale holder — the only protection that survives a
@@ -354,7 +354,7 @@
 //! `concat!(module_path!(), "::", "fn_name")` (a method's type is not part of it: the attribute
 //! sees the method, not its `impl`); for [`Locker::lock`], [`LockOptions::label`], by default
 //! `"unlabelled"`. Labels are `&'static str`s written into the program, so naming costs a call
-//! nothing. `store` is `memory`, `redis`, `mysql`, `postgres`, `zookeeper`, or `custom` for a
+//! nothing. `store` is `memory`, `redis`, `mysql`, `postgres`, `zookeeper`, `etcd`, or `custom` for a
 //! [`Backend`](backend::Backend) of your own. The key is never a label: keys are as many as the
 //! resources locked, and each label value is a series of its own.
 //!

@@ -5,7 +5,8 @@
     feature = "mysql",
     feature = "postgres",
     feature = "redis",
-    feature = "zookeeper"
+    feature = "zookeeper",
+    feature = "etcd"
 ))]
 mod support;
 
@@ -40,6 +41,7 @@ fn build_examples() {
         ("redis-cluster", cfg!(feature = "redis-cluster")),
         ("redis-tls", cfg!(feature = "redis-tls")),
         ("zookeeper", cfg!(feature = "zookeeper")),
+        ("etcd", cfg!(feature = "etcd")),
     ]
     .into_iter()
     .filter_map(|(name, on)| on.then_some(name))
@@ -279,6 +281,21 @@ fn examples_on_zookeeper() {
     check_nightly_cleanup(Some(&url), false);
     // A short session: a killed process's lock node goes when its session expires.
     check_leader(Some(&format!("{url}?session_timeout=4s")));
+    check_partner_api(Some(&url));
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn examples_on_etcd() {
+    // A private member: the examples use fixed keys.
+    let server = support::etcd_server::EtcdMember::start_new();
+    let url = server.url();
+    check_account_sync(Some(&url));
+    check_stock_deduction(Some(&url));
+    check_dedupe_messages(Some(&url));
+    check_nightly_cleanup(Some(&url), false);
+    // A short etcd lease: a killed process's nodes go when its lease expires.
+    check_leader(Some(&format!("{url}?lease_ttl=4s")));
     check_partner_api(Some(&url));
 }
 

@@ -11,8 +11,9 @@ use crate::exit;
 ///
 /// URL names the store as the services' lockers do: redis://[[user]:password@]host[:port][/db],
 /// rediss://…, redis+cluster://host:port,…, mysql://user:password@host/db,
-/// postgres://user:password@host/db, zk://host:port[,host:port][/chroot]. Store options ride in
-/// its query as for `Locker::connect` (`?key_prefix=billing:` for a Redis key prefix).
+/// postgres://user:password@host/db, zk://host:port[,host:port][/chroot],
+/// etcd://host:port[,host:port]. Store options ride in its query as for `Locker::connect`
+/// (`?key_prefix=billing:` for a Redis key prefix).
 // This comment is clap's help text, printed as written: its `[…]` are a URL's optional parts,
 // not links.
 #[allow(rustdoc::broken_intra_doc_links)]

@@ -1,5 +1,5 @@
 //! The `dlock` binary against MariaDB (127.0.0.1:3306), PostgreSQL (127.0.0.1:5432) and a
-//! private ZooKeeper, as an operator runs it while this process holds a key and waits for it:
+//! private ZooKeeper and a private etcd, as an operator runs it while this process holds a key and waits for it:
 //! `inspect` and `list` show the holder, `release --force` evicts it, the holder learns it has
 //! lost its lease, the waiter gets the key with a greater fence, and the evicted fence is the
 //! one reported. (The same session against Redis is in `redis.rs`, with every command's details.)
@@ -12,7 +12,7 @@ use dlock::{LockOptions, Owner};
 
 use support::{
     dlock, json, labelled_locker, mysql_url, postgres_url, stderr, stdout, until_waiters,
-    PrivateZookeeper,
+    PrivateEtcd, PrivateZookeeper,
 };
 
 const TTL: Duration = Duration::from_secs(3);
@@ -38,9 +38,17 @@ async fn an_operator_evicts_a_stuck_holder_on_zookeeper() {
     operator_session(&server.url(), Waiters::Everyone).await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn an_operator_evicts_a_stuck_holder_on_etcd() {
+    let server = tokio::task::spawn_blocking(PrivateEtcd::start)
+        .await
+        .unwrap();
+    operator_session(&server.url(), Waiters::Everyone).await;
+}
+
 /// Whose waiters `dlock inspect`, another process, counts: MySQL keeps no queue, and a
 /// PostgreSQL process stands in line only once it lost a race for the key, so their waiters are
-/// seen by their own process; ZooKeeper's waiters are nodes everyone sees.
+/// seen by their own process; ZooKeeper's and etcd's waiters are nodes everyone sees.
 #[derive(PartialEq)]
 enum Waiters {
     Everyone,

@@ -58,7 +58,8 @@ impl Drop for AbortOnDrop {
     feature = "redis",
     feature = "mysql",
     feature = "postgres",
-    feature = "zookeeper"
+    feature = "zookeeper",
+    feature = "etcd"
 ))]
 pub(crate) fn handle() -> &'static tokio::runtime::Handle {
     RUNTIME.handle()

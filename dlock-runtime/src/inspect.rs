@@ -356,7 +356,8 @@ pub(crate) const TEXT_BOUND: usize = 255;
         feature = "redis",
         feature = "mysql",
         feature = "postgres",
-        feature = "zookeeper"
+        feature = "zookeeper",
+        feature = "etcd"
     )),
     allow(dead_code)
 )]
@@ -381,7 +382,8 @@ pub(crate) fn bounded(text: &str) -> &str {
     feature = "redis",
     feature = "mysql",
     feature = "postgres",
-    feature = "zookeeper"
+    feature = "zookeeper",
+    feature = "etcd"
 ))]
 pub(crate) fn this_host() -> &'static str {
     static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();

@@ -41,7 +41,8 @@ mod background;
     feature = "redis",
     feature = "mysql",
     feature = "postgres",
-    feature = "zookeeper"
+    feature = "zookeeper",
+    feature = "etcd"
 ))]
 mod cleanups;
 mod clock;

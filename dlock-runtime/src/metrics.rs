@@ -19,7 +19,7 @@
 //! `label` is the holder's name: the attribute's `label = "…"`, by default the function's path
 //! (`billing::submit`), or [`LockOptions::label`](crate::LockOptions::label) for
 //! [`Locker::lock`](crate::Locker::lock) (default `"unlabelled"`). `store` is `memory`, `redis`,
-//! `mysql`, `postgres`, `zookeeper`, or `custom` for a [`Backend`](crate::backend::Backend) of
+//! `mysql`, `postgres`, `zookeeper`, `etcd`, or `custom` for a [`Backend`](crate::backend::Backend) of
 //! your own. The key is never a label: keys are as many as the resources locked, and each label
 //! value is a series of its own in a metrics store.
 //!
@@ -290,6 +290,7 @@ pub(crate) fn store_of(type_name: &str) -> &'static str {
         "MysqlBackend" => "mysql",
         "PostgresBackend" => "postgres",
         "ZookeeperBackend" => "zookeeper",
+        "EtcdBackend" => "etcd",
         _ => "custom",
     }
 }

@@ -3,7 +3,7 @@
 
 /// The schemes, as an error lists them.
 pub(crate) const KNOWN: &str =
-    "memory://, redis://, rediss://, redis+cluster://, mysql://, postgres://, postgresql:// or zk://";
+    "memory://, redis://, rediss://, redis+cluster://, mysql://, postgres://, postgresql://, zk:// or etcd://";
 
 /// A store a URL names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +17,7 @@ pub(crate) enum Scheme {
     /// `postgres://` and `postgresql://`.
     Postgres,
     Zookeeper,
+    Etcd,
 }
 
 impl Scheme {
@@ -30,6 +31,7 @@ impl Scheme {
             "mysql" => Scheme::Mysql,
             "postgres" | "postgresql" => Scheme::Postgres,
             "zk" => Scheme::Zookeeper,
+            "etcd" => Scheme::Etcd,
             _ => return None,
         })
     }
@@ -43,6 +45,7 @@ impl Scheme {
             Scheme::Mysql => "mysql",
             Scheme::Postgres => "postgres",
             Scheme::Zookeeper => "zookeeper",
+            Scheme::Etcd => "etcd",
         }
     }
 }
@@ -57,7 +60,8 @@ pub(crate) use settings::without_params;
     feature = "redis",
     feature = "mysql",
     feature = "postgres",
-    feature = "zookeeper"
+    feature = "zookeeper",
+    feature = "etcd"
 ))]
 pub(crate) use settings::{duration_param, query_param};
 
@@ -67,7 +71,8 @@ pub(crate) use settings::{duration_param, query_param};
     feature = "redis",
     feature = "mysql",
     feature = "postgres",
-    feature = "zookeeper"
+    feature = "zookeeper",
+    feature = "etcd"
 ))]
 mod settings {
     use std::time::Duration;

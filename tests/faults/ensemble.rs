@@ -1,5 +1,5 @@
-//! Scenarios of a three-server ZooKeeper ensemble whose faults are the servers' own: the leader
-//! killed, a follower cut off from the other two.
+//! Scenarios of a three-server ZooKeeper ensemble (and a three-member etcd cluster) whose faults
+//! are the servers' own: the leader killed, a follower cut off from the other two.
 
 use std::time::Duration;
 
@@ -12,8 +12,8 @@ use crate::worker::Backend;
 /// (SIGKILL), the other two elect a new one, and later the killed server comes back and
 /// rejoins. Leases that cannot be confirmed through a quorum in time are cancelled, never
 /// shared; bodies go on once the new leader serves.
-pub fn leader_killed() {
-    let mut scenario = Scenario::new("leader-killed", Backend::ZookeeperEnsemble, 2);
+pub fn leader_killed(backend: Backend) {
+    let mut scenario = Scenario::new("leader-killed", backend, 2);
     let run_for = Duration::from_secs(16);
     for name in ["a", "b", "c"] {
         let mut spec = scenario.spec(name, run_for);
@@ -26,13 +26,10 @@ pub fn leader_killed() {
         "nothing ran before the kill\n{}",
         scenario.outputs()
     );
-    let leader = scenario
-        .ensemble()
-        .leader()
-        .expect("the ensemble has a leader");
+    let leader = Servers::leader(&mut scenario).expect("the ensemble has a leader");
     let killed_at = scenario.now();
-    scenario.ensemble().kill(leader);
-    let Some(next_leader) = scenario.ensemble().wait_for_leader(Duration::from_secs(30)) else {
+    Servers::kill(&mut scenario, leader);
+    let Some(next_leader) = Servers::wait_for_leader(&mut scenario, Duration::from_secs(30)) else {
         panic!(
             "no new leader within 30 s of the kill\n{}",
             scenario.outputs()
@@ -41,7 +38,7 @@ pub fn leader_killed() {
     let elected_at = scenario.now();
     // The run goes on without the killed server for a while, then with it again.
     std::thread::sleep(Duration::from_secs(4));
-    scenario.ensemble().restart(leader);
+    Servers::restart(&mut scenario, leader);
     let back_at = scenario.now();
     let Some((sections, verdict)) = scenario.finish(run_for + Duration::from_secs(60)) else {
         return;
@@ -160,4 +157,37 @@ pub fn follower_partitioned() {
         during > 0,
         "no body ran while the follower was cut off: the quorum's side stood still"
     );
+}
+
+/// The servers of a scenario's ensemble, ZooKeeper's or etcd's.
+struct Servers;
+
+impl Servers {
+    fn leader(scenario: &mut Scenario) -> Option<usize> {
+        match scenario.backend {
+            Backend::EtcdCluster => scenario.etcd_cluster().leader(),
+            _ => scenario.ensemble().leader(),
+        }
+    }
+
+    fn wait_for_leader(scenario: &mut Scenario, patience: Duration) -> Option<usize> {
+        match scenario.backend {
+            Backend::EtcdCluster => scenario.etcd_cluster().wait_for_leader(patience),
+            _ => scenario.ensemble().wait_for_leader(patience),
+        }
+    }
+
+    fn kill(scenario: &mut Scenario, index: usize) {
+        match scenario.backend {
+            Backend::EtcdCluster => scenario.etcd_cluster().kill(index),
+            _ => scenario.ensemble().kill(index),
+        }
+    }
+
+    fn restart(scenario: &mut Scenario, index: usize) {
+        match scenario.backend {
+            Backend::EtcdCluster => scenario.etcd_cluster().restart(index),
+            _ => scenario.ensemble().restart(index),
+        }
+    }
 }

@@ -118,8 +118,15 @@ pub fn restart_under_load(backend: Backend) {
             std::thread::sleep(Duration::from_secs(1));
             server.start();
         }
+        LockServer::Etcd(server) => {
+            server.stop();
+            std::thread::sleep(Duration::from_secs(1));
+            server.start();
+        }
         LockServer::None => unreachable!("processes cannot share the memory store"),
-        LockServer::ZookeeperEnsemble(_) => unreachable!("an ensemble has scenarios of its own"),
+        LockServer::ZookeeperEnsemble(_) | LockServer::EtcdCluster(_) => {
+            unreachable!("an ensemble has scenarios of its own")
+        }
         LockServer::Mysql { .. } => {
             for worker in 0..scenario.workers.len() {
                 scenario.proxy(worker).refuse_connections(true);

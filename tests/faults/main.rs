@@ -15,7 +15,8 @@
 //! semaphore's bodies through random cuts, judged by [`history::check_permits`]: never more
 //! inside than permits),
 //! [`holders`] (one holder stalled, deaf, skewed, killed or paused, and who gets in after it)
-//! and [`ensemble`] (a ZooKeeper ensemble losing its leader or a follower). Below them, the
+//! and [`ensemble`] (a ZooKeeper ensemble losing its leader or a follower, an etcd cluster its
+//! leader). Below them, the
 //! tests that run each on each backend.
 
 // The support every test crate shares, one directory up.
@@ -142,6 +143,7 @@ scenarios! {
     with_mysql: Backend::Mysql;
     with_postgres: Backend::Postgres;
     with_zookeeper: Backend::Zookeeper;
+    with_etcd: Backend::Etcd;
 }
 
 /// A three-server ensemble, its faults the servers' own: a leader killed, a follower cut off.
@@ -150,12 +152,22 @@ mod with_zookeeper_ensemble {
 
     #[test]
     fn the_leader_killed_under_load_loses_nothing() {
-        leader_killed();
+        leader_killed(Backend::ZookeeperEnsemble);
     }
 
     #[test]
     fn a_follower_cut_off_under_load_loses_nothing() {
         follower_partitioned();
+    }
+}
+
+/// A three-member etcd cluster, its leader killed under load.
+mod with_etcd_cluster {
+    use super::*;
+
+    #[test]
+    fn the_leader_killed_under_load_loses_nothing() {
+        leader_killed(Backend::EtcdCluster);
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use dlock::Owner;
 
+use super::support::etcd_server::{EtcdCluster, EtcdMember};
 use super::support::fault_proxy::FaultProxy;
 use super::support::history::{self, Event, Section, Verdict, Write};
 use super::support::pg_server::PgServer;
@@ -29,6 +30,9 @@ pub enum LockServer {
     Postgres(PgServer),
     Zookeeper(ZkServer),
     ZookeeperEnsemble(ZkEnsemble),
+    /// A private one-member cluster, which a restart stops as a crash would.
+    Etcd(EtcdMember),
+    EtcdCluster(EtcdCluster),
     /// The memory store lives in the test process.
     None,
 }
@@ -44,6 +48,8 @@ impl LockServer {
             Backend::Postgres => LockServer::Postgres(PgServer::start_new()),
             Backend::Zookeeper => LockServer::Zookeeper(ZkServer::start_new()),
             Backend::ZookeeperEnsemble => LockServer::ZookeeperEnsemble(ZkEnsemble::start()),
+            Backend::Etcd => LockServer::Etcd(EtcdMember::start_new()),
+            Backend::EtcdCluster => LockServer::EtcdCluster(EtcdCluster::start()),
         }
     }
 
@@ -54,6 +60,8 @@ impl LockServer {
             LockServer::Postgres(server) => server.url(),
             LockServer::Zookeeper(server) => server.url(),
             LockServer::ZookeeperEnsemble(ensemble) => ensemble.url(),
+            LockServer::Etcd(server) => server.url(),
+            LockServer::EtcdCluster(cluster) => cluster.url(),
             LockServer::None => "memory://".into(),
         }
     }
@@ -167,6 +175,12 @@ impl Scenario {
                 }
                 None
             }
+            LockServer::EtcdCluster(cluster) => {
+                if spec.lock_url.is_empty() {
+                    spec.lock_url = cluster.url();
+                }
+                None
+            }
             server => {
                 let (proxy, lock_url) = FaultProxy::in_front_of(&server.url());
                 spec.lock_url = lock_url;
@@ -213,6 +227,14 @@ impl Scenario {
         match &mut self.lock_server {
             LockServer::ZookeeperEnsemble(ensemble) => ensemble,
             _ => panic!("{}: the lock server is not an ensemble", self.name),
+        }
+    }
+
+    /// The lock server's etcd cluster; panics for another lock server.
+    pub fn etcd_cluster(&mut self) -> &mut EtcdCluster {
+        match &mut self.lock_server {
+            LockServer::EtcdCluster(cluster) => cluster,
+            _ => panic!("{}: the lock server is not an etcd cluster", self.name),
         }
     }
 

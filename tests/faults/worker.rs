@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock::backend::{MysqlBackend, PostgresBackend, ZookeeperBackend};
+use dlock::backend::{EtcdBackend, MysqlBackend, PostgresBackend, ZookeeperBackend};
 use dlock::{distributed_lock, LockError, LockOptions, Locker};
 
 use super::support::history::Log;
@@ -20,6 +20,10 @@ pub enum Backend {
     Zookeeper,
     /// A private ensemble of three ZooKeeper servers, every worker's URL naming all three.
     ZookeeperEnsemble,
+    /// A private one-member etcd cluster.
+    Etcd,
+    /// A private cluster of three etcd members, every worker's URL naming all three.
+    EtcdCluster,
 }
 
 impl Backend {
@@ -31,6 +35,8 @@ impl Backend {
             Backend::Postgres => "postgres",
             Backend::Zookeeper => "zookeeper",
             Backend::ZookeeperEnsemble => "zookeeper-ensemble",
+            Backend::Etcd => "etcd",
+            Backend::EtcdCluster => "etcd-cluster",
         }
     }
 
@@ -42,6 +48,8 @@ impl Backend {
             "postgres" => Backend::Postgres,
             "zookeeper" => Backend::Zookeeper,
             "zookeeper-ensemble" => Backend::ZookeeperEnsemble,
+            "etcd" => Backend::Etcd,
+            "etcd-cluster" => Backend::EtcdCluster,
             other => panic!("unknown backend {other}"),
         }
     }
@@ -341,6 +349,10 @@ const ZK_TICK: Duration = Duration::from_millis(500);
 /// thirds of the session timeout less a tick.
 const ZK_SESSION: Duration = Duration::from_secs(4);
 
+/// The etcd lease of each worker: as long as the bodies' leases of 2 s, so a killed worker's
+/// keys go one lease TTL after its last keep-alive.
+const ETCD_LEASE: Duration = Duration::from_secs(2);
+
 /// Connects the worker's `Locker`, retrying while its server is unreachable.
 pub async fn connect(spec: &WorkerSpec) -> Locker {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -379,6 +391,15 @@ pub async fn connect(spec: &WorkerSpec) -> Locker {
                     Err(error) => Err(error),
                 }
             }
+            Backend::Etcd | Backend::EtcdCluster => match EtcdBackend::builder(&spec.lock_url) {
+                Ok(builder) => builder
+                    .lease_ttl(ETCD_LEASE)
+                    .timeout(Duration::from_secs(1))
+                    .connect()
+                    .await
+                    .map(Locker::with_backend),
+                Err(error) => Err(error),
+            },
         };
         match attempt {
             Ok(locker) => return locker,

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod chaos;
+pub mod etcd_server;
 pub mod fault_proxy;
 pub mod force;
 pub mod history;

@@ -9,8 +9,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use dlock::backend::{
-    AcquireRequest, Acquired, Backend, MysqlBackend, PostgresBackend, RedisBackend, Renewal,
-    ZookeeperBackend,
+    AcquireRequest, Acquired, Backend, EtcdBackend, MysqlBackend, PostgresBackend, RedisBackend,
+    Renewal, ZookeeperBackend,
 };
 use dlock::{KeyState, LockError, Locker, Owner};
 
@@ -48,6 +48,7 @@ pub async fn labelled_locker(url: &str, label: &'static str) -> Locker {
         Some("mysql") => labelled(MysqlBackend::connect(url).await, label),
         Some("postgres") => labelled(PostgresBackend::connect(url).await, label),
         Some("zk") => labelled(ZookeeperBackend::connect(url).await, label),
+        Some("etcd") => labelled(EtcdBackend::connect(url).await, label),
         _ => panic!("no store for {url}"),
     }
 }
@@ -253,6 +254,62 @@ impl PrivateZookeeper {
 }
 
 impl Drop for PrivateZookeeper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A private one-member etcd (Debian's `etcd-server` package) on free ports with a data
+/// directory of its own, killed on drop.
+pub struct PrivateEtcd {
+    pub port: u16,
+    dir: std::path::PathBuf,
+    child: Child,
+}
+
+impl PrivateEtcd {
+    pub fn start() -> PrivateEtcd {
+        let (port, peer) = (free_port(), free_port());
+        let dir =
+            std::env::temp_dir().join(format!("dlock-cli-etcd-{}-{port}", std::process::id()));
+        let client = format!("http://127.0.0.1:{port}");
+        let peers = format!("http://127.0.0.1:{peer}");
+        let child = Command::new("etcd")
+            .args(["--name", "n", "--data-dir"])
+            .arg(&dir)
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peers,
+                "--initial-advertise-peer-urls",
+                &peers,
+            ])
+            .args(["--initial-cluster", &format!("n={peers}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start etcd (apt-get install etcd-server)");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "etcd never served on {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        PrivateEtcd { port, dir, child }
+    }
+
+    pub fn url(&self) -> String {
+        format!("etcd://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for PrivateEtcd {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

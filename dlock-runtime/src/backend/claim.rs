@@ -103,6 +103,7 @@ impl Caller {
     }
 
     /// Whether the caller claimed the grant.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(super) fn claimed(&self) -> bool {
         self.0.state.load(Ordering::Acquire) == CLAIMED
     }

@@ -11,6 +11,7 @@
 //! | MySQL / MariaDB | `MysqlBackend` | `mysql` | `mysql://` |
 //! | PostgreSQL | `PostgresBackend` | `postgres` | `postgres://`, `postgresql://` |
 //! | ZooKeeper | `ZookeeperBackend` | `zookeeper` | `zk://` |
+//! | etcd | `EtcdBackend` | `etcd` | `etcd://` |
 //!
 //! Each store but memory has a builder for the options a URL does not carry, from
 //! `XBackend::builder(url)?`; the backend it builds goes to
@@ -35,10 +36,27 @@ use std::time::Duration;
 
 use crate::{KeyState, LockError, Owner};
 
-#[cfg(any(feature = "zookeeper", feature = "mysql", feature = "postgres"))]
+#[cfg(any(
+    feature = "zookeeper",
+    feature = "mysql",
+    feature = "postgres",
+    feature = "etcd"
+))]
 mod claim;
-#[cfg(any(feature = "zookeeper", feature = "mysql", feature = "postgres"))]
+#[cfg(any(
+    feature = "zookeeper",
+    feature = "mysql",
+    feature = "postgres",
+    feature = "etcd"
+))]
 mod description;
+#[cfg(feature = "etcd")]
+mod etcd;
+#[cfg(feature = "etcd")]
+pub use etcd::{
+    EtcdBackend, EtcdBuilder, DEFAULT_CLAIM_WINDOW as ETCD_DEFAULT_CLAIM_WINDOW,
+    DEFAULT_LEASE_TTL as ETCD_DEFAULT_LEASE_TTL, DEFAULT_ROOT as ETCD_DEFAULT_ROOT,
+};
 mod dyn_backend;
 #[cfg(feature = "memory")]
 mod memory;

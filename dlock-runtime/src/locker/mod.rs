@@ -156,6 +156,7 @@ impl Locker {
     /// | MySQL / MariaDB | `mysql://user:password@host[:port]/database` |
     /// | PostgreSQL | `postgres://user:password@host[:port]/database`, `postgresql://…` |
     /// | ZooKeeper | `zk://host:port[,host:port][/chroot]` |
+    /// | etcd | `etcd://[user:password@]host:port[,host:port]` (feature `etcd`) |
     ///
     /// Redis URLs take `?min_replicas=n`: a grant and each renewal then count only once `n`
     /// replicas acknowledged them. For the other settings of a store (key prefix, table, time-outs)
@@ -203,6 +204,11 @@ impl Locker {
             #[cfg(feature = "zookeeper")]
             Some(Scheme::Zookeeper) => Ok(Locker::with_backend(
                 crate::backend::ZookeeperBackend::connect(url).await?,
+            )
+            .described(url)),
+            #[cfg(feature = "etcd")]
+            Some(Scheme::Etcd) => Ok(Locker::with_backend(
+                crate::backend::EtcdBackend::connect(url).await?,
             )
             .described(url)),
             #[allow(unreachable_patterns)]
