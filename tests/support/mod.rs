@@ -243,6 +243,26 @@ impl Gauge {
     }
 }
 
+/// Instantiates the read-write lock's property tests (`properties/read_write.rs`) for one store
+/// that takes readers, as [`lock_properties!`] does the lock's.
+#[macro_export]
+macro_rules! read_write_properties {
+    ($store:expr) => {
+        $crate::lock_properties!(@tests $store;
+            readers_are_inside_together,
+            a_writer_is_never_inside_beside_anyone,
+            a_plain_lock_and_readers_exclude_each_other,
+            a_waiting_writer_is_not_overtaken_by_later_readers,
+            a_release_hands_the_key_to_the_run_of_readers_at_the_head,
+            a_dead_readers_lease_runs_out_and_a_writer_gets_the_key,
+            fences_increase_across_readers_and_writers,
+            each_readers_lease_is_its_own,
+            a_reader_or_writer_that_stops_waiting_leaves_nothing_behind,
+            a_read_mode_with_permits_or_a_campaign_is_refused,
+        );
+    };
+}
+
 /// Instantiates every property test of `properties` for one store. `$store` is an expression
 /// (evaluated per test) whose value implements [`Store`]; what the store cannot promise, its
 /// [`Store`] constants say, and the properties concerned test what it does promise instead.
