@@ -15,6 +15,7 @@ mod duration;
 mod expand;
 mod key;
 mod returns;
+mod spec;
 mod template;
 
 use proc_macro::TokenStream;

@@ -206,6 +206,10 @@ impl<B: Backend> Backend for Counting<B> {
         self.inner.renew(leases).await
     }
 
+    fn shares_reads(&self) -> bool {
+        self.inner.shares_reads()
+    }
+
     fn release_now(&self, key: &str, owner: Owner) -> bool {
         let done = self.inner.release_now(key, owner);
         if done {
@@ -259,6 +263,7 @@ macro_rules! read_write_properties {
             each_readers_lease_is_its_own,
             a_reader_or_writer_that_stops_waiting_leaves_nothing_behind,
             a_read_mode_with_permits_or_a_campaign_is_refused,
+            a_nested_read_reenters_and_a_nested_write_in_a_reader_is_refused,
         );
     };
 }

@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock::backend::{AcquireRequest, Backend};
-use dlock::{Lease, LockError, LockOptions, Locker, Mode, Owner};
+use dlock::{current_lease, distributed_lock, Lease, LockError, LockOptions, Locker, Mode, Owner};
 
-use super::super::{unique_key, Store};
+use super::super::{unique_key, Counting, Store};
 use super::locker;
 
 fn read() -> LockOptions {
@@ -430,4 +430,106 @@ pub async fn a_read_mode_with_permits_or_a_campaign_is_refused<S: Store>(store: 
         campaign.err()
     );
     assert!(!locker.inspect(&key).await.unwrap().is_held());
+}
+
+#[distributed_lock(key = "<key>", mode = "read", locker = locker)]
+async fn nested_read(locker: &Locker, key: &str) -> Result<u64, LockError> {
+    Ok(current_lease().unwrap().fence())
+}
+
+#[distributed_lock(key = "<key>", mode = "write", locker = locker)]
+async fn nested_write(locker: &Locker, key: &str) -> Result<u64, LockError> {
+    Ok(current_lease().unwrap().fence())
+}
+
+#[distributed_lock(key = "<key>", locker = locker)]
+async fn nested_plain(locker: &Locker, key: &str) -> Result<u64, LockError> {
+    Ok(current_lease().unwrap().fence())
+}
+
+/// The body of a reader, calling `inner` on its key: the reader's fence, and what `inner`
+/// answered.
+#[distributed_lock(key = "<key>", mode = "read", locker = locker)]
+async fn reading_then(
+    locker: &Locker,
+    key: &str,
+    inner: Inner,
+) -> Result<(u64, Result<u64, LockError>), LockError> {
+    let fence = current_lease().unwrap().fence();
+    Ok((fence, inner.call(locker, key).await))
+}
+
+/// As [`reading_then`], in the body of a writer.
+#[distributed_lock(key = "<key>", mode = "write", locker = locker)]
+async fn writing_then(
+    locker: &Locker,
+    key: &str,
+    inner: Inner,
+) -> Result<(u64, Result<u64, LockError>), LockError> {
+    let fence = current_lease().unwrap().fence();
+    Ok((fence, inner.call(locker, key).await))
+}
+
+#[derive(Clone, Copy)]
+enum Inner {
+    Read,
+    Write,
+    Plain,
+}
+
+impl Inner {
+    async fn call(self, locker: &Locker, key: &str) -> Result<u64, LockError> {
+        match self {
+            Inner::Read => nested_read(locker, key).await,
+            Inner::Write => nested_write(locker, key).await,
+            Inner::Plain => nested_plain(locker, key).await,
+        }
+    }
+}
+
+/// A read call nested in a reader's body, or in a writer's, re-enters the outer lease (its fence,
+/// no acquisition); a write call (or a plain one) nested in a reader's body is refused, as an
+/// upgrade would wait for ever beside another reader doing the same.
+pub async fn a_nested_read_reenters_and_a_nested_write_in_a_reader_is_refused<S: Store>(store: &S) {
+    let backend = Counting::new(store.backend().await);
+    let locker = Locker::with_backend(backend.clone());
+    let key = unique_key("rw-nested");
+    let (outer, inner) = reading_then(&locker, &key, Inner::Read).await.unwrap();
+    assert_eq!(
+        inner.unwrap(),
+        outer,
+        "a read in a reader re-enters its lease"
+    );
+    let (outer, inner) = writing_then(&locker, &key, Inner::Read).await.unwrap();
+    assert_eq!(
+        inner.unwrap(),
+        outer,
+        "a read in a writer re-enters its lease"
+    );
+    let (outer, inner) = writing_then(&locker, &key, Inner::Write).await.unwrap();
+    assert_eq!(
+        inner.unwrap(),
+        outer,
+        "a write in a writer re-enters its lease"
+    );
+    assert_eq!(backend.acquires(), 3, "one acquisition per outer call");
+    for upgrade in [Inner::Write, Inner::Plain] {
+        let (_, inner) = reading_then(&locker, &key, upgrade).await.unwrap();
+        match inner {
+            Err(LockError::InvalidOptions { reason }) => {
+                assert!(
+                    reason.contains("a reader never becomes a writer"),
+                    "{reason}"
+                )
+            }
+            other => panic!("an upgrade was not refused: {other:?}"),
+        }
+    }
+    assert_eq!(
+        backend.acquires(),
+        5,
+        "a refused upgrade asks the store nothing"
+    );
+    // Every outer call released: the key is free for a writer.
+    let _writer = locker.lock(&*key, write()).await.unwrap();
 }
