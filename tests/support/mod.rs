@@ -264,6 +264,7 @@ macro_rules! read_write_properties {
             a_reader_or_writer_that_stops_waiting_leaves_nothing_behind,
             a_read_mode_with_permits_or_a_campaign_is_refused,
             a_nested_read_reenters_and_a_nested_write_in_a_reader_is_refused,
+            a_readers_hold_keeps_writers_out_to_its_end,
         );
     };
 }

@@ -543,3 +543,36 @@ pub async fn a_nested_read_reenters_and_a_nested_write_in_a_reader_is_refused<S:
     // Every outer call released: the key is free for a writer.
     let _writer = locker.lock(&*key, write()).await.unwrap();
 }
+
+/// `hold_at_least` works per lease for a reader as for a writer: a reader that ends at once keeps
+/// its lease to the hold's end, so a writer waits for it, while other readers may join.
+pub async fn a_readers_hold_keeps_writers_out_to_its_end<S: Store>(store: &S) {
+    let key = unique_key("rw-hold");
+    let locker = locker(store).await;
+    let hold = Duration::from_millis(300);
+    let reader = locker
+        .lock(&*key, read().hold_at_least(hold))
+        .await
+        .unwrap();
+    let held_from = std::time::Instant::now();
+    reader.release().await.unwrap();
+    let state = locker.inspect(&key).await.unwrap();
+    assert_eq!(
+        state.holders().len(),
+        1,
+        "the reader's lease is kept for its hold"
+    );
+    let refused = locker.lock(&*key, write()).await;
+    assert!(
+        matches!(refused, Err(LockError::Busy { .. })),
+        "{refused:?}"
+    );
+    let joined = locker.lock(&*key, read()).await.unwrap();
+    joined.release().await.unwrap();
+    let writer = locker.lock(&*key, write().wait(LONG)).await.unwrap();
+    assert!(
+        held_from.elapsed() >= hold - Duration::from_millis(50),
+        "the writer got in before the reader's hold ended"
+    );
+    writer.release().await.unwrap();
+}
