@@ -44,6 +44,7 @@
 //! | `label = "…"` | the function's path | the holder's name for operators: the `label` of the [metrics](#metrics) |
 //! | `hold_at_least = "…"` | none | the key stays held until this long after the grant, however soon the body ends, then expires by itself: a job scheduled on every replica runs once per window ([`LockOptions::hold_at_least`]) |
 //! | `permits = N` | `1` | a semaphore: at most N bodies per key at once, each with its own lease, fence and renewal; waiters served first come, first served ([`LockOptions::permits`]) |
+//! | `mode = "read" \| "write"` | `"write"` | a read-write lock: readers of a key run side by side, a writer (every call without `mode` too) alone; a waiting writer keeps later readers out ([`Mode`]) |
 //! | `crate = "path"` | `::dlock` | where dlock is, for crates that re-export it |
 //!
 //! Mistakes are compile errors on the offending token: a placeholder naming no parameter (the
@@ -51,7 +52,8 @@
 //! destructured parameter or on a value that is not `Display`, two placeholders with no separator
 //! between them, a non-literal or empty key, a malformed, zero or overflowing duration, an unknown
 //! or repeated argument, an empty label, a `hold_at_least` longer than the ttl of a lease with
-//! `renew = false`, `permits = 0` or a `permits` that is no integer literal, a function that is not `async`, and a return type that
+//! `renew = false`, `permits = 0` or a `permits` that is no integer literal, a `mode` other than
+//! `"read"` or `"write"`, `mode` beside `permits`, a function that is not `async`, and a return type that
 //! cannot carry a lock failure.
 //!
 //! **Keys.** Each placeholder's value is rendered with `Display` and percent-encoded except for
@@ -81,6 +83,38 @@
 //! for call in calls {
 //!     call.await.unwrap().unwrap(); // four at a time, the others waiting their turn
 //! }
+//! # }
+//! ```
+//!
+//! **Read-write locks.** `mode = "read"` lets any number of readers of a key in at once, each
+//! under a lease and fence of its own, while no writer holds it; `mode = "write"`, like every
+//! call without `mode`, runs alone. Readers and writers wait in one queue, first come, first
+//! served, so a writer that waits is never overtaken by readers that come after it. A read call
+//! nested in a body holding the key (as reader or writer) re-enters; a write call nested in a
+//! reader's body fails with [`LockError::InvalidOptions`], as an upgrade would wait for ever
+//! beside another reader doing the same. The in-process store has read-write locks; on the
+//! others a read call fails with [`LockError::Unsupported`] before it asks the store anything
+//! ([`Mode`] says more).
+//!
+//! ```
+//! use std::sync::LazyLock;
+//! use dlock::{distributed_lock, LockError, Locker};
+//!
+//! static LOCKS: LazyLock<Locker> = LazyLock::new(Locker::memory);
+//!
+//! #[distributed_lock(key = "prices:<shop>", mode = "read", wait = "5s", locker = &LOCKS)]
+//! async fn quote(shop: &str, sku: &str) -> Result<u64, LockError> {
+//!     Ok(sku.len() as u64) // many quotes at once
+//! }
+//!
+//! #[distributed_lock(key = "prices:<shop>", mode = "write", wait = "5s", locker = &LOCKS)]
+//! async fn reprice(shop: &str) -> Result<(), LockError> {
+//!     Ok(()) // alone: no quote runs meanwhile
+//! }
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let (a, b) = tokio::join!(quote("acme", "tea"), quote("acme", "coffee"));
+//! assert_eq!((a.unwrap(), b.unwrap()), (3, 6));
+//! reprice("acme").await.unwrap();
 //! # }
 //! ```
 //!

@@ -25,6 +25,7 @@ impl support::Store for Memory {
 }
 
 lock_properties!(Memory::default());
+read_write_properties!(Memory::default());
 
 /// Key rendering through the attribute itself: the generated code, field and tuple paths
 /// included, on any Unicode values.

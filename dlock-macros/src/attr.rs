@@ -8,10 +8,12 @@ use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{Expr, ExprLit, ExprPath, Ident, Lit, LitStr, Token};
 
-use crate::duration;
+pub(crate) use crate::duration::DurationArg;
+use crate::duration::{duration, ungroup, Bounds};
 
 /// The argument names, in the order the messages list them.
-const VALID: &str = "key, ttl, wait, renew, on_lost, locker, label, hold_at_least, permits, crate";
+const VALID: &str =
+    "key, ttl, wait, renew, on_lost, locker, label, hold_at_least, permits, mode, crate";
 
 /// What `on_lost = "…"` selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,15 +22,11 @@ pub(crate) enum OnLost {
     Continue,
 }
 
-/// A `ttl` or `wait`: a literal checked here, or a path to a `Duration` constant that the
-/// compiler checks.
-pub(crate) enum DurationArg {
-    Millis(u64),
-    /// `name = PATH`; `name` is kept to point the compiler's "expected due to this" at it.
-    Const {
-        name: Ident,
-        path: ExprPath,
-    },
+/// What `mode = "…"` selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Read,
+    Write,
 }
 
 /// `locker = EXPR`; `name` is kept to point the compiler's "expected due to this" at it.
@@ -52,6 +50,8 @@ pub(crate) struct Args {
     pub hold_at_least: Option<DurationArg>,
     /// `permits`, where given: an integer literal from 1 up, as a `u32` literal.
     pub permits: Option<syn::LitInt>,
+    /// `mode`, where given.
+    pub mode: Option<Mode>,
     pub krate: syn::Path,
 }
 
@@ -106,6 +106,8 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
     let mut label = None;
     let mut hold_at_least = None;
     let mut permits = None;
+    // With the span of its name, which a conflict with `permits` is reported on.
+    let mut mode = None;
     let mut krate: syn::Path = syn::parse_quote!(::dlock);
 
     for RawArg { name, value } in raw {
@@ -172,6 +174,21 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
                 duration(&name, value, Bounds::HOLD).map(|d| hold_at_least = Some((d, value_span)))
             }
             "permits" => permit_count(&value).map(|n| permits = Some(n)),
+            "mode" => string_literal(&value, "mode = \"read\"").and_then(|lit| {
+                let chosen = match lit.value().as_str() {
+                    "read" => Mode::Read,
+                    "write" => Mode::Write,
+                    _ => {
+                        return Err(syn::Error::new(
+                            lit.span(),
+                            "`mode` is \"read\" (shared with other readers) or \"write\" (alone, \
+                             the default)",
+                        ))
+                    }
+                };
+                mode = Some((chosen, name.span()));
+                Ok(())
+            }),
             "crate" => string_literal(&value, "crate = \"::dlock\"").and_then(|lit| {
                 krate = lit.parse().map_err(|_| {
                     syn::Error::new(lit.span(), "`crate` takes a path to the dlock crate, e.g. crate = \"::my_app::dlock\"")
@@ -211,6 +228,13 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
             ));
         }
     }
+    if let (Some((_, span)), Some(_)) = (&mode, &permits) {
+        errors.push(syn::Error::new(
+            *span,
+            "`mode` cannot go with `permits`: a key is a semaphore or a read-write lock, not \
+             both; remove one of them",
+        ));
+    }
     errors.finish()?;
     Ok(Args {
         key: key.expect("a missing key is reported above"),
@@ -222,6 +246,7 @@ pub(crate) fn parse(args: TokenStream) -> Result<Args, syn::Error> {
         label,
         hold_at_least: hold_at_least.map(|(hold, _)| hold),
         permits,
+        mode: mode.map(|(mode, _)| mode),
         krate,
     })
 }
@@ -346,90 +371,11 @@ pub(crate) fn duration_paths(args: TokenStream) -> Vec<ExprPath> {
         .collect()
 }
 
-/// A tokens group without delimiters (a `macro_rules!` fragment) is looked through.
-fn ungroup(value: Expr) -> Expr {
-    match value {
-        Expr::Group(group) => ungroup(*group.expr),
-        other => other,
-    }
-}
-
-/// What a duration literal of one argument may be.
-struct Bounds {
-    zero_allowed: bool,
-    max_millis: u64,
-}
-
-impl Bounds {
-    /// A lease lasts from 1 ms up to `i64::MAX` ms: the bounds `Locker::lock` checks at every
-    /// call (`LockOptions`), here so that a literal out of them is a compile error.
-    const TTL: Bounds = Bounds {
-        zero_allowed: false,
-        max_millis: i64::MAX as u64,
-    };
-    /// A hold of zero holds nothing (leave it out instead); the longest is a ttl's.
-    const HOLD: Bounds = Bounds {
-        zero_allowed: false,
-        max_millis: i64::MAX as u64,
-    };
-    /// Any wait is one: zero tries once, and a longer one than the runtime honours waits until
-    /// the key is free.
-    const WAIT: Bounds = Bounds {
-        zero_allowed: true,
-        max_millis: u64::MAX,
-    };
-}
-
-fn duration(name: &Ident, value: Expr, bounds: Bounds) -> syn::Result<DurationArg> {
-    match ungroup(value) {
-        Expr::Path(path) => Ok(DurationArg::Const {
-            name: name.clone(),
-            path,
-        }),
-        Expr::Lit(ExprLit {
-            lit: Lit::Str(lit), ..
-        }) => duration_literal(&lit, name, bounds).map(DurationArg::Millis),
-        other => Err(syn::Error::new_spanned(
-            other,
-            format!(
-                "expected a duration literal, e.g. {name} = \"3s\", or the path of a \
-                 `std::time::Duration` constant, e.g. {name} = LOCK_{upper}",
-                upper = name.to_string().to_uppercase()
-            ),
-        )),
-    }
-}
-
-fn duration_literal(lit: &LitStr, name: &Ident, bounds: Bounds) -> syn::Result<u64> {
-    let ms =
-        duration::parse_millis(&lit.value()).map_err(|msg| syn::Error::new(lit.span(), msg))?;
-    if ms == 0 && !bounds.zero_allowed {
-        return Err(syn::Error::new(
-            lit.span(),
-            format!("`{name}` must be longer than zero, e.g. {name} = \"3s\""),
-        ));
-    }
-    if ms > bounds.max_millis {
-        const MILLIS_PER_YEAR: u64 = 31_557_600_000;
-        return Err(syn::Error::new(
-            lit.span(),
-            format!(
-                "`{name}` \"{text}\" is too long; it must be at most {max}ms (about {years} \
-                 million years), e.g. {name} = \"30s\"",
-                text = lit.value(),
-                max = bounds.max_millis,
-                years = bounds.max_millis / MILLIS_PER_YEAR / 1_000_000,
-            ),
-        ));
-    }
-    Ok(ms)
-}
-
 #[cfg(test)]
 mod tests {
     use quote::quote;
 
-    use super::{parse, DurationArg, OnLost};
+    use super::{parse, DurationArg, Mode, OnLost};
 
     fn millis(duration: &DurationArg) -> Option<u64> {
         match duration {
@@ -567,6 +513,25 @@ mod tests {
         assert!(parse(quote!(key = "k", permits = 1024)).is_ok());
         assert!(err(quote!(key = "k", permits = 2, permits = 3))
             .contains("`permits` is given twice; remove one"));
+    }
+
+    #[test]
+    fn reads_a_mode_and_refuses_another_word_or_one_beside_permits() {
+        assert!(parse(quote!(key = "k")).unwrap().mode.is_none());
+        assert_eq!(
+            parse(quote!(key = "k", mode = "read")).unwrap().mode,
+            Some(Mode::Read)
+        );
+        assert_eq!(
+            parse(quote!(key = "k", mode = "write")).unwrap().mode,
+            Some(Mode::Write)
+        );
+        assert!(err(quote!(key = "k", mode = "reed"))
+            .contains("`mode` is \"read\" (shared with other readers) or \"write\""));
+        assert!(err(quote!(key = "k", mode = Mode::Read))
+            .contains("expected a string literal, e.g. mode = \"read\""));
+        assert!(err(quote!(key = "k", permits = 3, mode = "read"))
+            .contains("`mode` cannot go with `permits`"));
     }
 
     #[test]

@@ -1,4 +1,19 @@
-//! Duration literals of the attribute: an integer and a unit, units combinable (`"1m30s"`).
+//! The durations of the attribute (`ttl`, `wait`, `hold_at_least`): literals of an integer and a
+//! unit, units combinable (`"1m30s"`), checked against each argument's bounds, or paths to
+//! `Duration` constants.
+
+use syn::{Expr, ExprLit, ExprPath, Ident, Lit, LitStr};
+
+/// A `ttl`, `wait` or `hold_at_least`: a literal checked here, or a path to a `Duration`
+/// constant that the compiler checks.
+pub(crate) enum DurationArg {
+    Millis(u64),
+    /// `name = PATH`; `name` is kept to point the compiler's "expected due to this" at it.
+    Const {
+        name: Ident,
+        path: ExprPath,
+    },
+}
 
 /// The units a duration literal may use, with their length in milliseconds.
 const UNITS: [(&str, u64); 4] = [("ms", 1), ("s", 1_000), ("m", 60_000), ("h", 3_600_000)];
@@ -39,6 +54,84 @@ pub(crate) fn parse_millis(text: &str) -> Result<u64, String> {
         rest = after;
     }
     Ok(total)
+}
+
+/// A tokens group without delimiters (a `macro_rules!` fragment) is looked through.
+pub(crate) fn ungroup(value: Expr) -> Expr {
+    match value {
+        Expr::Group(group) => ungroup(*group.expr),
+        other => other,
+    }
+}
+
+/// What a duration literal of one argument may be.
+pub(crate) struct Bounds {
+    zero_allowed: bool,
+    max_millis: u64,
+}
+
+impl Bounds {
+    /// A lease lasts from 1 ms up to `i64::MAX` ms: the bounds `Locker::lock` checks at every
+    /// call (`LockOptions`), here so that a literal out of them is a compile error.
+    pub(crate) const TTL: Bounds = Bounds {
+        zero_allowed: false,
+        max_millis: i64::MAX as u64,
+    };
+    /// A hold of zero holds nothing (leave it out instead); the longest is a ttl's.
+    pub(crate) const HOLD: Bounds = Bounds {
+        zero_allowed: false,
+        max_millis: i64::MAX as u64,
+    };
+    /// Any wait is one: zero tries once, and a longer one than the runtime honours waits until
+    /// the key is free.
+    pub(crate) const WAIT: Bounds = Bounds {
+        zero_allowed: true,
+        max_millis: u64::MAX,
+    };
+}
+
+pub(crate) fn duration(name: &Ident, value: Expr, bounds: Bounds) -> syn::Result<DurationArg> {
+    match ungroup(value) {
+        Expr::Path(path) => Ok(DurationArg::Const {
+            name: name.clone(),
+            path,
+        }),
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        }) => duration_literal(&lit, name, bounds).map(DurationArg::Millis),
+        other => Err(syn::Error::new_spanned(
+            other,
+            format!(
+                "expected a duration literal, e.g. {name} = \"3s\", or the path of a \
+                 `std::time::Duration` constant, e.g. {name} = LOCK_{upper}",
+                upper = name.to_string().to_uppercase()
+            ),
+        )),
+    }
+}
+
+fn duration_literal(lit: &LitStr, name: &Ident, bounds: Bounds) -> syn::Result<u64> {
+    let ms = parse_millis(&lit.value()).map_err(|msg| syn::Error::new(lit.span(), msg))?;
+    if ms == 0 && !bounds.zero_allowed {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!("`{name}` must be longer than zero, e.g. {name} = \"3s\""),
+        ));
+    }
+    if ms > bounds.max_millis {
+        const MILLIS_PER_YEAR: u64 = 31_557_600_000;
+        return Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "`{name}` \"{text}\" is too long; it must be at most {max}ms (about {years} \
+                 million years), e.g. {name} = \"30s\"",
+                text = lit.value(),
+                max = bounds.max_millis,
+                years = bounds.max_millis / MILLIS_PER_YEAR / 1_000_000,
+            ),
+        ));
+    }
+    Ok(ms)
 }
 
 #[cfg(test)]

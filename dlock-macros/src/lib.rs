@@ -15,6 +15,7 @@ mod duration;
 mod expand;
 mod key;
 mod returns;
+mod spec;
 mod template;
 
 use proc_macro::TokenStream;
@@ -47,7 +48,8 @@ use proc_macro::TokenStream;
 /// | `on_lost = "…"` | `"cancel"` | `"cancel"`: the body is dropped at its next await and the call returns `LockError::Lost`; `"continue"`: the body runs on and `current_lease().is_held()` says the lease is gone |
 /// | `locker = EXPR` | the default locker | a `&Locker` evaluated at each call (deref coercion applies): `&LOCKS` for a `static LOCKS: LazyLock<Locker>`, `&self.locker`, a parameter |
 /// | `label = "…"` | the function's path | the holder's name shown to operators: the `label` of dlock's metrics; a non-empty string literal |
-/// | `permits = N` | `1` | a semaphore: at most N bodies per key at once, each with a lease of its own; an integer literal from 1 to `u32::MAX` (see `LockOptions::permits`) |
+/// | `permits = N` | `1` | a semaphore: at most N bodies per key at once, each with a lease of its own; an integer literal from 1 to 1024 (see `LockOptions::permits`) |
+/// | `mode = "read" \| "write"` | `"write"` | a read-write lock: readers of a key run side by side, a writer (and every call without `mode`) alone; a waiting writer keeps later readers out. In-process store only for now (see `dlock::Mode`) |
 /// | `crate = "path"` | `::dlock` | where dlock is, for crates that re-export it |
 ///
 /// The default label is `concat!(module_path!(), "::", "fn_name")`, e.g. `billing::submit`. A
@@ -167,7 +169,7 @@ use proc_macro::TokenStream;
 /// destructured parameter, a field of a placeholder's path that its parameter does not have (on
 /// the key), a value that is not `Display`, a non-literal or empty key, a malformed, zero or
 /// overflowing duration literal, an empty label, `permits = 0` or a `permits` that is no integer
-/// literal, a ttl literal longer than `i64::MAX` ms, a duration path that
+/// literal, a `mode` other than `"read"` or `"write"`, `mode` beside `permits`, a ttl literal longer than `i64::MAX` ms, a duration path that
 /// is no `Duration` constant, a ttl constant out of the bounds (above), an unknown or repeated
 /// argument, a function that is not `async`, a statement before the `Box::pin` of a function
 /// that returns a boxed future (above), a return type that cannot carry a lock failure

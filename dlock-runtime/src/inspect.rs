@@ -9,7 +9,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::Owner;
+use crate::{Mode, Owner};
 
 /// One holder of a key, as the store describes it.
 ///
@@ -44,6 +44,7 @@ pub struct Holder {
     fence: u64,
     acquired_at: SystemTime,
     time_left: Option<Duration>,
+    mode: Mode,
 }
 
 impl Holder {
@@ -74,7 +75,39 @@ impl Holder {
             fence,
             acquired_at,
             time_left: None,
+            mode: Mode::Write,
         }
+    }
+
+    /// The same holder, holding the key in `mode` (a writer unless set).
+    ///
+    /// ```
+    /// # use dlock::{Holder, Mode, Owner};
+    /// let holder = Holder::new(Owner::random(), 1, std::time::SystemTime::now()).with_mode(Mode::Read);
+    /// assert_eq!(holder.mode(), Mode::Read);
+    /// ```
+    pub fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Whether the holder is one of the key's readers ([`Mode::Read`]), each of which is listed,
+    /// or its one writer ([`Mode::Write`], every plain lock's holder).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::{LockOptions, Locker, Mode};
+    ///
+    /// let locker = Locker::memory();
+    /// let read = LockOptions::new().mode(Mode::Read);
+    /// let _readers = (locker.lock("catalog", read).await?, locker.lock("catalog", read).await?);
+    /// let holders = locker.inspect("catalog").await?.holders().to_vec();
+    /// assert_eq!(holders.len(), 2);
+    /// assert!(holders.iter().all(|holder| holder.mode() == Mode::Read));
+    /// # Ok(()) }
+    /// ```
+    pub fn mode(&self) -> Mode {
+        self.mode
     }
 
     /// The same holder, with the label of its acquisition.
@@ -286,8 +319,8 @@ impl KeyState {
         &self.key
     }
 
-    /// The key's holders: one for a held lock, none for a free one. (A list, for kinds of lock
-    /// that several may hold at once.)
+    /// The key's holders: one for a held lock, none for a free one, and every reader of a key
+    /// its readers hold ([`Mode::Read`]).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {

@@ -193,7 +193,7 @@ impl Locker {
     /// [`LockError::Busy`] when a `wait` was given and ran out;
     /// [`LockError::InvalidOptions`] for `renew(false)`, which would end every term at its ttl
     /// however alive the leader, and for [`permits`](LockOptions::permits) above 1, which
-    /// would elect several leaders at once; the errors of [`lock`](Self::lock) otherwise.
+    /// would elect several leaders at once, as would [`Mode::Read`](crate::Mode::Read); the errors of [`lock`](Self::lock) otherwise.
     ///
     /// # Cancel safety
     ///
@@ -234,6 +234,13 @@ impl Locker {
                     "a leadership has one leader: remove permits({})",
                     options.permits
                 ),
+            });
+        }
+        if options.mode == crate::Mode::Read {
+            return Err(LockError::InvalidOptions {
+                reason: "a leadership has one leader, and readers share their key: remove \
+                         mode(Mode::Read)"
+                    .into(),
             });
         }
         if !options.hold_at_least.is_zero() {

@@ -14,7 +14,7 @@ use crate::clock;
 use crate::metrics;
 use crate::notified;
 use crate::reentry::Turns;
-use crate::Owner;
+use crate::{Mode, Owner};
 
 /// The shared state of one held lease: read by its holder, `current_lease()` and the watchdog.
 pub(crate) struct LeaseState {
@@ -28,6 +28,8 @@ pub(crate) struct LeaseState {
     /// allocation, and a mutex's lease pays one `usize`.
     pub(crate) shown_len: usize,
     pub(crate) owner: Owner,
+    /// Whether the lease is a reader's, which a nested write call may not re-enter.
+    pub(crate) mode: Mode,
     pub(crate) fence: u64,
     pub(crate) ttl: Duration,
     pub(crate) locker_id: usize,
@@ -134,6 +136,7 @@ impl LeaseState {
             shown_len: key.len(),
             key,
             owner,
+            mode: Mode::Write,
             fence,
             ttl,
             locker_id,

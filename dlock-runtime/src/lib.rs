@@ -10,8 +10,8 @@
 //!   sees of its lease through [`current_lease`].
 //! - [`Leadership`] — leader election on a key: [`Locker::campaign`] waits to lead,
 //!   [`Locker::leader`] reads who does.
-//! - [`LockOptions`] — ttl, wait and renewal of one acquisition; [`Owner`], the token a lease is
-//!   stored under.
+//! - [`LockOptions`] — ttl, wait and renewal of one acquisition; [`Mode`], shared (read) or
+//!   exclusive (write); [`Owner`], the token a lease is stored under.
 //! - [`backend`] — the small trait a store implements, and the stores: memory, Redis (and Redis
 //!   Cluster, TLS), MySQL / MariaDB, PostgreSQL and ZooKeeper, each behind its cargo feature.
 //! - [`KeyState`] and [`Holder`] — who holds a key, since when, and how many wait for it, as
@@ -54,6 +54,7 @@ mod lease;
 mod locked;
 mod locker;
 mod metrics;
+mod mode;
 mod notified;
 mod options;
 mod owner;
@@ -66,6 +67,7 @@ pub use inspect::{Holder, KeyState};
 pub use leadership::Leadership;
 pub use lease::LeaseInfo;
 pub use locker::{init_from_env, set_default_locker, Lease, Locker};
+pub use mode::Mode;
 pub use options::LockOptions;
 pub use owner::Owner;
 pub use reentry::current_lease;

@@ -57,6 +57,12 @@ impl LockSpec {
         self
     }
 
+    /// The same spec taking the key as a reader or a writer (the attribute's `mode`).
+    pub const fn mode(mut self, mode: crate::Mode) -> Self {
+        self.options = self.options.mode(mode);
+        self
+    }
+
     /// The same spec admitting `permits` holders of the key at once (the attribute's
     /// `permits`).
     pub const fn permits(mut self, permits: u32) -> Self {
@@ -189,6 +195,15 @@ where
                     },
                 ),
             };
+            return on_failure(&spec, LockError::InvalidOptions { reason });
+        }
+        if parent.is_read() && spec.options.mode == crate::Mode::Write {
+            // An upgrade: two readers upgrading at once would each wait for the other to leave.
+            let reason = format!(
+                "`{key}` is held by the calling body as a reader, and this call asks to write: \
+                 a reader never becomes a writer (two doing so at once would wait for each \
+                 other for ever); take the key with mode = \"write\" in the outer call"
+            );
             return on_failure(&spec, LockError::InvalidOptions { reason });
         }
         // Siblings joined inside the body take turns under the lease, each waiting for the one

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::LockError;
+use crate::{LockError, Mode};
 
 /// How to acquire and keep one lease: its ttl, how long to wait for a busy key, whether a
 /// watchdog renews it, and the label it is known by to operators.
@@ -36,6 +36,9 @@ pub struct LockOptions {
     /// How many holders the key admits at once (default 1: a mutex). More makes the key a
     /// semaphore; see [`permits`](Self::permits). The attribute's `permits`.
     pub permits: u32,
+    /// Whether the key is taken by readers together or by one writer alone (default
+    /// [`Mode::Write`], a plain lock); see [`mode`](Self::mode). The attribute's `mode`.
+    pub mode: Mode,
 }
 
 impl LockOptions {
@@ -57,6 +60,7 @@ impl LockOptions {
             label: Self::UNLABELLED,
             hold_at_least: Duration::ZERO,
             permits: 1,
+            mode: Mode::Write,
         }
     }
 
@@ -214,6 +218,34 @@ impl LockOptions {
         self
     }
 
+    /// Takes the key as a reader ([`Mode::Read`]: together with other readers, while no writer
+    /// holds it) or as a writer ([`Mode::Write`], the default: alone, as a plain lock). A waiting
+    /// writer keeps readers that come after it out, so readers never starve it. See [`Mode`] for
+    /// the order callers are served in, nesting, and the stores that have it (the in-process
+    /// one; the others answer [`LockError::Unsupported`]).
+    ///
+    /// A read mode with [`permits`](Self::permits) above 1 makes
+    /// [`Locker::lock`](crate::Locker::lock) fail with [`LockError::InvalidOptions`]: a key is
+    /// a semaphore or a read-write lock, not both.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+    /// use dlock::{LockError, LockOptions, Locker, Mode};
+    ///
+    /// let locker = Locker::memory();
+    /// let reader = locker.lock("prices", LockOptions::new().mode(Mode::Read)).await?;
+    /// let another = locker.lock("prices", LockOptions::new().mode(Mode::Read)).await?;
+    /// // The writer waits for both readers.
+    /// let writer = locker.lock("prices", LockOptions::new().mode(Mode::Write)).await;
+    /// assert!(matches!(writer, Err(LockError::Busy { .. })));
+    /// # drop((reader, another));
+    /// # Ok(()) }
+    /// ```
+    pub const fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
     /// The most permits a key may have ([`permits`](Self::permits)): a waiter waits on every
     /// permit at once, each a key of the store's with a place in its queue, so a key with more
     /// would cost each waiter more than the concurrency it buys. The attribute refuses more at
@@ -264,6 +296,15 @@ impl LockOptions {
                      permit at once",
                     self.permits,
                     Self::MAX_PERMITS
+                ),
+            });
+        }
+        if self.permits > 1 && self.mode == Mode::Read {
+            return Err(LockError::InvalidOptions {
+                reason: format!(
+                    "permits is {} with the read mode: a key is a semaphore or a read-write \
+                     lock, not both; drop one of them",
+                    self.permits
                 ),
             });
         }

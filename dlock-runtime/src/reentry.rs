@@ -102,6 +102,12 @@ impl Frame {
         self.lease.permit_number()
     }
 
+    /// Whether this frame's lease is a reader's: a nested write call may not re-enter it (an
+    /// upgrade), while a nested read call re-enters a writer's lease as well as a reader's.
+    pub(crate) fn is_read(&self) -> bool {
+        self.lease.mode == crate::Mode::Read
+    }
+
     fn new(lease: Arc<LeaseState>, id: u64, parent: Option<Arc<Frame>>) -> Arc<Frame> {
         Arc::new(Frame {
             lease,

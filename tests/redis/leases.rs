@@ -341,3 +341,32 @@ async fn a_late_renewal_copy_does_not_stretch_a_hold() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Redis has no readers yet: a read acquisition is refused before anything is sent. On a built
+/// backend whose server does not exist, any I/O would fail as a store error; on a real server,
+/// nothing of the refused call is left, and the key is free for a plain lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_acquisition_is_refused_before_any_io() {
+    let read = LockOptions::new().mode(dlock::Mode::Read);
+    let nowhere = dlock::backend::RedisBackend::builder("redis://127.0.0.1:1")
+        .unwrap()
+        .build()
+        .unwrap();
+    let refused = Locker::with_backend(nowhere).lock("catalog", read).await;
+    assert!(
+        matches!(refused, Err(LockError::Unsupported { .. })),
+        "{refused:?}"
+    );
+    let redis = Redis::start();
+    let locker = locker_on(&redis.server).await;
+    let key = unique_key("read-refused");
+    let refused = locker.lock(&*key, read).await;
+    assert!(
+        matches!(refused, Err(LockError::Unsupported { .. })),
+        "{refused:?}"
+    );
+    let mut raw = redis.raw().await;
+    let keys: Vec<String> = raw.keys("*").await.unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
+    let _writer = locker.lock(&*key, LockOptions::new()).await.unwrap();
+}

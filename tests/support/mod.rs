@@ -207,6 +207,10 @@ impl<B: Backend> Backend for Counting<B> {
         self.inner.renew(leases).await
     }
 
+    fn shares_reads(&self) -> bool {
+        self.inner.shares_reads()
+    }
+
     fn release_now(&self, key: &str, owner: Owner) -> bool {
         let done = self.inner.release_now(key, owner);
         if done {
@@ -242,6 +246,28 @@ impl Gauge {
     pub fn entered(&self) -> usize {
         self.entered.load(Ordering::SeqCst)
     }
+}
+
+/// Instantiates the read-write lock's property tests (`properties/read_write.rs`) for one store
+/// that takes readers, as [`lock_properties!`] does the lock's.
+#[macro_export]
+macro_rules! read_write_properties {
+    ($store:expr) => {
+        $crate::lock_properties!(@tests $store;
+            readers_are_inside_together,
+            a_writer_is_never_inside_beside_anyone,
+            a_plain_lock_and_readers_exclude_each_other,
+            a_waiting_writer_is_not_overtaken_by_later_readers,
+            a_release_hands_the_key_to_the_run_of_readers_at_the_head,
+            a_dead_readers_lease_runs_out_and_a_writer_gets_the_key,
+            fences_increase_across_readers_and_writers,
+            each_readers_lease_is_its_own,
+            a_reader_or_writer_that_stops_waiting_leaves_nothing_behind,
+            a_read_mode_with_permits_or_a_campaign_is_refused,
+            a_nested_read_reenters_and_a_nested_write_in_a_reader_is_refused,
+            a_readers_hold_keeps_writers_out_to_its_end,
+        );
+    };
 }
 
 /// Instantiates every property test of `properties` for one store. `$store` is an expression

@@ -11,11 +11,14 @@ use super::{lock_and_release, unique_key, Counting, Gauge, Store};
 
 mod leadership;
 mod permits;
+mod read_write;
 // Used by the `lock_properties!` of each store, not by every test crate that shares this module.
 #[allow(unused_imports)]
 pub use leadership::*;
 #[allow(unused_imports)]
 pub use permits::*;
+#[allow(unused_imports)]
+pub use read_write::*;
 
 async fn locker<S: Store>(store: &S) -> Locker {
     Locker::with_backend(store.backend().await)

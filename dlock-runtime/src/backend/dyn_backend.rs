@@ -37,6 +37,7 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         owner: Owner,
     ) -> BoxFuture<'a, Result<Option<u64>, LockError>>;
     fn expires_at_a_set_time(&self) -> bool;
+    fn shares_reads(&self) -> bool;
     fn expire_after<'a>(
         &'a self,
         key: &'a str,
@@ -106,6 +107,10 @@ impl<B: Backend> DynBackend for B {
 
     fn expires_at_a_set_time(&self) -> bool {
         Backend::expires_at_a_set_time(self)
+    }
+
+    fn shares_reads(&self) -> bool {
+        Backend::shares_reads(self)
     }
 
     fn expire_after<'a>(

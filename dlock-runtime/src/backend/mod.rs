@@ -110,7 +110,7 @@ pub use request::{AcquireRequest, Acquired, Renewal};
 /// a late copy of the acquisition), `renew_each` would lose a cluster's per-node answers, `ttl_limit` would lift the
 /// store's cap on the ttl, `close` would leave connections open at shutdown, `release_now`
 /// would queue releases an in-process store makes at once, `inspect` and `list` would
-/// answer that the store cannot tell its holders, and `force_release` that it cannot evict one.
+/// answer that the store cannot tell its holders, `force_release` that it cannot evict one, and `shares_reads` that it has no readers.
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
@@ -172,6 +172,10 @@ pub use request::{AcquireRequest, Acquired, Renewal};
 ///
 ///     async fn force_release(&self, key: &str, owner: Owner) -> Result<Option<u64>, LockError> {
 ///         self.store.force_release(key, owner).await
+///     }
+///
+///     fn shares_reads(&self) -> bool {
+///         self.store.shares_reads()
 ///     }
 /// }
 ///
@@ -439,6 +443,22 @@ pub trait Backend: Send + Sync + 'static {
                 what: "release a key whoever holds it".into(),
             })
         }
+    }
+
+    /// Whether the store takes a key for readers ([`AcquireRequest::mode`] is
+    /// [`Mode::Read`](crate::Mode::Read)): any number of readers at once, each with a lease of
+    /// its own, while no writer holds the key; a writer (every request without a mode) alone.
+    /// Waiters are served in arrival order, a reader behind a waiting writer included, and
+    /// `release`, `renew`, `undo_acquire`, `expire_after` and `force_release` act on the lease
+    /// of the owner named, whichever the others. `false` (the default) makes a read acquisition
+    /// fail with [`LockError::Unsupported`] before it asks the store anything.
+    ///
+    /// ```
+    /// use dlock::backend::{Backend, MemoryBackend};
+    /// assert!(MemoryBackend::new().shares_reads());
+    /// ```
+    fn shares_reads(&self) -> bool {
+        false
     }
 
     /// Whether [`expire_after`](Self::expire_after) keeps its promise: the store expires a key by

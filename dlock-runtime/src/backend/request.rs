@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::Owner;
+use crate::{Mode, Owner};
 
 /// When a wait of `wait` from now ends. A wait too long for the clock to add (`Duration::MAX`,
 /// for a store driven directly) ends in a century: no caller waits that long, and an overflow
@@ -61,6 +61,10 @@ pub struct AcquireRequest<'a> {
     /// [`Locker::inspect`](crate::Locker::inspect) as the holder's
     /// [`label`](crate::Holder::label). Empty unless set.
     pub label: &'a str,
+    /// Whether the key is asked for by a reader, to share with other readers, or by a writer,
+    /// alone ([`Mode::Write`] unless set). Only a store whose
+    /// [`shares_reads`](super::Backend::shares_reads) is `true` is ever asked for a reader.
+    pub mode: Mode,
 }
 
 /// A granted acquisition, as a backend answers [`Backend::acquire`](super::Backend::acquire).
@@ -155,6 +159,7 @@ impl<'a> AcquireRequest<'a> {
             wait,
             renewed: false,
             label: "",
+            mode: Mode::Write,
         }
     }
 
@@ -185,6 +190,21 @@ impl<'a> AcquireRequest<'a> {
     /// ```
     pub fn renewed(mut self, renewed: bool) -> Self {
         self.renewed = renewed;
+        self
+    }
+
+    /// The same request, by a reader or a writer ([`Mode::Write`] unless set).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock::{backend::AcquireRequest, Mode, Owner};
+    ///
+    /// let request = AcquireRequest::new("acct:42", Owner::random(), Duration::from_secs(5), Duration::ZERO);
+    /// assert_eq!(request.mode, Mode::Write);
+    /// assert_eq!(request.mode(Mode::Read).mode, Mode::Read);
+    /// ```
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
         self
     }
 }

@@ -9,7 +9,7 @@ use crate::lease::LeaseState;
 use crate::metrics;
 use crate::url::{self, Scheme};
 use crate::watchdog::Watchdog;
-use crate::{LockError, LockOptions, Owner};
+use crate::{LockError, LockOptions, Mode, Owner};
 
 mod default;
 mod expiry;
@@ -275,6 +275,8 @@ impl Locker {
     ///
     /// [`LockError::Busy`] when the key stayed taken for the whole wait;
     /// [`LockError::InvalidKey`] or [`LockError::InvalidOptions`] before any I/O;
+    /// [`LockError::Unsupported`] before any I/O for a [read mode](LockOptions::mode) on a
+    /// store without readers;
     /// [`LockError::ShutDown`] after [`shutdown`](Self::shutdown); [`LockError::Backend`] when
     /// the store failed.
     ///
@@ -342,6 +344,13 @@ impl Locker {
     ) -> Result<Arc<LeaseState>, LockError> {
         let mut options = options.checked()?;
         check_key_length(&key)?;
+        if options.mode == Mode::Read && !self.inner.backend.shares_reads() {
+            return Err(LockError::Unsupported {
+                what: "take a key for readers (read mode): only the in-process store has \
+                       read-write locks yet; take the key without a mode"
+                    .into(),
+            });
+        }
         if !options.hold_at_least.is_zero() && !self.inner.backend.expires_at_a_set_time() {
             return Err(LockError::Unsupported {
                 what: "keep a key held until a set time after its release (hold_at_least): \
@@ -394,7 +403,8 @@ impl Locker {
             };
             let request = AcquireRequest::new(&key, owner, options.ttl, options.wait)
                 .renewed(watched)
-                .label(options.label);
+                .label(options.label)
+                .mode(options.mode);
             // A shutdown stops the acquisition: dropped here, the store's guards undo what
             // reached it, and the guard above releases a grant that may have.
             let acquired = tokio::select! {
@@ -432,6 +442,7 @@ impl Locker {
             acquired.valid_from,
             self.id(),
         );
+        state.mode = options.mode;
         if let Some(full_ttl) = full_ttl {
             state = state.ending_after(acquired.valid_from, full_ttl);
         }
