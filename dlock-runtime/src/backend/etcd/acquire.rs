@@ -7,6 +7,7 @@
 //! [`claim`](crate::backend::claim)). Without it a node does not expire while the backend's
 //! etcd lease lives: a caller that stopped polling would hold the key for nobody.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,9 @@ use super::{EtcdBackend, Held};
 use crate::backend::claim::{Caller, Claim};
 use crate::backend::{AcquireRequest, Acquired};
 use crate::{LockError, Owner};
+
+/// Numbers the attempts of this process: each names a node of its own (see `node_path`).
+static ATTEMPTS: AtomicU64 = AtomicU64::new(1);
 
 /// A node that holds the key, won by a background acquisition and not yet claimed.
 pub(super) struct Grant {
@@ -145,7 +149,7 @@ impl EtcdBackend {
         let prefix = key_prefix(&self.shared.root, key);
         let attempt = Attempt {
             key,
-            path: node_path(&prefix, owner),
+            path: node_path(&prefix, owner, ATTEMPTS.fetch_add(1, Ordering::Relaxed)),
             prefix,
             value: node_value(owner, label),
             lease,
@@ -397,20 +401,25 @@ impl EtcdBackend {
             if stream
                 .watch(attempt.path.as_str(), Some(options))
                 .await
-                .is_err()
+                .is_ok()
             {
-                return;
-            }
-            while let Ok(Some(answer)) = stream.message().await {
-                if answer.canceled()
-                    || answer
-                        .events()
-                        .iter()
+                while let Ok(Some(answer)) = stream.message().await {
+                    if answer.canceled() {
+                        break;
+                    }
+                    let deleted = answer.events().iter();
+                    if deleted
+                        .into_iter()
                         .any(|event| event.event_type() == EventType::Delete)
-                {
-                    return;
+                    {
+                        return;
+                    }
                 }
             }
+            // The watch failed, was cancelled (compacted, refused) or its stream ended: read
+            // again after a pause, not at once, which a server refusing every watch would turn
+            // into a loop of reads for the whole wait.
+            tokio::time::sleep(Duration::from_millis(100)).await;
         };
         let deadline = async {
             match attempt.deadline {

@@ -66,10 +66,15 @@ impl EtcdBuilder {
             Some((_, rest)) if Scheme::of(url) == Some(Scheme::Etcd) => rest,
             _ => return Err(invalid("expected etcd://host:port[,host:port]")),
         };
-        let (user, rest) = match rest.rsplit_once('@') {
-            Some((userinfo, hosts)) => {
+        // Credentials end at the last `@` before the settings: one in a setting is a value's.
+        let authority = rest.split(['?', '#']).next().unwrap_or(rest);
+        let (user, rest) = match authority.rsplit_once('@') {
+            Some((userinfo, _)) => {
                 let (name, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-                (Some((name.to_owned(), password.to_owned())), hosts)
+                (
+                    Some((name.to_owned(), password.to_owned())),
+                    &rest[userinfo.len() + 1..],
+                )
             }
             None => (None, rest),
         };
@@ -103,7 +108,7 @@ impl EtcdBuilder {
     }
 
     /// The prefix every lock node's etcd key starts with (`dlock` unless set): a key's nodes are
-    /// `{root}/{key}/{owner}`.
+    /// `{root}/{key}/{owner}-{attempt}`.
     ///
     /// ```
     /// let builder = dlock::backend::EtcdBackend::builder("etcd://127.0.0.1:2379")?.root("orders");
@@ -173,7 +178,14 @@ impl EtcdBuilder {
             .with_connect_timeout(self.timeout)
             // etcd closes the connection of a client that pings more often than every 5 s
             // (`--grpc-keepalive-min-time`), breaking every watch and keep-alive stream on it.
-            .with_keep_alive(Duration::from_secs(10), self.timeout);
+            .with_keep_alive(Duration::from_secs(10), self.timeout)
+            // A watch on a member cut off from the leader would otherwise stay open and silent
+            // while the majority deletes the node it waits for: with this, such a member ends
+            // the watch, and the waiter reads the line again elsewhere.
+            .with_require_leader(true)
+            // An authentication token expires (`--auth-token-ttl`, 5 minutes by default): renewed
+            // when the server says so, or every call after it fails, releases included.
+            .with_auto_token_refresh(true);
         if let Some((user, password)) = &self.user {
             options = options.with_user(user.clone(), password.clone());
         }
@@ -232,6 +244,11 @@ mod tests {
         assert_eq!(builder.root, "orders");
         assert_eq!(builder.lease_ttl, Duration::from_secs(10));
         assert!(!format!("{builder:?}").contains("s3cret"));
+        // An `@` in the settings is not the end of credentials.
+        let builder = EtcdBuilder::from_url("etcd://e1:2379?root=team@prod").unwrap();
+        assert_eq!(builder.endpoints, ["http://e1:2379"]);
+        assert_eq!(builder.root, "team@prod");
+        assert!(builder.user.is_none());
         for bad in [
             "redis://h:1",
             "etcd://",

@@ -17,9 +17,12 @@ pub(super) fn key_prefix(root: &str, key: &str) -> String {
     format!("{root}/{}/", escape(key))
 }
 
-/// The node of `owner`'s acquisition of the key whose prefix is `prefix`.
-pub(super) fn node_path(prefix: &str, owner: Owner) -> String {
-    format!("{prefix}{owner}")
+/// The node of `owner`'s `attempt` at the key whose prefix is `prefix`. Each attempt has a
+/// node of its own: an acquisition that tries again after its grant was withdrawn must never
+/// find, and take as its own, the node of the withdrawn grant, whose delete may still be on its
+/// way (it would be deleted from under the new grant).
+pub(super) fn node_path(prefix: &str, owner: Owner, attempt: u64) -> String {
+    format!("{prefix}{owner}-{attempt}")
 }
 
 /// The start of every key whose name starts with `prefix`, for a listing.
@@ -109,10 +112,10 @@ mod tests {
     #[test]
     fn no_key_s_nodes_fall_in_another_key_s_range() {
         let owner = Owner::random();
-        let nested = node_path(&key_prefix("dlock", "a/b"), owner);
+        let nested = node_path(&key_prefix("dlock", "a/b"), owner, 1);
         assert!(!nested.starts_with(&key_prefix("dlock", "a")), "{nested}");
         assert_eq!(key_of("dlock", nested.as_bytes()).as_deref(), Some("a/b"));
-        let percent = node_path(&key_prefix("dlock", "a%2Fb"), owner);
+        let percent = node_path(&key_prefix("dlock", "a%2Fb"), owner, 1);
         assert_eq!(
             key_of("dlock", percent.as_bytes()).as_deref(),
             Some("a%2Fb")

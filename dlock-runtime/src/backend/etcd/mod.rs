@@ -9,7 +9,7 @@
 //! dlock/acct:42/c7b1…90    a waiter, watching the delete of …5d
 //! ```
 //!
-//! Each acquisition is a key `{root}/{key}/{owner}` (the lock key with `/` and `%` escaped, so
+//! Each acquisition is a key `{root}/{key}/{owner}-{attempt}` (the lock key with `/` and `%` escaped, so
 //! one key's range never holds another's nodes), attached to the backend's etcd lease, whose
 //! value describes the holder for operators (owner, process id, host, label).
 //!
