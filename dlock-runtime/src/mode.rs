@@ -19,7 +19,11 @@
 ///   the writer's lease, as the writer already excludes everyone; a write call inside a read body
 ///   fails with [`LockError::InvalidOptions`](crate::LockError::InvalidOptions), as an upgrade
 ///   would: two readers upgrading at once would wait for each other for ever. Take the key as a
-///   writer from the start where the body may write.
+///   writer from the start where the body may write. Only bodies of `#[distributed_lock]` are
+///   re-entered: a read taken with [`Locker::lock`](crate::Locker::lock) is not, and a read
+///   call on its key inside the work it guards is a second reader, which waits behind any
+///   writer waiting meanwhile, and that writer behind the first reader: it ends `Busy` when its
+///   `wait` runs out.
 /// - **Hold**: [`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least) applies to a
 ///   reader's lease as to a writer's: that reader's lease stays until the hold's end.
 /// - **Stores**: the in-process store. The others answer a read acquisition with

@@ -67,6 +67,10 @@ impl Backend for Late {
         true
     }
 
+    fn shares_reads(&self) -> bool {
+        self.store.shares_reads()
+    }
+
     async fn expire_after(
         &self,
         key: &str,

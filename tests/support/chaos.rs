@@ -414,6 +414,10 @@ impl<B: Backend> Backend for Chaos<B> {
         self.inner.expires_at_a_set_time()
     }
 
+    fn shares_reads(&self) -> bool {
+        self.inner.shares_reads()
+    }
+
     /// A hold's end (`hold_at_least`), suffering the faults of a release.
     async fn expire_after(
         &self,
