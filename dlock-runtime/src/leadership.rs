@@ -9,6 +9,7 @@
 //! renewal required, and [`Leadership::run`], which stops the leader's work at the loss.
 
 use std::future::Future;
+use std::time::Instant;
 
 use crate::locked::until_lost;
 use crate::locker::{Lease, Locker};
@@ -187,6 +188,9 @@ impl Locker {
     /// [`leader`](Self::leader) and operators. `wait` bounds the campaign; the default, zero,
     /// which for a lock means "try once", here means no bound, as a campaign is for waiting.
     /// (To try once, give [`lock`](Self::lock)'s options a zero wait and lead with the lease.)
+    /// An election that reaches this caller too late to lead (its runtime stalled while the
+    /// grant was on its way, past the lease's validity) is given up, and the campaign goes on:
+    /// the leadership returned is always a live one.
     ///
     /// # Errors
     ///
@@ -251,13 +255,30 @@ impl Locker {
                     .into(),
             });
         }
-        let options = if options.wait.is_zero() {
+        let mut options = if options.wait.is_zero() {
             options.wait(LockOptions::MAX_WAIT)
         } else {
             options
         };
-        let lease = self.lock(key, options).await?;
-        Ok(Leadership { lease })
+        let key = key.into();
+        let gives_up_at = Instant::now().checked_add(options.wait);
+        loop {
+            let lease = self.lock(key.clone(), options).await?;
+            if lease.is_held() {
+                return Ok(Leadership { lease });
+            }
+            // Elected too late to lead: the grant reached this caller (its runtime stalled, say)
+            // after the lease's validity. That term is given up (dropped, the lease is
+            // released), and the campaign goes on for what is left of its wait.
+            drop(lease);
+            let left = gives_up_at.map_or(options.wait, |at| {
+                at.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() {
+                return Err(LockError::Busy { key });
+            }
+            options = options.wait(left);
+        }
     }
 
     /// Who leads `key` now, without campaigning: its holder's label, host, pid and fence as

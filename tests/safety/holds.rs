@@ -280,3 +280,30 @@ async fn a_lease_granted_too_late_to_use_keeps_no_hold() {
         "a lease nobody could use kept the key for its hold"
     );
 }
+
+/// A campaign whose grant reaches its stalled caller after the lease's validity does not hand
+/// back a leadership that is already lost: it gives that term up and campaigns again, and
+/// comes back leading.
+#[tokio::test(flavor = "current_thread")]
+async fn a_campaign_elected_too_late_to_lead_campaigns_again() {
+    let late = Late {
+        // Past the client's validity (0.9 of the 1 s ttl), short of the store's expiry.
+        acquire_delay: Duration::from_millis(950),
+        acquire_blocks: true,
+        ..Late::default()
+    };
+    let locker = Locker::with_backend(late.clone());
+    let key = unique_key("late-leader");
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(1))
+        .wait(Duration::from_secs(3));
+    let leadership = tokio::time::timeout(Duration::from_secs(10), locker.campaign(&*key, options))
+        .await
+        .expect("the campaign never ended");
+    // Every grant of this store comes late: the campaign ends without leading, never with a
+    // leadership that is lost from the start.
+    match leadership {
+        Ok(leadership) => assert!(leadership.is_leader(), "elected, but already lost"),
+        Err(error) => assert!(matches!(error, LockError::Busy { .. }), "{error:?}"),
+    }
+}
